@@ -1,0 +1,180 @@
+"""The errors ctxkeep raises: one root, typed leaves, messages that say what to do.
+
+Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueError``,
+``TypeError`` or ``LookupError`` where that is what a Python user would catch::
+
+    CtxkeepError
+    ├── ConfigError (ValueError)                  a bad setting or config file
+    ├── MessageError (ValueError)                 a message ctxkeep cannot accept
+    │   ├── InvalidMessageError                   malformed fields, wrong types, bad JSON
+    │   │   └── UnknownRoleError                  a role no provider knows
+    │   └── InvalidSequenceError                  not a valid provider sequence
+    │       ├── OrphanToolResultError             a tool result without its call
+    │       └── MissingToolResultError            a tool call without all its results
+    ├── TokenizerError                            an encoding cannot be loaded
+    │   └── UnknownEncodingError (ValueError)     an encoding or model name ctxkeep does not know
+    ├── PromptTooLongError (ValueError)           the gate refused a prompt (carries a breakdown)
+    ├── BudgetExceededError (ValueError)          pruning cannot fit the must-keep messages
+    ├── ArtifactNotFoundError (LookupError)       no artifact under that ref
+    ├── StorageError                              a backend failed (driver errors wrapped here)
+    │   ├── SessionNotFoundError (LookupError)    no session with that id
+    │   └── SchemaVersionError                    a stored record of an unknown version
+    │       └── CognitiveStateSchemaVersionError  a CognitiveState newer than this ctxkeep
+    └── MissingDependencyError (ImportError)      an optional extra is not installed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class CtxkeepError(Exception):
+    """The root of every error ctxkeep raises."""
+
+
+class ConfigError(CtxkeepError, ValueError):
+    """A setting (argument, environment variable or config file) is invalid."""
+
+
+class MessageError(CtxkeepError, ValueError):
+    """A message or message sequence cannot be accepted."""
+
+
+class InvalidMessageError(MessageError):
+    """A single message is malformed.
+
+    Attributes:
+        index: position of the message in the input list, when known.
+
+    """
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        self.index = index
+        prefix = f"message {index}: " if index is not None else ""
+        super().__init__(prefix + message)
+
+
+class UnknownRoleError(InvalidMessageError):
+    """A message has a role no provider accepts."""
+
+
+class InvalidSequenceError(MessageError):
+    """A message list is not a valid provider sequence.
+
+    Attributes:
+        index: position of the first offending message.
+        tool_call_id: the tool call id involved, if any.
+
+    """
+
+    def __init__(self, message: str, *, index: int, tool_call_id: str | None = None) -> None:
+        self.index = index
+        self.tool_call_id = tool_call_id
+        super().__init__(f"message {index}: {message}")
+
+
+class OrphanToolResultError(InvalidSequenceError):
+    """A tool result has no matching tool call right before it."""
+
+
+class MissingToolResultError(InvalidSequenceError):
+    """An assistant tool call is not followed by a result for each of its ids."""
+
+
+class TokenizerError(CtxkeepError):
+    """A tokenizer could not be loaded."""
+
+
+class UnknownEncodingError(TokenizerError, ValueError):
+    """An encoding or model name that ctxkeep does not know."""
+
+
+class PromptTooLongError(CtxkeepError, ValueError):
+    """The gate refused a prompt that is over its limit.
+
+    Attributes:
+        limit: the maximum allowed, in ``unit``.
+        actual: the size of the refused prompt, in ``unit``.
+        unit: ``"characters"`` (code points) or ``"tokens"``.
+        breakdown: the size of each role or section, in ``unit``.
+
+    """
+
+    def __init__(
+        self, *, limit: int, actual: int, unit: str, breakdown: Mapping[str, int] | None = None
+    ) -> None:
+        self.limit = limit
+        self.actual = actual
+        self.unit = unit
+        self.breakdown: dict[str, int] = dict(breakdown or {})
+        parts = ", ".join(f"{k}={v}" for k, v in self.breakdown.items())
+        detail = f" ({parts})" if parts else ""
+        super().__init__(
+            f"prompt exceeds maximum length of {limit} {unit}: it has {actual}, "
+            f"{actual - limit} over{detail}"
+        )
+
+    @property
+    def excess(self) -> int:
+        """By how much the prompt is over the limit."""
+        return self.actual - self.limit
+
+
+class BudgetExceededError(CtxkeepError, ValueError):
+    """The messages that must be kept do not fit the token budget.
+
+    Attributes:
+        budget: the token budget.
+        required: tokens the must-keep messages need after all compression.
+        blocking: a description of each message in the way.
+
+    """
+
+    def __init__(self, *, budget: int, required: int, blocking: list[str]) -> None:
+        self.budget = budget
+        self.required = required
+        self.blocking = list(blocking)
+        super().__init__(
+            f"cannot fit the prompt in {budget} tokens: the messages that are never dropped "
+            f"need {required} tokens ({required - budget} over) after compression; in the way: "
+            + "; ".join(self.blocking)
+            + ". Raise the budget or shorten the system prompt / newest user message."
+        )
+
+
+class ArtifactNotFoundError(CtxkeepError, LookupError):
+    """No artifact is stored under the given ref."""
+
+
+class StorageError(CtxkeepError):
+    """A storage backend failed; the driver's error is chained as ``__cause__``."""
+
+
+class SessionNotFoundError(StorageError, LookupError):
+    """No session with the given id."""
+
+
+class SchemaVersionError(StorageError):
+    """A stored record has a schema version this ctxkeep cannot read."""
+
+
+class CognitiveStateSchemaVersionError(SchemaVersionError):
+    """A CognitiveState is newer than this ctxkeep knows how to read."""
+
+
+class MissingDependencyError(CtxkeepError, ImportError):
+    """An optional dependency is not installed; the message names the extra."""
+
+    def __init__(self, package: str, extra: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(
+            f"{package} is not installed; install it with: pip install 'ctxkeep[{extra}]'"
+        )
+
+
+def describe(value: Any, limit: int = 60) -> str:
+    """A short repr of ``value`` for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

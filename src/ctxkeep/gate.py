@@ -1,0 +1,124 @@
+"""The gate: the last hard check before a prompt goes to the provider.
+
+A prompt over ``max_prompt_length`` code points (default 8192; CJK text counts one per
+character, not per byte) or over ``max_prompt_tokens`` exact tokens is refused with
+:class:`PromptTooLongError`, which carries a breakdown by role so the caller can see what to cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, overload
+
+from ctxkeep.config import setting_int
+from ctxkeep.errors import PromptTooLongError
+from ctxkeep.messages import Message, coerce_messages
+from ctxkeep.tokens import TokenCounter, get_counter
+
+DEFAULT_MAX_PROMPT_LENGTH = 8192
+
+
+def message_length(m: Message) -> int:
+    """Code points a message puts in front of the model: its text, name and tool calls."""
+    n = len(m.text)
+    if m.name:
+        n += len(m.name)
+    for tc in m.tool_calls:
+        n += len(tc.name) + len(tc.arguments)
+    return n
+
+
+class PromptGate:
+    """Refuses prompts over a length (code points) or token limit.
+
+    Args:
+        max_prompt_length: code points allowed; ``0`` or ``None`` means the config file's
+            ``max_prompt_length``, ``CTXKEEP_MAX_PROMPT_LENGTH``, or 8192.
+        max_prompt_tokens: exact tokens allowed (``None``/``0``: from
+            ``CTXKEEP_MAX_PROMPT_TOKENS`` or the config file, else no token limit).
+        counter: the token counter for ``max_prompt_tokens`` (default o200k_base).
+
+    """
+
+    def __init__(
+        self,
+        max_prompt_length: int | None = None,
+        max_prompt_tokens: int | None = None,
+        *,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        length = setting_int("max_prompt_length", max_prompt_length, DEFAULT_MAX_PROMPT_LENGTH)
+        assert length is not None
+        self.max_prompt_length: int = length
+        self.max_prompt_tokens = setting_int("max_prompt_tokens", max_prompt_tokens, None)
+        self._counter = counter
+
+    @property
+    def counter(self) -> TokenCounter:
+        """The counter used for the token limit."""
+        if self._counter is None:
+            self._counter = get_counter()
+        return self._counter
+
+    @overload
+    def check(self, prompt: str) -> str: ...
+    @overload
+    def check(self, prompt: Iterable[Any]) -> list[Message]: ...
+
+    def check(self, prompt: str | Iterable[Any]) -> str | list[Message]:
+        """Pass ``prompt`` through if it is within limits.
+
+        Args:
+            prompt: a string, or messages (``Message`` objects or OpenAI dicts).
+
+        Returns:
+            The string unchanged, or the messages as ``Message`` objects.
+
+        Raises:
+            PromptTooLongError: over a limit; ``breakdown`` gives the size per role.
+            InvalidMessageError: a malformed message.
+
+        """
+        if isinstance(prompt, str):
+            self._check_text(prompt)
+            return prompt
+        msgs = coerce_messages(prompt)
+        by_role: dict[str, int] = {}
+        for m in msgs:
+            by_role[m.role] = by_role.get(m.role, 0) + message_length(m)
+        total = sum(by_role.values())
+        if total > self.max_prompt_length:
+            raise PromptTooLongError(
+                limit=self.max_prompt_length, actual=total, unit="characters", breakdown=by_role
+            )
+        if self.max_prompt_tokens:
+            counter = self.counter
+            tokens: dict[str, int] = {}
+            for m in msgs:
+                tokens[m.role] = tokens.get(m.role, 0) + counter.count_message(m)
+            tokens["reply_priming"] = counter.count_messages([])
+            actual = sum(tokens.values())
+            if actual > self.max_prompt_tokens:
+                raise PromptTooLongError(
+                    limit=self.max_prompt_tokens, actual=actual, unit="tokens", breakdown=tokens
+                )
+        return msgs
+
+    def _check_text(self, text: str) -> None:
+        n = len(text)
+        if n > self.max_prompt_length:
+            raise PromptTooLongError(
+                limit=self.max_prompt_length, actual=n, unit="characters", breakdown={"text": n}
+            )
+        if self.max_prompt_tokens:
+            t = self.counter.count_text(text)
+            if t > self.max_prompt_tokens:
+                raise PromptTooLongError(
+                    limit=self.max_prompt_tokens, actual=t, unit="tokens", breakdown={"text": t}
+                )
+
+    def __repr__(self) -> str:
+        return (
+            f"PromptGate(max_prompt_length={self.max_prompt_length}, "
+            f"max_prompt_tokens={self.max_prompt_tokens})"
+        )

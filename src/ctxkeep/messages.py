@@ -1,0 +1,673 @@
+"""Structured messages and their provider formats.
+
+:class:`Message` is the one message type every part of ctxkeep takes and returns. It carries
+what providers need (role, content, name, tool calls, tool call id) and what an agent runtime
+needs to explain and replay a history (turn id, event kind, parent id, artifact refs, metadata,
+creation time).
+
+Conversions:
+
+* OpenAI chat format: :meth:`Message.from_openai` / :meth:`Message.to_openai`, lossless for
+  every field the format has (string or content-part lists, ``tool_calls``, ``tool`` role,
+  ``name``, and any other provider key, passed through in ``extra``).
+* Anthropic Messages format: :func:`to_anthropic` / :func:`from_anthropic` (system messages
+  separated out, ``tool_use`` / ``tool_result`` blocks, consecutive tool results merged into one
+  user turn, and back).
+
+:func:`coerce_messages` accepts ``Message`` objects or OpenAI dicts; :func:`validate_sequence`
+finds the first spot a provider would reject.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+from ctxkeep.errors import (
+    InvalidMessageError,
+    MissingToolResultError,
+    OrphanToolResultError,
+    UnknownRoleError,
+    describe,
+)
+
+Role: TypeAlias = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant", "tool"})
+SYSTEM_ROLES: frozenset[str] = frozenset({"system", "developer"})
+
+ContentPart: TypeAlias = dict[str, Any]
+Content: TypeAlias = str | list[ContentPart] | None
+
+_OPENAI_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+
+
+def _json_equal(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ToolCall:
+    """One function call requested by the assistant."""
+
+    id: str
+    """The id the tool result must answer with ``tool_call_id``."""
+    name: str
+    """The function's name."""
+    arguments: str
+    """The arguments as a JSON string, exactly as the provider sent it."""
+
+    def __post_init__(self) -> None:
+        for attr in ("id", "name", "arguments"):
+            value = getattr(self, attr)
+            if not isinstance(value, str):
+                raise InvalidMessageError(
+                    f"tool call {attr} must be a string, got {type(value).__name__} "
+                    f"{describe(value)}"
+                )
+        if not self.id:
+            raise InvalidMessageError("tool call id must not be empty")
+
+    def __eq__(self, other: object) -> bool:
+        # Arguments compare as JSON: a provider that re-serialises them (Anthropic sends a
+        # parsed object) still describes the same call.
+        if not isinstance(other, ToolCall):
+            return NotImplemented
+        return (
+            self.id == other.id
+            and self.name == other.name
+            and _json_equal(self.arguments, other.arguments)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.name))
+
+    def parsed_arguments(self) -> Any:
+        """The arguments decoded from JSON.
+
+        Raises:
+            InvalidMessageError: the arguments are not valid JSON.
+
+        """
+        try:
+            return json.loads(self.arguments)
+        except ValueError as exc:
+            raise InvalidMessageError(
+                f"tool call {self.id!r} ({self.name}) has arguments that are not valid JSON: {exc}"
+            ) from exc
+
+    def to_openai(self) -> dict[str, Any]:
+        """This call as an OpenAI ``tool_calls`` entry."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    @classmethod
+    def from_openai(cls, d: Any) -> ToolCall:
+        """Read an OpenAI ``tool_calls`` entry.
+
+        Raises:
+            InvalidMessageError: the entry is malformed.
+
+        """
+        if not isinstance(d, Mapping):
+            raise InvalidMessageError(f"a tool call must be an object, got {describe(d)}")
+        fn = d.get("function")
+        if not isinstance(fn, Mapping):
+            raise InvalidMessageError(f"tool call {d.get('id')!r} has no 'function' object")
+        if "id" not in d or "name" not in fn or "arguments" not in fn:
+            raise InvalidMessageError(
+                f"tool call {d.get('id')!r} needs 'id', 'function.name' and 'function.arguments'"
+            )
+        return cls(id=d["id"], name=fn["name"], arguments=fn["arguments"])
+
+
+def _check_content(content: Any) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                raise InvalidMessageError(
+                    f"content part {i} must be an object with a string 'type', got {describe(part)}"
+                )
+        return
+    raise InvalidMessageError(
+        f"content must be a string, a list of content parts or None, got "
+        f"{type(content).__name__} {describe(content)}"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """One message of an agent's history."""
+
+    role: str
+    """``system``, ``developer``, ``user``, ``assistant`` or ``tool``."""
+    content: Content = None
+    """Text, a list of OpenAI content parts, or None (an assistant turn with only tool calls)."""
+    name: str | None = None
+    """The participant's name (OpenAI ``name``)."""
+    turn_id: str | None = None
+    """The agent turn this message belongs to."""
+    tool_call_id: str | None = None
+    """For a ``tool`` message: the id of the call it answers."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """For an ``assistant`` message: the tool calls it requests."""
+    event_kind: str | None = None
+    """What happened, for the runtime (``"observation"``, ``"summary"``, ...)."""
+    parent_id: str | None = None
+    """The id of the message this one follows from, if the runtime tracks a tree."""
+    id: str | None = None
+    """A stable id for this message, assigned by a store if not given."""
+    artifact_refs: tuple[str, ...] = ()
+    """Refs into an artifact store (for instance the full text of a compressed output)."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Free-form data that is stored but never sent to a provider."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Provider keys ctxkeep does not model (``refusal``, ``audio``...), passed through."""
+    created_at: datetime | None = None
+    """When the message was created; stores stamp it on append if not given."""
+
+    def __init__(
+        self,
+        role: str,
+        content: Content = None,
+        *,
+        name: str | None = None,
+        turn_id: str | None = None,
+        tool_call_id: str | None = None,
+        tool_calls: Iterable[ToolCall | Mapping[str, Any]] = (),
+        event_kind: str | None = None,
+        parent_id: str | None = None,
+        id: str | None = None,
+        artifact_refs: Iterable[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        created_at: datetime | None = None,
+    ) -> None:
+        if not isinstance(role, str):
+            raise InvalidMessageError(f"role must be a string, got {describe(role)}")
+        if role not in ROLES:
+            raise UnknownRoleError(
+                f"unknown role {role!r}; expected one of {', '.join(sorted(ROLES))}"
+            )
+        _check_content(content)
+        if isinstance(tool_calls, (str, bytes)) or not isinstance(tool_calls, Iterable):
+            raise InvalidMessageError(f"tool_calls must be a list, got {describe(tool_calls)}")
+        calls = tuple(
+            tc if isinstance(tc, ToolCall) else ToolCall.from_openai(tc) for tc in tool_calls
+        )
+        if calls and role != "assistant":
+            raise InvalidMessageError(f"only assistant messages carry tool_calls, not {role!r}")
+        if role == "tool":
+            if not isinstance(tool_call_id, str) or not tool_call_id:
+                raise InvalidMessageError("a tool message needs a non-empty string tool_call_id")
+        elif tool_call_id is not None:
+            raise InvalidMessageError(f"only tool messages carry a tool_call_id, not {role!r}")
+        for attr, value in (
+            ("name", name),
+            ("turn_id", turn_id),
+            ("event_kind", event_kind),
+            ("parent_id", parent_id),
+            ("id", id),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise InvalidMessageError(f"{attr} must be a string or None, got {describe(value)}")
+        if isinstance(artifact_refs, str):
+            raise InvalidMessageError("artifact_refs must be a list of strings, not one string")
+        refs = tuple(artifact_refs)
+        if not all(isinstance(r, str) for r in refs):
+            raise InvalidMessageError(f"artifact_refs must be strings, got {describe(refs)}")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidMessageError(f"metadata must be a mapping, got {describe(metadata)}")
+        if extra is not None and not isinstance(extra, Mapping):
+            raise InvalidMessageError(f"extra must be a mapping, got {describe(extra)}")
+        if created_at is not None and not isinstance(created_at, datetime):
+            raise InvalidMessageError(f"created_at must be a datetime, got {describe(created_at)}")
+        s = object.__setattr__
+        s(self, "role", role)
+        s(self, "content", copy.deepcopy(content) if isinstance(content, list) else content)
+        s(self, "name", name)
+        s(self, "turn_id", turn_id)
+        s(self, "tool_call_id", tool_call_id)
+        s(self, "tool_calls", calls)
+        s(self, "event_kind", event_kind)
+        s(self, "parent_id", parent_id)
+        s(self, "id", id)
+        s(self, "artifact_refs", refs)
+        s(self, "metadata", copy.deepcopy(dict(metadata or {})))
+        s(self, "extra", copy.deepcopy(dict(extra or {})))
+        s(self, "created_at", created_at)
+
+    # -- conveniences --------------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        """The text of the content (text parts joined by newlines; other parts omitted)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(
+            str(p.get("text", "")) for p in self.content if p.get("type") in ("text", "input_text")
+        )
+
+    @property
+    def is_system(self) -> bool:
+        """True for ``system`` and ``developer`` messages."""
+        return self.role in SYSTEM_ROLES
+
+    def copy(self) -> Message:
+        """A deep copy (content parts and metadata included); cached token counts carry over."""
+        twin = self.replace()
+        cached = self.__dict__.get("_tokens")
+        if cached:
+            object.__setattr__(twin, "_tokens", dict(cached))
+        return twin
+
+    def replace(self, **changes: Any) -> Message:
+        """A copy with some fields changed (validated like a new message)."""
+        fields: dict[str, Any] = {
+            "content": self.content,
+            "name": self.name,
+            "turn_id": self.turn_id,
+            "tool_call_id": self.tool_call_id,
+            "tool_calls": self.tool_calls,
+            "event_kind": self.event_kind,
+            "parent_id": self.parent_id,
+            "id": self.id,
+            "artifact_refs": self.artifact_refs,
+            "metadata": self.metadata,
+            "extra": self.extra,
+            "created_at": self.created_at,
+        }
+        role = changes.pop("role", self.role)
+        fields.update(changes)
+        return Message(role, **fields)
+
+    # -- OpenAI ---------------------------------------------------------------------------
+
+    def to_openai(self) -> dict[str, Any]:
+        """This message as an OpenAI chat ``messages`` entry (a fresh dict)."""
+        d: dict[str, Any] = {"role": self.role, "content": copy.deepcopy(self.content)}
+        if self.name is not None:
+            d["name"] = self.name
+        if self.tool_calls:
+            d["tool_calls"] = [tc.to_openai() for tc in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        for k, v in self.extra.items():
+            d.setdefault(k, copy.deepcopy(v))
+        return d
+
+    @classmethod
+    def from_openai(cls, d: Any, *, index: int | None = None) -> Message:
+        """Read an OpenAI chat message dict.
+
+        Keys the format has but ctxkeep does not model are kept in ``extra`` and written back
+        by :meth:`to_openai`.
+
+        Raises:
+            InvalidMessageError: the dict is malformed (the error names the problem).
+
+        """
+        if isinstance(d, Message):
+            return d.copy()
+        if not isinstance(d, Mapping):
+            raise InvalidMessageError(
+                f"a message must be an object, got {describe(d)}", index=index
+            )
+        if "role" not in d:
+            raise InvalidMessageError("a message needs a 'role'", index=index)
+        extra = {k: v for k, v in d.items() if k not in _OPENAI_KEYS}
+        try:
+            return cls(
+                d["role"],
+                d.get("content"),
+                name=d.get("name"),
+                tool_call_id=d.get("tool_call_id"),
+                tool_calls=d.get("tool_calls") or (),
+                extra=extra,
+            )
+        except InvalidMessageError as exc:
+            if index is None or exc.index is not None:
+                raise
+            raise type(exc)(str(exc), index=index) from None
+
+    # -- Anthropic ------------------------------------------------------------------------
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """This message as one Anthropic ``MessageParam``.
+
+        System messages have no place in Anthropic's ``messages`` list: use
+        :func:`to_anthropic` on the whole list, which separates them out.
+
+        Raises:
+            InvalidMessageError: a system message, or content Anthropic cannot carry.
+
+        """
+        if self.is_system:
+            raise InvalidMessageError(
+                "a system message is not an Anthropic message; convert the whole list with "
+                "ctxkeep.to_anthropic(), which returns it as 'system'"
+            )
+        if self.role == "tool":
+            return {"role": "user", "content": [_tool_result_block(self)]}
+        blocks = _content_to_anthropic(self.content)
+        if self.role == "assistant" and self.tool_calls:
+            for tc in self.tool_calls:
+                blocks.append(
+                    {"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc)}
+                )
+        if self.role == "user" and not self.tool_calls and isinstance(self.content, str):
+            return {"role": "user", "content": self.content}
+        if self.role == "assistant" and isinstance(self.content, str) and not self.tool_calls:
+            return {"role": "assistant", "content": self.content}
+        return {"role": self.role, "content": blocks}
+
+
+def _tool_input(tc: ToolCall) -> dict[str, Any]:
+    value = tc.parsed_arguments()
+    if not isinstance(value, dict):
+        raise InvalidMessageError(
+            f"tool call {tc.id!r} arguments must be a JSON object for Anthropic, got "
+            f"{describe(value)}"
+        )
+    return value
+
+
+def _content_to_anthropic(content: Content) -> list[dict[str, Any]]:
+    if content is None or content == "":
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    blocks: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type")
+        if kind in ("text", "input_text"):
+            blocks.append({"type": "text", "text": part.get("text", "")})
+        elif kind == "image_url":
+            url = (part.get("image_url") or {}).get("url", "")
+            if url.startswith("data:"):
+                header, _, data = url.partition(",")
+                media_type = header[5:].split(";")[0] or "image/png"
+                blocks.append(
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": media_type, "data": data},
+                    }
+                )
+            else:
+                blocks.append({"type": "image", "source": {"type": "url", "url": url}})
+        else:
+            raise InvalidMessageError(f"content part type {kind!r} has no Anthropic equivalent")
+    return blocks
+
+
+def _tool_result_block(m: Message) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id}
+    if isinstance(m.content, list):
+        block["content"] = _content_to_anthropic(m.content)
+    else:
+        block["content"] = m.content if m.content is not None else ""
+    if m.metadata.get("is_error"):
+        block["is_error"] = True
+    return block
+
+
+# -- list helpers ---------------------------------------------------------------------------
+
+
+def coerce_message(m: Any, *, index: int | None = None) -> Message:
+    """A :class:`Message` from a ``Message`` or an OpenAI dict (dicts are copied)."""
+    if isinstance(m, Message):
+        return m
+    return Message.from_openai(m, index=index)
+
+
+def coerce_messages(messages: Iterable[Any]) -> list[Message]:
+    """Messages from ``Message`` objects or OpenAI dicts.
+
+    Raises:
+        InvalidMessageError: an item is malformed; the error names its index.
+        TypeError: ``messages`` is a string or not iterable.
+
+    """
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise InvalidMessageError(f"expected a list of messages, got {describe(messages)}")
+    return [coerce_message(m, index=i) for i, m in enumerate(messages)]
+
+
+def to_openai(messages: Iterable[Any]) -> list[dict[str, Any]]:
+    """A list of messages as OpenAI chat dicts."""
+    return [m.to_openai() for m in coerce_messages(messages)]
+
+
+def from_openai(messages: Iterable[Any]) -> list[Message]:
+    """Messages from a list of OpenAI chat dicts."""
+    return coerce_messages(messages)
+
+
+@dataclass(frozen=True)
+class AnthropicPayload:
+    """The Anthropic form of a message list: ``system`` blocks and ``messages``."""
+
+    system: list[dict[str, Any]]
+    """One text block per system message, in order (empty if none)."""
+    messages: list[dict[str, Any]]
+    """The ``MessageParam`` list."""
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``anthropic.Anthropic().messages.create``."""
+        out: dict[str, Any] = {"messages": self.messages}
+        if self.system:
+            out["system"] = self.system
+        return out
+
+
+def to_anthropic(messages: Iterable[Any]) -> AnthropicPayload:
+    """A message list in Anthropic's Messages format.
+
+    System (and developer) messages become ``system`` text blocks; consecutive tool results
+    are merged into one user turn of ``tool_result`` blocks, as Anthropic requires.
+    """
+    msgs = coerce_messages(messages)
+    system: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
+    merging_tools = False
+    for m in msgs:
+        if m.is_system:
+            system.append({"type": "text", "text": m.text})
+            continue
+        if m.role == "tool":
+            block = _tool_result_block(m)
+            if merging_tools:
+                out[-1]["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+                merging_tools = True
+            continue
+        merging_tools = False
+        out.append(m.to_anthropic())
+    return AnthropicPayload(system=system, messages=out)
+
+
+def _blocks_to_content(blocks: list[Mapping[str, Any]]) -> Content:
+    parts: list[ContentPart] = []
+    for b in blocks:
+        kind = b.get("type")
+        if kind == "text":
+            parts.append({"type": "text", "text": b.get("text", "")})
+        elif kind == "image":
+            src = b.get("source") or {}
+            if src.get("type") == "base64":
+                url = f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
+            else:
+                url = src.get("url", "")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            raise InvalidMessageError(f"Anthropic block type {kind!r} cannot be converted here")
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        return str(parts[0]["text"])
+    return parts
+
+
+def from_anthropic(
+    messages: Iterable[Mapping[str, Any]],
+    system: str | Sequence[Mapping[str, Any]] | None = None,
+) -> list[Message]:
+    """Messages from Anthropic's format (the inverse of :func:`to_anthropic`).
+
+    ``tool_result`` blocks become ``tool`` messages; ``tool_use`` blocks become the assistant's
+    ``tool_calls``.
+
+    Raises:
+        InvalidMessageError: a malformed message or block.
+
+    """
+    out: list[Message] = []
+    if isinstance(system, str):
+        out.append(Message("system", system))
+    elif system:
+        out.extend(Message("system", str(b.get("text", ""))) for b in system)
+    for i, d in enumerate(messages):
+        if not isinstance(d, Mapping) or d.get("role") not in ("user", "assistant"):
+            raise InvalidMessageError(
+                f"an Anthropic message needs role 'user' or 'assistant', got {describe(d)}",
+                index=i,
+            )
+        role, content = d["role"], d.get("content")
+        if isinstance(content, str):
+            out.append(Message(role, content))
+            continue
+        if not isinstance(content, list):
+            raise InvalidMessageError(
+                f"content must be a string or blocks, got {describe(content)}"
+            )
+        if role == "assistant":
+            calls = [
+                ToolCall(id=b["id"], name=b["name"], arguments=json.dumps(b.get("input", {})))
+                for b in content
+                if b.get("type") == "tool_use"
+            ]
+            rest = [b for b in content if b.get("type") != "tool_use"]
+            body = _blocks_to_content(rest) if rest else None
+            out.append(Message("assistant", body, tool_calls=calls))
+            continue
+        pending: list[Mapping[str, Any]] = []
+        for b in content:
+            if b.get("type") == "tool_result":
+                if pending:
+                    out.append(Message("user", _blocks_to_content(pending)))
+                    pending = []
+                inner = b.get("content", "")
+                body_t: Content = inner if isinstance(inner, str) else _blocks_to_content(inner)
+                if isinstance(inner, list) and inner and isinstance(body_t, str):
+                    body_t = [{"type": "text", "text": body_t}]
+                meta = {"is_error": True} if b.get("is_error") else None
+                out.append(Message("tool", body_t, tool_call_id=b["tool_use_id"], metadata=meta))
+            else:
+                pending.append(b)
+        if pending:
+            out.append(Message("user", _blocks_to_content(pending)))
+    return out
+
+
+# -- validation -----------------------------------------------------------------------------
+
+
+def validate_sequence(messages: Iterable[Any], *, allow_pending: bool = False) -> list[Message]:
+    """Check that a message list is a sequence a provider accepts.
+
+    An assistant message with ``tool_calls`` must be followed directly by exactly one ``tool``
+    result per call id (in any order) before anything else; a tool result must answer a call
+    of the assistant message right before its block.
+
+    Args:
+        messages: ``Message`` objects or OpenAI dicts.
+        allow_pending: accept a trailing assistant tool call whose results have not arrived
+            yet (a stored history mid-turn; never a prompt).
+
+    Returns:
+        The messages as ``Message`` objects.
+
+    Raises:
+        UnknownRoleError / InvalidMessageError: a malformed message.
+        OrphanToolResultError: a tool result with no matching call.
+        MissingToolResultError: a call not answered before the next non-tool message.
+
+    """
+    msgs = coerce_messages(messages)
+    pending: dict[str, int] = {}
+    call_index = -1
+    for i, m in enumerate(msgs):
+        if m.role == "tool":
+            tid = m.tool_call_id or ""
+            if tid not in pending:
+                raise OrphanToolResultError(
+                    f"tool result for {tid!r} does not answer a pending call of the assistant "
+                    "message right before it",
+                    index=i,
+                    tool_call_id=tid,
+                )
+            del pending[tid]
+            continue
+        if pending:
+            missing = next(iter(pending))
+            raise MissingToolResultError(
+                f"assistant tool call {missing!r} has no result before the next {m.role} message "
+                f"(message {i})",
+                index=call_index,
+                tool_call_id=missing,
+            )
+        if m.tool_calls:
+            call_index = i
+            for tc in m.tool_calls:
+                if tc.id in pending:
+                    raise InvalidMessageError(f"duplicate tool call id {tc.id!r}", index=i)
+                pending[tc.id] = i
+    if pending and not allow_pending:
+        missing = next(iter(pending))
+        raise MissingToolResultError(
+            f"assistant tool call {missing!r} has no result (the list ends first)",
+            index=call_index,
+            tool_call_id=missing,
+        )
+    return msgs
+
+
+def is_valid_sequence(messages: Iterable[Any]) -> bool:
+    """True if :func:`validate_sequence` would accept ``messages``."""
+    try:
+        validate_sequence(messages)
+    except (InvalidMessageError, OrphanToolResultError, MissingToolResultError):
+        return False
+    return True
+
+
+__all__ = [
+    "ROLES",
+    "AnthropicPayload",
+    "Content",
+    "Message",
+    "Role",
+    "ToolCall",
+    "coerce_messages",
+    "from_anthropic",
+    "from_openai",
+    "is_valid_sequence",
+    "to_anthropic",
+    "to_openai",
+    "validate_sequence",
+]
