@@ -1,0 +1,691 @@
+"""The pruner: what of a history goes into this prompt, within an exact token budget.
+
+Rules, in the order they apply:
+
+1. History is cut into **units**: an assistant message with ``tool_calls`` together with all
+   of its results is one unit; any other message is a unit of its own. Units are kept,
+   compressed or dropped whole, so the output is always a valid provider sequence.
+2. System (and developer) messages are always kept, in place.
+3. The units holding the last ``preserve_last_n`` conversation messages are the **recent**
+   units; the newest user message is **pinned** wherever it is.
+4. If system + recent + pinned fit the budget, older units are added newest first while they
+   fit. Old tool outputs over ``compress_threshold`` tokens are compressed (head and tail
+   excerpt plus a ref to the full text in an :class:`~ctxkeep.artifacts.ArtifactStore`); a unit
+   that does not fit even compressed ends the history: it and everything older is dropped
+   (optionally replaced by one summary message).
+5. If they do not fit, recent tool outputs are compressed oldest first, then the oldest recent
+   units are dropped; system messages and the newest user message are never dropped; if that
+   is still too much, :class:`~ctxkeep.errors.BudgetExceededError` says by how much and what
+   is in the way.
+
+The budget counts every output message with its overhead plus the reply priming, with the
+configured counter. Token counts are cached per message, so the walk back from the newest
+message costs what is kept, not the length of the history; the per-message report is built
+only when asked for.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
+from ctxkeep.errors import (
+    BudgetExceededError,
+    ConfigError,
+    MissingToolResultError,
+    OrphanToolResultError,
+)
+from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_messages
+from ctxkeep.tokens import TokenCounter, get_counter
+
+Action: TypeAlias = Literal["kept", "compressed", "dropped", "summarised"]
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Writes one summary of messages that are being dropped."""
+
+    def summarize(self, messages: list[Message]) -> str:
+        """A summary of ``messages`` (oldest first)."""
+        ...
+
+
+@runtime_checkable
+class AsyncSummarizer(Protocol):
+    """The async twin of :class:`Summarizer`."""
+
+    async def asummarize(self, messages: list[Message]) -> str:
+        """A summary of ``messages`` (oldest first)."""
+        ...
+
+
+@dataclass(frozen=True)
+class MessageDecision:
+    """What the pruner did with one input message."""
+
+    index: int
+    """Position in the input."""
+    role: str
+    """The message's role."""
+    action: Action
+    """kept, compressed, dropped, or summarised (dropped, and covered by the summary)."""
+    reason: str
+    """Why, in a few words."""
+    tokens_before: int
+    """Tokens of the message as given."""
+    tokens_after: int
+    """Tokens it takes in the output (0 if dropped)."""
+    artifact_ref: str | None = None
+    """For a compressed message: where its full text is."""
+
+
+@dataclass
+class PruneReport:
+    """What a prune kept, compressed and dropped, why, and the tokens of each section."""
+
+    budget: int
+    """The token budget."""
+    tokens_after: int
+    """Tokens of the output (overhead and reply priming included)."""
+    sections: dict[str, int]
+    """Output tokens per section: system, history, tools, summary, priming."""
+    summary_error: str | None = None
+    """Why no summary stands in for dropped history, if a summarizer was given and failed."""
+    notes: list[str] = field(default_factory=list)
+    """Notable events (recent outputs compressed, recent units dropped, pending calls)."""
+    _messages: Sequence[Message] = field(default=(), repr=False)
+    _tokens: Any = field(default=None, repr=False)
+    _fates: dict[int, tuple[Action, str, int, str | None]] = field(default_factory=dict, repr=False)
+    _default_fate: tuple[Action, str] = field(default=("dropped", "over budget"), repr=False)
+
+    @property
+    def decisions(self) -> list[MessageDecision]:
+        """One decision per input message, in input order (built on first access)."""
+        out = []
+        for i, m in enumerate(self._messages):
+            before = self._tokens(m)
+            fate = self._fates.get(i)
+            if fate is None:
+                action, reason = self._default_fate
+                out.append(MessageDecision(i, m.role, action, reason, before, 0))
+            else:
+                action, reason, after, ref = fate
+                out.append(MessageDecision(i, m.role, action, reason, before, after, ref))
+        return out
+
+    @property
+    def tokens_before(self) -> int:
+        """Tokens of the whole input as a prompt."""
+        return sum(self._tokens(m) for m in self._messages) + self.sections.get("priming", 0)
+
+    def count(self, action: Action) -> int:
+        """How many input messages got ``action``."""
+        if action == self._default_fate[0]:
+            return len(self._messages) - sum(1 for f in self._fates.values() if f[0] != action)
+        return sum(1 for f in self._fates.values() if f[0] == action)
+
+    def summary(self) -> dict[str, Any]:
+        """Totals, for logs and ``--json`` output."""
+        return {
+            "budget": self.budget,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "sections": dict(self.sections),
+            "kept": self.count("kept"),
+            "compressed": self.count("compressed"),
+            "dropped": self.count("dropped"),
+            "summarised": self.count("summarised"),
+            "summary_error": self.summary_error,
+            "notes": list(self.notes),
+        }
+
+
+_NO_RESULT = "[ctxkeep: no result was recorded for this tool call]"
+
+
+@dataclass
+class _Unit:
+    start: int
+    members: list[int]  # input indexes, in order
+    tool: bool
+    pinned: bool = False
+    synthetic: list[Message] = field(default_factory=list)  # results made up for missing ones
+
+
+@dataclass
+class _Plan:
+    msgs: list[Message]
+    system: list[int]
+    kept: list[_Unit]  # newest first
+    compressed: dict[int, Message]
+    dropped_units: list[_Unit]  # units dropped (oldest first once sorted)
+    pending: _Unit | None
+    total: int
+    notes: list[str]
+    budget_for_summary: int
+    orphans: list[int]
+
+
+class TokenPruner:
+    """Fits a history into an exact token budget without breaking tool-call sequences.
+
+    Args:
+        max_token_budget: the most tokens the output may count (overhead included).
+        preserve_last_n: conversation messages to keep in full when they fit (a preference;
+            the budget wins).
+        counter: the token counter (default: ``get_counter()``, o200k_base).
+        artifacts: where compressed outputs' full texts go (default: a memory store owned by
+            this pruner).
+        compress_threshold: old tool outputs over this many tokens are compressed; ``None``
+            compresses an old output only when its unit would not fit otherwise.
+        excerpt_tokens: about how many tokens of head and of tail a compressed output keeps.
+        summarizer: optional; writes one message that stands in for dropped history.
+        summary_max_tokens: space reserved for the summary when history must be dropped.
+        repair: make a damaged history valid instead of refusing it: a tool call left
+            unanswered before later messages gets a synthetic "no result" result, and a
+            tool result with no call is dropped (both reported). With ``False`` both raise.
+        compress_oversized_user: when the system messages and the newest user message alone
+            exceed the budget, compress that user message (head, tail and an artifact ref)
+            rather than refuse; with ``False`` the pruner raises ``BudgetExceededError``.
+
+    """
+
+    def __init__(
+        self,
+        max_token_budget: int = 6000,
+        preserve_last_n: int = 6,
+        counter: TokenCounter | None = None,
+        artifacts: ArtifactStore | None = None,
+        *,
+        compress_threshold: int | None = 256,
+        excerpt_tokens: int = 60,
+        summarizer: Summarizer | AsyncSummarizer | None = None,
+        summary_max_tokens: int = 400,
+        repair: bool = True,
+        compress_oversized_user: bool = True,
+    ) -> None:
+        if isinstance(max_token_budget, bool) or not isinstance(max_token_budget, int):
+            raise ConfigError(f"max_token_budget must be an int, got {max_token_budget!r}")
+        if max_token_budget <= 0:
+            raise ConfigError(f"max_token_budget must be positive, got {max_token_budget}")
+        if isinstance(preserve_last_n, bool) or not isinstance(preserve_last_n, int):
+            raise ConfigError(f"preserve_last_n must be an int, got {preserve_last_n!r}")
+        if preserve_last_n < 0:
+            raise ConfigError(f"preserve_last_n must be >= 0, got {preserve_last_n}")
+        if excerpt_tokens < 0:
+            raise ConfigError(f"excerpt_tokens must be >= 0, got {excerpt_tokens}")
+        self.max_token_budget = max_token_budget
+        self.preserve_last_n = preserve_last_n
+        self.counter = counter or get_counter()
+        self.artifacts: ArtifactStore = (
+            artifacts if artifacts is not None else MemoryArtifactStore()
+        )
+        self.compress_threshold = compress_threshold
+        self.excerpt_tokens = excerpt_tokens
+        self.summarizer = summarizer
+        self.summary_max_tokens = summary_max_tokens
+        self.repair = repair
+        self.compress_oversized_user = compress_oversized_user
+        self._priming = self.counter.count_messages([])
+        self._compress_key = ("ctxkeep.compressed", id(self.artifacts), excerpt_tokens)
+
+    # -- public --------------------------------------------------------------------------
+
+    def prune(self, messages: Sequence[Any]) -> list[Message]:
+        """The messages that fit the budget (see the module docstring for the rules)."""
+        return self.prune_with_report(messages)[0]
+
+    def prune_with_report(self, messages: Sequence[Any]) -> tuple[list[Message], PruneReport]:
+        """Prune, and say what happened to every message.
+
+        Raises:
+            BudgetExceededError: system messages and the newest user message alone exceed
+                the budget.
+            OrphanToolResultError / MissingToolResultError: the input itself is not a valid
+                sequence where the pruner has to read it.
+            InvalidMessageError: a malformed message.
+
+        """
+        plan = self._plan(messages)
+        summary, error = None, None
+        if self._wants_summary(plan):
+            summarize = getattr(self.summarizer, "summarize", None)
+            if summarize is None:
+                error = "the summarizer is async only; use aprune / aprune_with_report"
+            else:
+                try:
+                    summary = str(summarize(self._dropped_messages(plan)))
+                except Exception as exc:  # a failing summarizer must not lose the prompt
+                    error = f"summarizer failed: {type(exc).__name__}: {exc}"
+        return self._assemble(plan, summary, error)
+
+    async def aprune(self, messages: Sequence[Any]) -> list[Message]:
+        """Async :meth:`prune` (awaits an async summarizer)."""
+        return (await self.aprune_with_report(messages))[0]
+
+    async def aprune_with_report(
+        self, messages: Sequence[Any]
+    ) -> tuple[list[Message], PruneReport]:
+        """Async :meth:`prune_with_report` (awaits an async summarizer)."""
+        plan = self._plan(messages)
+        summary, error = None, None
+        if self._wants_summary(plan):
+            dropped = self._dropped_messages(plan)
+            try:
+                fn = getattr(self.summarizer, "asummarize", None)
+                if fn is not None:
+                    summary = str(await fn(dropped))
+                else:
+                    result: Any = self.summarizer.summarize(dropped)  # type: ignore[union-attr]
+                    if inspect.isawaitable(result):
+                        result = await _await(result)
+                    summary = str(result)
+            except Exception as exc:  # a failing summarizer must not lose the prompt
+                error = f"summarizer failed: {type(exc).__name__}: {exc}"
+        return self._assemble(plan, summary, error)
+
+    def tokens(self, message: Message) -> int:
+        """Tokens of one message with this pruner's counter (cached)."""
+        return self.counter.count_message(message)
+
+    # -- compression ---------------------------------------------------------------------
+
+    def compress(self, message: Message) -> Message:
+        """The compressed form of a tool output: head, tail, and a ref to the full text.
+
+        The full text is stored in :attr:`artifacts` first, so nothing is lost.
+        """
+        cache: dict[Any, Message] = message.__dict__.setdefault("_ctxkeep_compressed", {})
+        hit = cache.get(self._compress_key)
+        if hit is not None:
+            return hit
+        full = message.text if isinstance(message.content, list) else (message.content or "")
+        ref = self.artifacts.put(full)
+        chars = max(0, self.excerpt_tokens * 3)
+        if len(full) <= 2 * chars + 200:
+            head, tail = full[: len(full) // 3], ""
+        else:
+            head, tail = full[:chars], full[-chars:]
+        omitted = len(full) - len(head) - len(tail)
+        marker = (
+            f"[ctxkeep: {omitted} of {len(full)} characters omitted "
+            f"({self.tokens(message)} tokens in full); full output is artifact {ref}: "
+            f"call read_artifact to read it]"
+        )
+        body = "\n".join(p for p in (head, marker, tail) if p)
+        meta = dict(message.metadata)
+        meta["ctxkeep_compressed"] = {"ref": ref, "original_chars": len(full)}
+        out = message.replace(
+            content=body,
+            artifact_refs=(*message.artifact_refs, ref),
+            metadata=meta,
+        )
+        cache[self._compress_key] = out
+        return out
+
+    # -- planning ------------------------------------------------------------------------
+
+    def _units_backwards(self, msgs: list[Message], sys_set: set[int], orphans: list[int]) -> Any:
+        """Yield ``(unit, state)`` from the newest back, checking tool sequences as it goes.
+
+        ``state`` is ``"pending"`` for a trailing tool call whose results have not arrived
+        (never part of a prompt), else None. With ``repair``, a call left unanswered in the
+        middle of the history gets a synthetic result and a result with no call is dropped
+        (its index goes to ``orphans``); without it both raise.
+        """
+        i = len(msgs) - 1
+        first = True
+        while i >= 0:
+            if i in sys_set:
+                i -= 1
+                continue
+            m = msgs[i]
+            if m.role == "tool" or m.tool_calls:
+                members: list[int] = []
+                while i >= 0 and msgs[i].role == "tool":
+                    members.append(i)
+                    i -= 1
+                owner = msgs[i] if i >= 0 and i not in sys_set else None
+                if owner is None or not owner.tool_calls:
+                    # Results with no call right before them.
+                    if not self.repair:
+                        j = members[-1]
+                        raise OrphanToolResultError(
+                            f"tool result for {msgs[j].tool_call_id!r} has no assistant tool "
+                            "call before it",
+                            index=j,
+                            tool_call_id=msgs[j].tool_call_id,
+                        )
+                    orphans.extend(members)
+                    continue
+                call_ids = [tc.id for tc in owner.tool_calls]
+                answered: set[str] = set()
+                kept_members: list[int] = []
+                for j in reversed(members):
+                    tid = msgs[j].tool_call_id or ""
+                    if tid in call_ids and tid not in answered:
+                        answered.add(tid)
+                        kept_members.append(j)
+                    elif self.repair:
+                        orphans.append(j)
+                    else:
+                        raise OrphanToolResultError(
+                            f"tool result for {tid!r} does not answer a call of the assistant "
+                            f"message {i} before it",
+                            index=j,
+                            tool_call_id=tid,
+                        )
+                missing = [c for c in call_ids if c not in answered]
+                unit = _Unit(i, [i, *kept_members], tool=True)
+                if missing and first:
+                    yield unit, "pending"
+                elif missing and not self.repair:
+                    raise MissingToolResultError(
+                        f"assistant tool call {missing[0]!r} has no result",
+                        index=i,
+                        tool_call_id=missing[0],
+                    )
+                else:
+                    unit.synthetic = [
+                        Message(
+                            "tool",
+                            _NO_RESULT,
+                            tool_call_id=c,
+                            event_kind="synthetic_tool_result",
+                            metadata={"ctxkeep_synthetic": True},
+                        )
+                        for c in missing
+                    ]
+                    yield unit, None
+                i -= 1
+            else:
+                yield _Unit(i, [i], tool=False), None
+                i -= 1
+            first = False
+
+    def _unit_tokens(self, msgs: list[Message], u: _Unit, compressed: dict[int, Message]) -> int:
+        t = self.tokens
+        n = sum(t(compressed.get(j, msgs[j])) for j in u.members)
+        if u.synthetic:
+            n += sum(t(m) for m in u.synthetic)
+        return n
+
+    def _compress_unit(
+        self, msgs: list[Message], u: _Unit, compressed: dict[int, Message], threshold: int
+    ) -> bool:
+        changed = False
+        for j in u.members:
+            m = msgs[j]
+            if m.role == "tool" and j not in compressed and self.tokens(m) > threshold:
+                c = self.compress(m)
+                if self.tokens(c) < self.tokens(m):
+                    compressed[j] = c
+                    changed = True
+        return changed
+
+    def _plan(self, messages: Sequence[Any]) -> _Plan:
+        msgs = coerce_messages(messages)
+        budget = self.max_token_budget
+        system = [i for i, m in enumerate(msgs) if m.role in SYSTEM_ROLES]
+        sys_set = set(system)
+        sys_tokens = sum(self.tokens(msgs[i]) for i in system)
+        notes: list[str] = []
+
+        orphans: list[int] = []
+        walker = self._units_backwards(msgs, sys_set, orphans)
+        recent: list[_Unit] = []
+        pending: _Unit | None = None
+        seen = 0
+        user_found = False
+        pinned_user: _Unit | None = None
+        older: list[_Unit] = []  # units walked past while looking for the newest user
+        for unit, state in walker:
+            if state == "pending":
+                pending = unit
+                notes.append("dropped a trailing tool call whose results have not arrived")
+                continue
+            is_user = not unit.tool and msgs[unit.start].role == "user"
+            if seen < self.preserve_last_n:
+                recent.append(unit)
+                seen += len(unit.members)
+                if is_user and not user_found:
+                    user_found = True
+                    unit.pinned = True
+                continue
+            if user_found:
+                older.append(unit)
+                break
+            older.append(unit)
+            if is_user:
+                user_found = True
+                unit.pinned = True
+                pinned_user = unit
+                break
+
+        compressed: dict[int, Message] = {}
+        must = (
+            sys_tokens + self._priming + sum(self._unit_tokens(msgs, u, compressed) for u in recent)
+        )
+        if pinned_user is not None:
+            must += self.tokens(msgs[pinned_user.start])
+
+        dropped: list[_Unit] = []
+        kept: list[_Unit] = list(recent)
+        if must > budget:
+            # Compress recent tool outputs, oldest first, then drop the oldest recent units.
+            for u in reversed(recent):
+                if must <= budget:
+                    break
+                if u.tool:
+                    before = self._unit_tokens(msgs, u, compressed)
+                    if self._compress_unit(msgs, u, compressed, 0):
+                        must += self._unit_tokens(msgs, u, compressed) - before
+                        notes.append("compressed recent tool output to fit the budget")
+            for u in reversed(recent):
+                if must <= budget:
+                    break
+                if u.pinned:
+                    continue
+                must -= self._unit_tokens(msgs, u, compressed)
+                kept.remove(u)
+                dropped.append(u)
+                for j in u.members:
+                    compressed.pop(j, None)
+                notes.append("dropped a recent unit to fit the budget")
+            user_unit = pinned_user or next((u for u in kept if u.pinned), None)
+            if must > budget and self.compress_oversized_user and user_unit is not None:
+                j = user_unit.start
+                c = self.compress(msgs[j])
+                if self.tokens(c) < self.tokens(msgs[j]):
+                    must += self.tokens(c) - self.tokens(msgs[j])
+                    compressed[j] = c
+                    notes.append("compressed the newest user message: alone it exceeds the budget")
+            if must > budget:
+                blocking = [f"system messages: {sys_tokens} tokens"] if system else []
+                blocking += [
+                    f"message {u.start} ({msgs[u.start].role}): "
+                    f"{self._unit_tokens(msgs, u, compressed)} tokens"
+                    for u in kept
+                ]
+                if pinned_user is not None:
+                    j = pinned_user.start
+                    blocking.append(
+                        f"newest user message {j}: {self.tokens(compressed.get(j, msgs[j]))} tokens"
+                    )
+                raise BudgetExceededError(budget=budget, required=must, blocking=blocking)
+
+        if pinned_user is not None:
+            kept.append(pinned_user)
+        total = must
+        summary_room = 0
+        if not dropped:
+            # Fill with older units, newest first; continue the walk past the pinned user.
+            candidates = [u for u in older if not u.pinned]
+            walking = iter(candidates)
+            rest_walker = walker
+            stop = False
+            room_for_summary = self.summarizer is not None
+            while not stop:
+                u = next(walking, None)
+                if u is None:
+                    nxt = next(rest_walker, None)
+                    if nxt is None:
+                        break
+                    u, _ = nxt
+                limit = budget - (self.summary_max_tokens if room_for_summary else 0)
+                if u.tool and self.compress_threshold is not None:
+                    self._compress_unit(msgs, u, compressed, self.compress_threshold)
+                cost = self._unit_tokens(msgs, u, compressed)
+                if total + cost > limit and u.tool:
+                    if self._compress_unit(msgs, u, compressed, 0):
+                        cost = self._unit_tokens(msgs, u, compressed)
+                if total + cost <= limit:
+                    kept.append(u)
+                    total += cost
+                    continue
+                for j in u.members:
+                    compressed.pop(j, None)
+                dropped.append(u)
+                stop = True
+            if stop:
+                # Everything older than the first unit that did not fit is dropped, except
+                # the pinned user message (already kept).
+                for u in walking:
+                    dropped.append(u)
+                for u, _ in rest_walker:
+                    if not u.pinned:
+                        dropped.append(u)
+                summary_room = budget - total
+        else:
+            for u in older:
+                if not u.pinned:
+                    dropped.append(u)
+            for u, _ in walker:
+                if not u.pinned:
+                    dropped.append(u)
+            summary_room = budget - total
+        return _Plan(
+            msgs=msgs,
+            system=system,
+            kept=kept,
+            compressed=compressed,
+            dropped_units=dropped,
+            pending=pending,
+            total=total,
+            notes=notes,
+            budget_for_summary=summary_room,
+            orphans=orphans,
+        )
+
+    def _wants_summary(self, plan: _Plan) -> bool:
+        return self.summarizer is not None and bool(plan.dropped_units)
+
+    def _dropped_messages(self, plan: _Plan) -> list[Message]:
+        idx = sorted(j for u in plan.dropped_units for j in u.members)
+        return [plan.msgs[j].copy() for j in idx]
+
+    # -- output --------------------------------------------------------------------------
+
+    def _assemble(
+        self, plan: _Plan, summary: str | None, error: str | None
+    ) -> tuple[list[Message], PruneReport]:
+        msgs = plan.msgs
+        t = self.tokens
+        fates: dict[int, tuple[Action, str, int, str | None]] = {}
+        sections = {"system": 0, "history": 0, "tools": 0, "summary": 0, "priming": self._priming}
+        for i in plan.system:
+            n = t(msgs[i])
+            fates[i] = ("kept", "system message", n, None)
+            sections["system"] += n
+        for u in plan.kept:
+            reason = "newest user message" if u.pinned else "fits the budget"
+            for j in u.members:
+                m = plan.compressed.get(j)
+                if m is not None:
+                    n = t(m)
+                    ref = m.artifact_refs[-1]
+                    why = "tool output compressed" if m.role == "tool" else "too long: compressed"
+                    fates[j] = ("compressed", why, n, ref)
+                else:
+                    n = t(msgs[j])
+                    fates[j] = ("kept", reason, n, None)
+                sections["tools" if msgs[j].role == "tool" else "history"] += n
+
+        summary_msg: Message | None = None
+        summary_at = -1
+        if summary is not None:
+            dropped_idx = [j for u in plan.dropped_units for j in u.members]
+            summary_at = min(dropped_idx)
+            candidate = Message(
+                "user",
+                "[Summary of earlier conversation, written by ctxkeep]\n" + summary,
+                event_kind="summary",
+                metadata={"ctxkeep_summary_of": sorted(dropped_idx)},
+            )
+            n = t(candidate)
+            if n <= plan.budget_for_summary:
+                summary_msg = candidate
+                sections["summary"] = n
+                for j in dropped_idx:
+                    fates[j] = ("summarised", "dropped; covered by the summary", 0, None)
+            else:
+                error = (
+                    f"summary of {n} tokens did not fit the {plan.budget_for_summary} tokens "
+                    "left; dropped history is not summarised"
+                )
+        if plan.pending is not None:
+            for j in plan.pending.members:
+                fates[j] = ("dropped", "tool call still waiting for its results", 0, None)
+
+        for j in plan.orphans:
+            fates[j] = ("dropped", "tool result with no matching call", 0, None)
+        if plan.orphans:
+            plan.notes.append(f"dropped {len(plan.orphans)} tool result(s) with no call")
+        entries: list[tuple[float, Message]] = [(i, msgs[i]) for i in plan.system]
+        for u in plan.kept:
+            for j in u.members:
+                entries.append((j, plan.compressed.get(j, msgs[j])))
+            for k, m in enumerate(u.synthetic):
+                entries.append((u.members[-1] + (k + 1) / (len(u.synthetic) + 1), m))
+                n = t(m)
+                sections["tools"] += n
+            if u.synthetic:
+                plan.notes.append(
+                    f"added {len(u.synthetic)} synthetic result(s) for unanswered tool calls "
+                    f"of message {u.start}"
+                )
+        if summary_msg is not None:
+            entries.append((summary_at - 0.5, summary_msg))
+        entries.sort(key=lambda e: e[0])
+        out = [m.copy() for _, m in entries]
+        total = sum(sections.values())
+        if total > self.max_token_budget:  # pragma: no cover - a bug, never an input
+            raise AssertionError(f"pruner produced {total} > {self.max_token_budget} tokens")
+        report = PruneReport(
+            budget=self.max_token_budget,
+            tokens_after=total,
+            sections=sections,
+            summary_error=error,
+            notes=plan.notes,
+            _messages=msgs,
+            _tokens=t,
+            _fates=fates,
+            _default_fate=("dropped", "older history over the budget"),
+        )
+        return out, report
+
+
+async def _await(x: Awaitable[Any]) -> Any:
+    return await x
+
+
+__all__ = [
+    "AsyncSummarizer",
+    "MessageDecision",
+    "PruneReport",
+    "Summarizer",
+    "TokenPruner",
+]
