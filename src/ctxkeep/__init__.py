@@ -4,6 +4,15 @@ The public API is everything in ``__all__``; see ``docs`` in the README for a to
 """
 
 from ctxkeep._version import __version__
+from ctxkeep.artifacts import (
+    READ_ARTIFACT_TOOL,
+    ArtifactStore,
+    DirectoryArtifactStore,
+    MemoryArtifactStore,
+    SQLiteArtifactStore,
+    open_artifacts,
+    read_artifact_tool,
+)
 from ctxkeep.errors import (
     ArtifactNotFoundError,
     BudgetExceededError,
@@ -37,6 +46,7 @@ from ctxkeep.messages import (
     to_openai,
     validate_sequence,
 )
+from ctxkeep.prune import AsyncSummarizer, MessageDecision, PruneReport, Summarizer, TokenPruner
 from ctxkeep.tokens import (
     CalibratedCounter,
     HeuristicCounter,
@@ -46,28 +56,38 @@ from ctxkeep.tokens import (
 )
 
 __all__ = [
+    "READ_ARTIFACT_TOOL",
     "AnthropicPayload",
     "ArtifactNotFoundError",
+    "ArtifactStore",
+    "AsyncSummarizer",
     "BudgetExceededError",
     "CalibratedCounter",
     "CognitiveStateSchemaVersionError",
     "ConfigError",
     "CtxkeepError",
+    "DirectoryArtifactStore",
     "HeuristicCounter",
     "InvalidMessageError",
     "InvalidSequenceError",
+    "MemoryArtifactStore",
     "Message",
+    "MessageDecision",
     "MessageError",
     "MissingDependencyError",
     "MissingToolResultError",
     "OrphanToolResultError",
     "PromptGate",
     "PromptTooLongError",
+    "PruneReport",
+    "SQLiteArtifactStore",
     "SchemaVersionError",
     "SessionNotFoundError",
     "StorageError",
+    "Summarizer",
     "TiktokenCounter",
     "TokenCounter",
+    "TokenPruner",
     "TokenizerError",
     "ToolCall",
     "UnknownEncodingError",
@@ -78,6 +98,8 @@ __all__ = [
     "from_openai",
     "get_counter",
     "is_valid_sequence",
+    "open_artifacts",
+    "read_artifact_tool",
     "to_anthropic",
     "to_openai",
     "validate_sequence",

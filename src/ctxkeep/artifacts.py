@@ -20,6 +20,7 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -109,7 +110,7 @@ class SQLiteArtifactStore:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS ctxkeep_artifacts ("
                 "ref TEXT PRIMARY KEY, text TEXT NOT NULL, schema_version INTEGER NOT NULL, "
-                "created_at REAL NOT NULL DEFAULT (unixepoch('subsec')))"
+                "created_at REAL NOT NULL)"
             )
 
     def _conn(self) -> sqlite3.Connection:
@@ -131,9 +132,9 @@ class SQLiteArtifactStore:
         ref = artifact_ref(text)
         try:
             self._conn().execute(
-                "INSERT OR IGNORE INTO ctxkeep_artifacts (ref, text, schema_version) "
-                "VALUES (?, ?, ?)",
-                (ref, text, self.SCHEMA_VERSION),
+                "INSERT INTO ctxkeep_artifacts (ref, text, schema_version, created_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (ref) DO NOTHING",
+                (ref, text, self.SCHEMA_VERSION, time.time()),
             )
         except sqlite3.Error as exc:
             raise StorageError(f"cannot store artifact in {self.path}: {exc}") from exc
@@ -202,7 +203,7 @@ class DirectoryArtifactStore:
     def get(self, ref: str) -> str:
         """The text stored under ``ref``."""
         try:
-            return self._file(ref).read_text(encoding="utf-8")
+            return self._file(ref).read_bytes().decode("utf-8")
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"no artifact {ref} in {self.path}") from None
 

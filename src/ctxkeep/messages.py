@@ -141,6 +141,17 @@ def _check_content(content: Any) -> None:
                 raise InvalidMessageError(
                     f"content part {i} must be an object with a string 'type', got {describe(part)}"
                 )
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise InvalidMessageError(
+                    f"content part {i} of type 'text' needs a string 'text', got {describe(part)}"
+                )
+            if part["type"] == "image_url":
+                image = part.get("image_url")
+                if not isinstance(image, Mapping) or not isinstance(image.get("url"), str):
+                    raise InvalidMessageError(
+                        f"content part {i} of type 'image_url' needs an 'image_url' object with "
+                        f"a string 'url', got {describe(part)}"
+                    )
         return
     raise InvalidMessageError(
         f"content must be a string, a list of content parts or None, got "
@@ -203,7 +214,7 @@ class Message:
                 f"unknown role {role!r}; expected one of {', '.join(sorted(ROLES))}"
             )
         _check_content(content)
-        if isinstance(tool_calls, (str, bytes)) or not isinstance(tool_calls, Iterable):
+        if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Iterable):
             raise InvalidMessageError(f"tool_calls must be a list, got {describe(tool_calls)}")
         calls = tuple(
             tc if isinstance(tc, ToolCall) else ToolCall.from_openai(tc) for tc in tool_calls
@@ -481,6 +492,15 @@ def to_anthropic(messages: Iterable[Any]) -> AnthropicPayload:
 
     System (and developer) messages become ``system`` text blocks; consecutive tool results
     are merged into one user turn of ``tool_result`` blocks, as Anthropic requires.
+
+    Anthropic's format cannot carry everything, so :func:`from_anthropic` of the result loses:
+
+    * ``name`` on any message (no Anthropic message or ``tool_result`` block has one);
+    * the ``developer`` role (it becomes a ``system`` block like a system message);
+    * ``""`` versus ``None`` as the text of an assistant turn with tool calls (neither makes a
+      text block);
+    * the fields that are never sent to a provider (``metadata`` except ``is_error`` on a tool
+      result, ``extra``, ids, turn ids, ``created_at``...).
     """
     msgs = coerce_messages(messages)
     system: list[dict[str, Any]] = []
@@ -503,14 +523,35 @@ def to_anthropic(messages: Iterable[Any]) -> AnthropicPayload:
     return AnthropicPayload(system=system, messages=out)
 
 
-def _blocks_to_content(blocks: list[Mapping[str, Any]]) -> Content:
+def _anthropic_blocks(content: list[Any], index: int | None) -> list[Mapping[str, Any]]:
+    for b in content:
+        if not isinstance(b, Mapping) or not isinstance(b.get("type"), str):
+            raise InvalidMessageError(
+                f"an Anthropic content block must be an object with a string 'type', got "
+                f"{describe(b)}",
+                index=index,
+            )
+    return content
+
+
+def _block_field(b: Mapping[str, Any], key: str, index: int) -> Any:
+    if key not in b:
+        raise InvalidMessageError(
+            f"an Anthropic {b.get('type')} block needs {key!r}, got {describe(b)}", index=index
+        )
+    return b[key]
+
+
+def _blocks_to_content(blocks: list[Mapping[str, Any]], *, keep_list: bool = False) -> Content:
     parts: list[ContentPart] = []
     for b in blocks:
         kind = b.get("type")
         if kind == "text":
             parts.append({"type": "text", "text": b.get("text", "")})
         elif kind == "image":
-            src = b.get("source") or {}
+            src = b.get("source")
+            if not isinstance(src, Mapping):
+                raise InvalidMessageError("an Anthropic image block needs a 'source' object")
             if src.get("type") == "base64":
                 url = f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
             else:
@@ -518,7 +559,7 @@ def _blocks_to_content(blocks: list[Mapping[str, Any]]) -> Content:
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
             raise InvalidMessageError(f"Anthropic block type {kind!r} cannot be converted here")
-    if len(parts) == 1 and parts[0]["type"] == "text":
+    if len(parts) == 1 and parts[0]["type"] == "text" and not keep_list:
         return str(parts[0]["text"])
     return parts
 
@@ -530,7 +571,9 @@ def from_anthropic(
     """Messages from Anthropic's format (the inverse of :func:`to_anthropic`).
 
     ``tool_result`` blocks become ``tool`` messages; ``tool_use`` blocks become the assistant's
-    ``tool_calls``.
+    ``tool_calls``. What Anthropic's format cannot carry does not come back (see
+    :func:`to_anthropic`): names, ``developer`` roles (they return as ``system``), and ``""``
+    versus ``None`` as the text of an assistant turn that calls tools (it returns as ``None``).
 
     Raises:
         InvalidMessageError: a malformed message or block.
@@ -540,7 +583,12 @@ def from_anthropic(
     if isinstance(system, str):
         out.append(Message("system", system))
     elif system:
-        out.extend(Message("system", str(b.get("text", ""))) for b in system)
+        if not isinstance(system, Sequence):
+            raise InvalidMessageError(
+                f"system must be a string or a list of text blocks, got {describe(system)}"
+            )
+        for b in _anthropic_blocks(list(system), None):
+            out.append(Message("system", str(b.get("text", ""))))
     for i, d in enumerate(messages):
         if not isinstance(d, Mapping) or d.get("role") not in ("user", "assistant"):
             raise InvalidMessageError(
@@ -553,34 +601,53 @@ def from_anthropic(
             continue
         if not isinstance(content, list):
             raise InvalidMessageError(
-                f"content must be a string or blocks, got {describe(content)}"
+                f"content must be a string or blocks, got {describe(content)}", index=i
             )
+        content = _anthropic_blocks(content, i)
         if role == "assistant":
             calls = [
-                ToolCall(id=b["id"], name=b["name"], arguments=json.dumps(b.get("input", {})))
+                ToolCall(
+                    id=_block_field(b, "id", i),
+                    name=_block_field(b, "name", i),
+                    arguments=json.dumps(b.get("input", {})),
+                )
                 for b in content
                 if b.get("type") == "tool_use"
             ]
             rest = [b for b in content if b.get("type") != "tool_use"]
-            body = _blocks_to_content(rest) if rest else None
+            # to_anthropic writes an assistant's text before its tool_use blocks: one text
+            # block alongside tool calls was a string.
+            body = _blocks_to_content(rest, keep_list=not calls) if rest else None
             out.append(Message("assistant", body, tool_calls=calls))
             continue
         pending: list[Mapping[str, Any]] = []
         for b in content:
             if b.get("type") == "tool_result":
                 if pending:
-                    out.append(Message("user", _blocks_to_content(pending)))
+                    out.append(Message("user", _blocks_to_content(pending, keep_list=True)))
                     pending = []
                 inner = b.get("content", "")
-                body_t: Content = inner if isinstance(inner, str) else _blocks_to_content(inner)
+                if inner is None:
+                    inner = ""
+                if not isinstance(inner, (str, list)):
+                    raise InvalidMessageError(
+                        f"a tool_result's content must be a string or blocks, got {describe(b)}",
+                        index=i,
+                    )
+                body_t: Content = (
+                    inner
+                    if isinstance(inner, str)
+                    else _blocks_to_content(_anthropic_blocks(inner, i))
+                )
                 if isinstance(inner, list) and inner and isinstance(body_t, str):
                     body_t = [{"type": "text", "text": body_t}]
                 meta = {"is_error": True} if b.get("is_error") else None
-                out.append(Message("tool", body_t, tool_call_id=b["tool_use_id"], metadata=meta))
+                tool_use_id = _block_field(b, "tool_use_id", i)
+                out.append(Message("tool", body_t, tool_call_id=tool_use_id, metadata=meta))
             else:
                 pending.append(b)
         if pending:
-            out.append(Message("user", _blocks_to_content(pending)))
+            out.append(Message("user", _blocks_to_content(pending, keep_list=True)))
     return out
 
 

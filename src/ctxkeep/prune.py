@@ -119,7 +119,7 @@ class PruneReport:
     @property
     def tokens_before(self) -> int:
         """Tokens of the whole input as a prompt."""
-        return sum(self._tokens(m) for m in self._messages) + self.sections.get("priming", 0)
+        return int(sum(self._tokens(m) for m in self._messages) + self.sections.get("priming", 0))
 
     def count(self, action: Action) -> int:
         """How many input messages got ``action``."""
@@ -529,19 +529,19 @@ class TokenPruner:
             stop = False
             room_for_summary = self.summarizer is not None
             while not stop:
-                u = next(walking, None)
-                if u is None:
+                u_next = next(walking, None)
+                if u_next is None:
                     nxt = next(rest_walker, None)
                     if nxt is None:
                         break
-                    u, _ = nxt
+                    u_next = nxt[0]
+                u = u_next
                 limit = budget - (self.summary_max_tokens if room_for_summary else 0)
                 if u.tool and self.compress_threshold is not None:
                     self._compress_unit(msgs, u, compressed, self.compress_threshold)
                 cost = self._unit_tokens(msgs, u, compressed)
-                if total + cost > limit and u.tool:
-                    if self._compress_unit(msgs, u, compressed, 0):
-                        cost = self._unit_tokens(msgs, u, compressed)
+                if total + cost > limit and u.tool and self._compress_unit(msgs, u, compressed, 0):
+                    cost = self._unit_tokens(msgs, u, compressed)
                 if total + cost <= limit:
                     kept.append(u)
                     total += cost

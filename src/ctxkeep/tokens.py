@@ -244,8 +244,8 @@ def _image_part_tokens(part: Mapping[str, Any]) -> int:
         except ValueError:
             head = b""
         size = image_size(head)
-    elif "width" in img and "height" in img:
-        size = (int(img["width"]), int(img["height"]))
+    elif isinstance(img.get("width"), int) and isinstance(img.get("height"), int):
+        size = (img["width"], img["height"])
     width, height = size or (None, None)
     return image_tokens(width, height, detail)
 

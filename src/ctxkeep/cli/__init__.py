@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 
 from ctxkeep._version import __version__
-from ctxkeep.cli import count
+from ctxkeep.cli import count, replay
 from ctxkeep.errors import CtxkeepError
 
-_GROUPS = (count,)
+_GROUPS = (count, replay)
 
 
 def build_parser() -> argparse.ArgumentParser:

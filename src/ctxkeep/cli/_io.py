@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from rich.console import Console
 
 from ctxkeep.errors import InvalidMessageError
 from ctxkeep.messages import Message, coerce_messages
@@ -31,13 +34,26 @@ def read_source(path: str) -> tuple[str, str]:
         raise InvalidMessageError(f"no such file: {path}") from None
     except UnicodeDecodeError as exc:
         raise InvalidMessageError(f"{path} is not UTF-8 text: {exc}") from exc
+    except OSError as exc:
+        raise InvalidMessageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+# Text that opens like a JSON array or object of messages (``[{``, ``{"``, ``[]``...), as
+# opposed to prose or code that merely starts with a bracket.
+_JSON_OPENING = re.compile(r'\s*[\[{]\s*(["{\[\]}]|$)')
+
+
+def _meant_as_json(name: str, text: str) -> bool:
+    return name.endswith((".json", ".jsonl")) or _JSON_OPENING.match(text) is not None
 
 
 def parse_messages(name: str, text: str, *, allow_text: bool) -> Loaded:
     """Messages from a JSON list, ``{"messages": [...]}``, or JSONL; else plain text.
 
     Raises:
-        InvalidMessageError: JSON that is not messages (or truncated), when text is not allowed.
+        InvalidMessageError: JSON that is not messages, when text is not allowed; JSON that
+            does not parse (truncated, say) when the file is named ``*.json``/``*.jsonl`` or
+            its text opens like JSON, even when text is allowed.
 
     """
     stripped = text.lstrip()
@@ -50,7 +66,7 @@ def parse_messages(name: str, text: str, *, allow_text: bool) -> Loaded:
             try:
                 data = [json.loads(ln) for ln in lines]
             except json.JSONDecodeError:
-                if not allow_text:
+                if not allow_text or _meant_as_json(name, text):
                     raise InvalidMessageError(f"{name}: invalid JSON: {exc}") from exc
                 return Loaded(name, None, text)
     elif not allow_text:
@@ -64,3 +80,11 @@ def parse_messages(name: str, text: str, *, allow_text: bool) -> Loaded:
     if data is None:
         return Loaded(name, None, text)
     return Loaded(name, coerce_messages(data), None)  # type: ignore[arg-type]
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console; wide when output is not a terminal, so tables are not squeezed."""
+    c = Console(stderr=stderr)
+    if not c.is_terminal:
+        c = Console(stderr=stderr, width=160)
+    return c

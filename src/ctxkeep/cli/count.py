@@ -6,9 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from ctxkeep.cli._io import console as make_console
 from ctxkeep.cli._io import parse_messages, read_source
 from ctxkeep.gate import message_length
 from ctxkeep.tokens import get_counter
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0], indent=2))
         return 0
-    console = Console()
+    console = make_console()
     for r in results:
         table = Table(title=f"{r['file']} ({r['kind']})")
         table.add_column("role")
