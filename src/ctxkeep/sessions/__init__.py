@@ -1,0 +1,116 @@
+"""Session memory over memory, SQLite, Redis and PostgreSQL.
+
+:func:`open_memory` picks the backend from a URL and returns a :class:`MemoryManager`;
+:func:`open_async_memory` returns its async twin.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+from ctxkeep.errors import ConfigError
+from ctxkeep.sessions.aio import AsyncMemoryManager
+from ctxkeep.sessions.base import (
+    Backend,
+    Evicted,
+    EvictHook,
+    MemoryConfig,
+    MemoryManager,
+    default_memory_config,
+)
+from ctxkeep.sessions.memory import SessionMemory
+from ctxkeep.sessions.records import SessionInfo
+
+
+def default_db_path() -> Path:
+    """The embedded default database: ``$CTXKEEP_DB``, else ``ctxkeep.db`` in the user's
+    data directory.
+    """
+    env = os.environ.get("CTXKEEP_DB")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("ctxkeep")) / "ctxkeep.db"
+
+
+def default_url() -> str:
+    """``sqlite:///`` + :func:`default_db_path`."""
+    return f"sqlite:///{default_db_path()}"
+
+
+def open_backend(url: str | None, config: MemoryConfig) -> Backend:
+    """The backend for a URL (``None``: the embedded default).
+
+    Raises:
+        ConfigError: an unsupported URL.
+        MissingDependencyError: the extra for that backend is not installed.
+
+    """
+    url = url or default_url()
+    if url == "memory://":
+        return SessionMemory(max_size=config.max_sessions, ttl=config.session_ttl)
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        from ctxkeep.sessions.sqlite import SQLiteBackend
+
+        path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
+        sync = parse_qs(parsed.query).get("synchronous", ["full"])[0]
+        return SQLiteBackend(path, synchronous=sync)
+    if parsed.scheme in ("redis", "rediss", "unix"):
+        from ctxkeep.sessions.redis import RedisBackend
+
+        return RedisBackend(url)
+    if parsed.scheme in ("postgresql", "postgres"):
+        from ctxkeep.sessions.postgres import PostgresBackend
+
+        return PostgresBackend(url)
+    raise ConfigError(
+        f"unsupported memory URL {url!r}; use memory://, sqlite:///path, redis://host:port/db "
+        "or postgresql://..."
+    )
+
+
+def open_memory(
+    url: str | None = None,
+    config: MemoryConfig | None = None,
+    *,
+    on_evict: EvictHook | None = None,
+) -> MemoryManager:
+    """A :class:`MemoryManager` for ``url`` (default: the embedded SQLite file)."""
+    config = config or default_memory_config()
+    backend = open_backend(url, config)
+    manager = MemoryManager(backend, config, on_evict=on_evict)
+    if isinstance(backend, SessionMemory):
+        backend.on_evict = manager._emit  # the sweeper's evictions are archived and hooked too
+    return manager
+
+
+def open_async_memory(
+    url: str | None = None,
+    config: MemoryConfig | None = None,
+    *,
+    on_evict: EvictHook | None = None,
+) -> AsyncMemoryManager:
+    """The async twin of :func:`open_memory`."""
+    return AsyncMemoryManager(open_memory(url, config, on_evict=on_evict))
+
+
+__all__ = [
+    "AsyncMemoryManager",
+    "Backend",
+    "EvictHook",
+    "Evicted",
+    "MemoryConfig",
+    "MemoryManager",
+    "SessionInfo",
+    "SessionMemory",
+    "default_db_path",
+    "default_memory_config",
+    "open_async_memory",
+    "open_memory",
+]

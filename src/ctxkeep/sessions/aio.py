@@ -1,0 +1,103 @@
+"""The async twin of :class:`~ctxkeep.sessions.base.MemoryManager`.
+
+Every method is the sync manager's, run in a worker thread (``asyncio.to_thread``), so the
+logic exists once and an event loop is never blocked by storage I/O. Names follow the sync
+API with an ``a`` prefix where the sync name is kept for clarity (``aclose``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from ctxkeep.messages import Message
+from ctxkeep.sessions.base import MemoryManager
+from ctxkeep.sessions.records import SessionInfo
+
+
+class AsyncMemoryManager:
+    """Async access to a :class:`MemoryManager` (same semantics, awaitable methods)."""
+
+    def __init__(self, sync: MemoryManager) -> None:
+        self.sync = sync
+
+    async def create_session(
+        self,
+        agent_id: str,
+        *,
+        task_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> str:
+        """See :meth:`MemoryManager.create_session`."""
+        return await asyncio.to_thread(
+            self.sync.create_session,
+            agent_id,
+            task_id=task_id,
+            metadata=metadata,
+            session_id=session_id,
+        )
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        """See :meth:`MemoryManager.get_session`."""
+        return await asyncio.to_thread(self.sync.get_session, session_id)
+
+    async def add_message(self, session_id: str, role: str, content: Any, **fields: Any) -> Message:
+        """See :meth:`MemoryManager.add_message`."""
+        return await asyncio.to_thread(self.sync.add_message, session_id, role, content, **fields)
+
+    async def add_structured_message(self, session_id: str, message: Any) -> Message:
+        """See :meth:`MemoryManager.add_structured_message`."""
+        return await asyncio.to_thread(self.sync.add_structured_message, session_id, message)
+
+    async def add_messages(self, session_id: str, messages: Iterable[Any]) -> list[Message]:
+        """See :meth:`MemoryManager.add_messages`."""
+        return await asyncio.to_thread(self.sync.add_messages, session_id, list(messages))
+
+    async def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
+        """See :meth:`MemoryManager.get_messages`."""
+        return await asyncio.to_thread(self.sync.get_messages, session_id, limit=limit)
+
+    async def build_prompt_messages(
+        self, session_id: str, *, system: str | Message | None = None, pruner: Any = None
+    ) -> list[Message]:
+        """See :meth:`MemoryManager.build_prompt_messages`."""
+        return await asyncio.to_thread(
+            self.sync.build_prompt_messages, session_id, system=system, pruner=pruner
+        )
+
+    async def list_sessions(
+        self,
+        *,
+        agent_id: str | None = None,
+        task_id: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[SessionInfo]:
+        """See :meth:`MemoryManager.list_sessions`."""
+        return await asyncio.to_thread(
+            self.sync.list_sessions, agent_id=agent_id, task_id=task_id, limit=limit, offset=offset
+        )
+
+    async def delete_session(self, session_id: str) -> bool:
+        """See :meth:`MemoryManager.delete_session`."""
+        return await asyncio.to_thread(self.sync.delete_session, session_id)
+
+    async def get_latest_session_for_agent(self, agent_id: str) -> str | None:
+        """See :meth:`MemoryManager.get_latest_session_for_agent`."""
+        return await asyncio.to_thread(self.sync.get_latest_session_for_agent, agent_id)
+
+    async def sweep(self) -> int:
+        """See :meth:`MemoryManager.sweep`."""
+        return await asyncio.to_thread(self.sync.sweep)
+
+    async def aclose(self) -> None:
+        """Close the underlying manager."""
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> AsyncMemoryManager:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

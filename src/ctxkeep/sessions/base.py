@@ -1,0 +1,441 @@
+"""Session memory: the interface, the config, and the logic every backend shares.
+
+:class:`MemoryManager` does the work that is the same everywhere: copying, validation,
+tool-unit checks, ``max_history`` trimming in whole units, TTL and LRU policy, eviction hooks
+and archiving, prompt building. A :class:`Backend` supplies a few storage primitives; the
+memory, SQLite, Redis and PostgreSQL backends live beside this module.
+
+Appends are atomic: :meth:`Backend.append` runs the caller's check (which tool calls are
+still waiting) inside the backend's transaction, so concurrent writers cannot interleave a
+tool result with another message, and sequence numbers stay gapless.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeAlias
+
+from ctxkeep.errors import ConfigError, InvalidMessageError, SessionNotFoundError
+from ctxkeep.messages import Message, coerce_message
+from ctxkeep.sessions.records import SessionInfo, advance_pending, message_to_record, trim_point
+
+EvictReason: TypeAlias = Literal["max_history", "ttl", "lru", "deleted"]
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Bounds of session memory. ``None`` means unbounded."""
+
+    max_history: int | None = 1000
+    """Messages kept per session; older ones are trimmed in whole tool units."""
+    session_ttl: float | None = 24 * 3600.0
+    """Seconds a session may stay idle (no read or write) before it is reclaimed."""
+    max_sessions: int | None = 10_000
+    """Sessions kept; beyond it the least recently accessed is evicted."""
+    archive_evicted: bool = True
+    """Keep trimmed and evicted messages in the backend's archive (for episodic memory)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_history", "max_sessions"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"{name} must be a positive int or None, got {v!r}")
+        ttl = self.session_ttl
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0
+        ):
+            raise ConfigError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
+
+
+def default_memory_config() -> MemoryConfig:
+    """The defaults: 1,000 messages per session, 24 h idle TTL, 10,000 sessions."""
+    return MemoryConfig()
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """Messages leaving a session, as passed to ``on_evict`` hooks."""
+
+    session_id: str
+    agent_id: str
+    reason: EvictReason
+    messages: list[Message]
+
+
+EvictHook: TypeAlias = Callable[[Evicted], None]
+Check: TypeAlias = Callable[[SessionInfo], tuple[str, ...]]
+
+
+class Backend(ABC):
+    """Storage primitives a session backend implements. All methods are thread-safe."""
+
+    supports_native_ttl: bool = False
+    """True if the store expires idle sessions itself (Redis key TTL)."""
+    name: str = "backend"
+
+    @abstractmethod
+    def create(self, info: SessionInfo, ttl: float | None) -> None:
+        """Store a new session (its id is unique)."""
+
+    @abstractmethod
+    def info(
+        self, session_id: str, *, touch: float | None, ttl: float | None
+    ) -> SessionInfo | None:
+        """The session, or None; with ``touch``, set its ``accessed_at`` first."""
+
+    @abstractmethod
+    def append(
+        self,
+        session_id: str,
+        records: list[dict[str, Any]],
+        check: Check,
+        now: float,
+        ttl: float | None,
+    ) -> list[int]:
+        """Atomically: run ``check(info)`` (returns the new pending ids, or raises), store
+        ``records`` with the next sequence numbers, update count/next_seq/pending/accessed_at.
+
+        Returns the sequence numbers given. Raises SessionNotFoundError for an unknown id.
+        """
+
+    @abstractmethod
+    def messages(self, session_id: str) -> list[tuple[int, dict[str, Any]]]:
+        """``(seq, record)`` of every stored message, oldest first."""
+
+    @abstractmethod
+    def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
+        """Remove and return messages with ``seq <= upto_seq`` (atomically)."""
+
+    @abstractmethod
+    def delete(self, session_id: str) -> bool:
+        """Delete a session and its messages; False if it did not exist."""
+
+    @abstractmethod
+    def list(
+        self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
+    ) -> list[SessionInfo]:
+        """Sessions, newest ``created_at`` first."""
+
+    @abstractmethod
+    def latest_for_agent(self, agent_id: str) -> str | None:
+        """The agent's most recently created session."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """How many sessions are stored."""
+
+    @abstractmethod
+    def least_recent(self, n: int) -> list[str]:
+        """The ``n`` sessions with the oldest ``accessed_at``."""
+
+    @abstractmethod
+    def idle_since(self, cutoff: float) -> list[str]:
+        """Sessions whose ``accessed_at`` is before ``cutoff``."""
+
+    def archive(self, evicted: Evicted) -> None:  # noqa: B027 - optional primitive
+        """Keep evicted messages (default: nowhere)."""
+
+    def archived(self, session_id: str) -> list[Message]:
+        """Archived messages of a session (default: none)."""
+        return []
+
+    def close(self) -> None:  # noqa: B027 - optional primitive
+        """Release connections."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+class MemoryManager:
+    """Sessions of messages over one backend, bounded by a :class:`MemoryConfig`.
+
+    Use :func:`ctxkeep.open_memory` to get one for a URL. It is a context manager.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: MemoryConfig | None = None,
+        *,
+        on_evict: EvictHook | None = None,
+        clock: Callable[[], float] = _now,
+    ) -> None:
+        self.backend = backend
+        self.config = config or default_memory_config()
+        self._hooks: list[EvictHook] = [on_evict] if on_evict else []
+        self._clock = clock
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the backend."""
+        self.backend.close()
+
+    def __enter__(self) -> MemoryManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_evict_hook(self, hook: EvictHook) -> None:
+        """Call ``hook`` with every batch of trimmed or evicted messages."""
+        self._hooks.append(hook)
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def create_session(
+        self,
+        agent_id: str,
+        *,
+        task_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> str:
+        """Start a session for ``agent_id``; returns its id.
+
+        Beyond ``max_sessions``, the least recently accessed sessions are evicted.
+        """
+        if not isinstance(agent_id, str) or not agent_id:
+            raise InvalidMessageError(f"agent_id must be a non-empty string, got {agent_id!r}")
+        if task_id is not None and not isinstance(task_id, str):
+            raise InvalidMessageError(f"task_id must be a string, got {task_id!r}")
+        meta = dict(metadata or {})
+        message_to_record(Message("user", "", metadata=meta))  # JSON check
+        sid = session_id or uuid.uuid4().hex
+        now = self._clock()
+        info = SessionInfo(sid, agent_id, task_id, meta, created_at=now, accessed_at=now)
+        self.backend.create(info, self.config.session_ttl)
+        self._enforce_max_sessions(keep=sid)
+        return sid
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        """The session's info (counts as an access).
+
+        Raises:
+            SessionNotFoundError: unknown or expired.
+
+        """
+        return self._live(session_id, touch=True)
+
+    def has_session(self, session_id: str) -> bool:
+        """True if the session exists and has not expired (not an access)."""
+        try:
+            self._live(session_id, touch=False)
+        except SessionNotFoundError:
+            return False
+        return True
+
+    def list_sessions(
+        self,
+        *,
+        agent_id: str | None = None,
+        task_id: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[SessionInfo]:
+        """Live sessions, newest first, filtered by agent and/or task, one page at a time."""
+        if limit < 1 or offset < 0:
+            raise ConfigError("limit must be >= 1 and offset >= 0")
+        self.sweep()
+        return self.backend.list(agent_id=agent_id, task_id=task_id, limit=limit, offset=offset)
+
+    def delete_session(self, session_id: str) -> bool:
+        """Delete a session; False if there was none. Its messages are not archived."""
+        return self.backend.delete(session_id)
+
+    def get_latest_session_for_agent(self, agent_id: str) -> str | None:
+        """The agent's most recently created live session, or None."""
+        sid = self.backend.latest_for_agent(agent_id)
+        if sid is not None and not self.has_session(sid):
+            return None
+        return sid
+
+    # -- messages ----------------------------------------------------------------------
+
+    def add_message(self, session_id: str, role: str, content: Any, **fields: Any) -> Message:
+        """Append one message built from ``role``, ``content`` and any Message fields."""
+        return self.add_messages(session_id, [Message(role, content, **fields)])[0]
+
+    def add_structured_message(self, session_id: str, message: Any) -> Message:
+        """Append a ``Message`` (or OpenAI dict); returns the stored copy."""
+        return self.add_messages(session_id, [message])[0]
+
+    def add_messages(self, session_id: str, messages: Iterable[Any]) -> list[Message]:
+        """Append messages atomically (all or none); returns the stored copies.
+
+        Messages get an ``id`` and ``created_at`` if they have none. A tool result must
+        answer a call still waiting in the session, and no other message may come while
+        calls wait: the stored history is always a valid sequence (but for calls waiting
+        at its end).
+
+        Raises:
+            SessionNotFoundError: unknown or expired session.
+            OrphanToolResultError / MissingToolResultError: a dangling tool id.
+            InvalidMessageError: a malformed message or non-JSON metadata.
+
+        """
+        now = self._clock()
+        stamped: list[Message] = []
+        for i, raw in enumerate(messages):
+            m = coerce_message(raw, index=i)
+            stamped.append(
+                m.replace(
+                    id=m.id or uuid.uuid4().hex,
+                    created_at=m.created_at or datetime.fromtimestamp(now, UTC),
+                )
+            )
+        if not stamped:
+            return []
+        records = [message_to_record(m) for m in stamped]
+        self._live(session_id, touch=False)
+
+        def check(info: SessionInfo) -> tuple[str, ...]:
+            return advance_pending(info.pending, stamped)
+
+        self.backend.append(session_id, records, check, now, self.config.session_ttl)
+        if self.config.max_history is not None:
+            self._trim(session_id)
+        return [m.copy() for m in stamped]
+
+    def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
+        """The session's messages, oldest first (copies); the newest ``limit`` if given."""
+        from ctxkeep.sessions.records import record_to_message
+
+        self._live(session_id, touch=True)
+        rows = self.backend.messages(session_id)
+        if limit is not None:
+            rows = rows[-limit:] if limit > 0 else []
+        return [record_to_message(r) for _, r in rows]
+
+    def archived_messages(self, session_id: str) -> list[Message]:
+        """Messages trimmed or evicted from a session and kept in the archive."""
+        return self.backend.archived(session_id)
+
+    def build_prompt_messages(
+        self,
+        session_id: str,
+        *,
+        system: str | Message | None = None,
+        pruner: Any = None,
+    ) -> list[Message]:
+        """The session as a prompt: ``system`` first, then the history, pruned if a
+        :class:`~ctxkeep.TokenPruner` is given. Calls still waiting for results are left out.
+        """
+        history = self.get_messages(session_id)
+        prefix: list[Message] = []
+        if system is not None:
+            prefix = [system if isinstance(system, Message) else Message("system", system)]
+        info = self._live(session_id, touch=False)
+        if info.pending:
+            # The unit still waiting for results is not part of a prompt.
+            cut = max(i for i, m in enumerate(history) if m.tool_calls)
+            history = history[:cut]
+        msgs = prefix + history
+        if pruner is not None:
+            return list(pruner.prune(msgs))
+        return msgs
+
+    # -- policy ------------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Reclaim sessions idle longer than ``session_ttl``; returns how many."""
+        ttl = self.config.session_ttl
+        if ttl is None:
+            return 0
+        n = 0
+        for sid in self.backend.idle_since(self._clock() - ttl):
+            if self._evict(sid, "ttl"):
+                n += 1
+        return n
+
+    def _live(self, session_id: str, *, touch: bool) -> SessionInfo:
+        if not isinstance(session_id, str):
+            raise SessionNotFoundError(f"no session {session_id!r}")
+        now = self._clock()
+        info = self.backend.info(session_id, touch=None, ttl=None)
+        ttl = self.config.session_ttl
+        if info is not None and ttl is not None and info.accessed_at < now - ttl:
+            self._evict(session_id, "ttl")
+            info = None
+        if info is None:
+            raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
+        if touch:
+            info = self.backend.info(session_id, touch=now, ttl=ttl) or info
+        return info
+
+    def _evict(self, session_id: str, reason: EvictReason) -> bool:
+        info = self.backend.info(session_id, touch=None, ttl=None)
+        if info is None:
+            return False
+        from ctxkeep.sessions.records import record_to_message
+
+        msgs = [record_to_message(r) for _, r in self.backend.messages(session_id)]
+        self._emit(Evicted(session_id, info.agent_id, reason, msgs))  # stored before deleted
+        return self.backend.delete(session_id)
+
+    def _emit(self, evicted: Evicted) -> None:
+        if not evicted.messages:
+            return
+        if self.config.archive_evicted:
+            self.backend.archive(evicted)
+        for hook in self._hooks:
+            hook(evicted)
+
+    def _enforce_max_sessions(self, keep: str) -> None:
+        cap = self.config.max_sessions
+        if cap is None:
+            return
+        over = self.backend.count() - cap
+        if over <= 0:
+            return
+        for sid in self.backend.least_recent(over + 1):
+            if over <= 0:
+                break
+            if sid != keep and self._evict(sid, "lru"):
+                over -= 1
+
+    def _trim(self, session_id: str) -> None:
+        from ctxkeep.sessions.records import record_to_message
+
+        assert self.config.max_history is not None
+        info = self.backend.info(session_id, touch=None, ttl=None)
+        if info is None or info.message_count <= self.config.max_history:
+            return
+        rows = self.backend.messages(session_id)
+        roles = [r["role"] for _, r in rows]
+        cut = trim_point(roles, self.config.max_history)
+        if info.pending:
+            # Never trim the call that still waits for results.
+            last_call = max(i for i, (_, r) in enumerate(rows) if r.get("tool_calls"))
+            cut = min(cut, last_call)
+        if cut <= 0:
+            return
+        # Archive first, then remove: nothing is deleted before it is stored elsewhere.
+        self._emit(
+            Evicted(
+                session_id,
+                info.agent_id,
+                "max_history",
+                [record_to_message(r) for _, r in rows[:cut]],
+            )
+        )
+        self.backend.remove_oldest(session_id, rows[cut - 1][0])
+
+
+def check_session_id(session_id: Any) -> str:
+    """``session_id`` if it is a non-empty string, else SessionNotFoundError."""
+    if not isinstance(session_id, str) or not session_id:
+        raise SessionNotFoundError(f"no session {session_id!r}")
+    return session_id
+
+
+def page(items: Sequence[SessionInfo], limit: int, offset: int) -> list[SessionInfo]:
+    """One page of sessions sorted newest first (ties by id, for stable pages)."""
+    ordered = sorted(items, key=lambda s: (-s.created_at, s.session_id))
+    return ordered[offset : offset + limit]

@@ -1,0 +1,232 @@
+"""Stored forms of messages and sessions, with their schema versions and migrations.
+
+Every backend stores a message as the JSON of :func:`message_to_record` and reads it back
+with :func:`record_to_message`; a record carries ``v`` (its schema version). Old records are
+upgraded by :data:`RECORD_MIGRATIONS` (position ``i`` upgrades version ``i`` to ``i + 1``);
+a record newer than this ctxkeep is refused with :class:`SchemaVersionError`.
+
+The tool-call bookkeeping that keeps stored histories valid also lives here, free of I/O:
+:func:`advance_pending` checks a batch of appended messages against the calls still waiting
+for results, and :func:`trim_point` finds where to cut a history to ``max_history`` in whole
+tool units.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ctxkeep.errors import (
+    InvalidMessageError,
+    MissingToolResultError,
+    OrphanToolResultError,
+    SchemaVersionError,
+)
+from ctxkeep.messages import Message, ToolCall
+
+RECORD_VERSION = 1
+
+# Position i upgrades a record of version i to version i + 1. Version 0 records (written
+# before versioning) had "tool_calls" in OpenAI's nested form.
+RECORD_MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [
+    lambda r: {
+        **r,
+        "v": 1,
+        "tool_calls": [
+            tc if "name" in tc else {"id": tc["id"], **tc["function"]}
+            for tc in r.get("tool_calls") or []
+        ],
+    },
+]
+
+
+def message_to_record(m: Message) -> dict[str, Any]:
+    """A JSON-ready dict of every field of ``m``.
+
+    Raises:
+        InvalidMessageError: metadata or extra that JSON cannot hold exactly.
+
+    """
+    record = {
+        "v": RECORD_VERSION,
+        "role": m.role,
+        "content": m.content,
+        "name": m.name,
+        "turn_id": m.turn_id,
+        "tool_call_id": m.tool_call_id,
+        "tool_calls": [
+            {"id": t.id, "name": t.name, "arguments": t.arguments} for t in m.tool_calls
+        ],
+        "event_kind": m.event_kind,
+        "parent_id": m.parent_id,
+        "id": m.id,
+        "artifact_refs": list(m.artifact_refs),
+        "metadata": dict(m.metadata),
+        "extra": dict(m.extra),
+        "created_at": m.created_at.isoformat() if m.created_at else None,
+    }
+    # Refuse what JSON would silently change (tuples become lists, int keys become strings).
+    try:
+        text = json.dumps(record, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(
+            f"message {m.id or ''} cannot be stored: metadata/extra must be JSON values ({exc})"
+        ) from exc
+    if json.loads(text) != record:
+        raise InvalidMessageError(
+            f"message {m.id or ''} cannot be stored exactly: metadata/extra hold values JSON "
+            "does not round-trip (tuples, non-string keys); use lists and string keys"
+        )
+    return record
+
+
+def dumps_record(m: Message) -> str:
+    """The stored JSON text of a message."""
+    return json.dumps(message_to_record(m), ensure_ascii=False, allow_nan=False)
+
+
+def upgrade_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` upgraded to :data:`RECORD_VERSION`.
+
+    Raises:
+        SchemaVersionError: a version newer than this ctxkeep knows.
+
+    """
+    v = record.get("v", 0)
+    if not isinstance(v, int) or v < 0:
+        raise SchemaVersionError(f"stored message has an invalid schema version {v!r}")
+    if v > RECORD_VERSION:
+        raise SchemaVersionError(
+            f"stored message has schema version {v}, newer than this ctxkeep reads "
+            f"({RECORD_VERSION}); upgrade ctxkeep"
+        )
+    while v < RECORD_VERSION:
+        record = RECORD_MIGRATIONS[v](record)
+        v += 1
+    return record
+
+
+def record_to_message(record: dict[str, Any] | str) -> Message:
+    """The message a stored record describes (upgraded first if old).
+
+    Raises:
+        SchemaVersionError: a record newer than this ctxkeep.
+        InvalidMessageError: a corrupt record.
+
+    """
+    if isinstance(record, (str, bytes)):
+        try:
+            record = json.loads(record)
+        except ValueError as exc:
+            raise InvalidMessageError(f"corrupt stored message: {exc}") from exc
+    if not isinstance(record, dict):
+        raise InvalidMessageError(f"corrupt stored message: {record!r:.80}")
+    r = upgrade_record(record)
+    created = r.get("created_at")
+    return Message(
+        r["role"],
+        r.get("content"),
+        name=r.get("name"),
+        turn_id=r.get("turn_id"),
+        tool_call_id=r.get("tool_call_id"),
+        tool_calls=[ToolCall(**tc) for tc in r.get("tool_calls") or []],
+        event_kind=r.get("event_kind"),
+        parent_id=r.get("parent_id"),
+        id=r.get("id"),
+        artifact_refs=r.get("artifact_refs") or (),
+        metadata=r.get("metadata") or {},
+        extra=r.get("extra") or {},
+        created_at=datetime.fromisoformat(created) if created else None,
+    )
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """What a store knows about a session, besides its messages."""
+
+    session_id: str
+    """The session's id."""
+    agent_id: str
+    """The agent that owns it."""
+    task_id: str | None = None
+    """The task it belongs to, if any."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Caller data, JSON values."""
+    created_at: float = 0.0
+    """Unix time of creation."""
+    accessed_at: float = 0.0
+    """Unix time of the last read or write (LRU and TTL use it)."""
+    message_count: int = 0
+    """Messages currently stored."""
+    next_seq: int = 1
+    """The sequence number the next appended message gets (gapless per session)."""
+    pending: tuple[str, ...] = ()
+    """Tool call ids still waiting for their results."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "session_id": self.session_id,
+            "agent_id": self.agent_id,
+            "task_id": self.task_id,
+            "metadata": dict(self.metadata),
+            "created_at": self.created_at,
+            "accessed_at": self.accessed_at,
+            "message_count": self.message_count,
+            "next_seq": self.next_seq,
+            "pending": list(self.pending),
+        }
+
+
+def advance_pending(pending: Sequence[str], messages: Sequence[Message]) -> tuple[str, ...]:
+    """The calls still waiting for results after appending ``messages``.
+
+    Raises:
+        OrphanToolResultError: a tool result that answers no waiting call.
+        MissingToolResultError: a non-tool message while calls still wait for results.
+
+    """
+    waiting = list(pending)
+    for i, m in enumerate(messages):
+        if m.role == "tool":
+            if m.tool_call_id not in waiting:
+                raise OrphanToolResultError(
+                    f"tool result for {m.tool_call_id!r} answers no call waiting in this "
+                    f"session (waiting: {waiting or 'none'})",
+                    index=i,
+                    tool_call_id=m.tool_call_id,
+                )
+            waiting.remove(m.tool_call_id)
+            continue
+        if waiting:
+            raise MissingToolResultError(
+                f"cannot add a {m.role} message: tool call {waiting[0]!r} is still waiting "
+                "for its result; add the tool results first",
+                index=i,
+                tool_call_id=waiting[0],
+            )
+        if m.tool_calls:
+            ids = [tc.id for tc in m.tool_calls]
+            if len(set(ids)) != len(ids):
+                raise InvalidMessageError("duplicate tool call ids in one message", index=i)
+            waiting = ids
+    return tuple(waiting)
+
+
+def trim_point(roles: Sequence[str], max_history: int) -> int:
+    """How many of the oldest messages to remove so at most ``max_history`` remain.
+
+    The cut never leaves a tool result first: it moves later, past the rest of its unit, so
+    the kept history starts at a whole unit (and may be shorter than ``max_history``).
+    ``roles`` are the stored messages' roles, oldest first.
+    """
+    n = len(roles)
+    if n <= max_history:
+        return 0
+    cut = n - max_history
+    while cut < n and roles[cut] == "tool":
+        cut += 1
+    return cut

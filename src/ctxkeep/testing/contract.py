@@ -1,0 +1,374 @@
+"""The conformance suite every session backend must pass, importable by third parties.
+
+Subclass :class:`SessionContract` in a test module and provide a ``make_memory`` fixture: a
+callable taking a :class:`~ctxkeep.MemoryConfig` (and an optional ``clock``) and returning a
+fresh, empty :class:`~ctxkeep.MemoryManager` on your backend::
+
+    import pytest
+    from ctxkeep.testing.contract import SessionContract
+
+    class TestMyBackend(SessionContract):
+        @pytest.fixture
+        def make_memory(self, tmp_path):
+            def make(config, clock=None):
+                return MemoryManager(MyBackend(...), config, **({"clock": clock} if clock else {}))
+            return make
+
+Every test uses its own sessions and cleans up through the manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from ctxkeep.errors import (
+    InvalidMessageError,
+    MissingToolResultError,
+    OrphanToolResultError,
+    SessionNotFoundError,
+)
+from ctxkeep.messages import Message, ToolCall, validate_sequence
+from ctxkeep.sessions.aio import AsyncMemoryManager
+from ctxkeep.sessions.base import Evicted, MemoryConfig, MemoryManager
+
+MakeMemory = Callable[..., MemoryManager]
+
+
+class Clock:
+    """A settable clock for TTL and LRU tests."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward."""
+        self.now += seconds
+
+
+def full_message(i: int) -> Message:
+    """A message with every field set."""
+    return Message(
+        "assistant",
+        [{"type": "text", "text": f"step {i} ünïcode 日本"}],
+        name="planner",
+        turn_id=f"turn-{i}",
+        tool_calls=[ToolCall(id=f"call-{i}", name="search", arguments='{"q": "x", "n": 1}')],
+        event_kind="action",
+        parent_id=f"parent-{i}",
+        id=f"msg-{i}",
+        artifact_refs=["sha256:" + "a" * 64],
+        metadata={"k": [1, 2.5, None, True, "s"], "nested": {"a": {"b": "c"}}},
+        extra={"refusal": None},
+        created_at=datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+    )
+
+
+def tool_unit(i: int, n: int = 1) -> list[Message]:
+    """An assistant call with ``n`` parallel calls and their results."""
+    calls = [ToolCall(id=f"u{i}-{k}", name="f", arguments="{}") for k in range(n)]
+    return [
+        Message("assistant", None, tool_calls=calls),
+        *[Message("tool", f"result {i}-{k}", tool_call_id=c.id) for k, c in enumerate(calls)],
+    ]
+
+
+class SessionContract:
+    """Behaviours every :class:`MemoryManager` backend must show."""
+
+    @pytest.fixture
+    def make_memory(self) -> MakeMemory:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    @pytest.fixture
+    def memory(self, make_memory: MakeMemory) -> Any:
+        mem = make_memory(MemoryConfig(max_history=None, session_ttl=None, max_sessions=None))
+        yield mem
+        mem.close()
+
+    # -- basics --------------------------------------------------------------------------
+
+    def test_messages_come_back_in_order(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-order")
+        for i in range(20):
+            memory.add_message(sid, "user" if i % 2 == 0 else "assistant", f"m{i}")
+        assert [m.content for m in memory.get_messages(sid)] == [f"m{i}" for i in range(20)]
+
+    def test_every_field_round_trips(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-fields")
+        original = full_message(1)
+        memory.add_structured_message(sid, original)
+        memory.add_message(sid, "tool", "done", tool_call_id="call-1")
+        back = memory.get_messages(sid)
+        assert back[0] == original
+        assert back[0].created_at == original.created_at
+        assert back[1].tool_call_id == "call-1"
+
+    def test_ids_and_timestamps_are_assigned(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-ids")
+        stored = memory.add_message(sid, "user", "hi")
+        assert stored.id and stored.created_at is not None
+        assert memory.get_messages(sid)[0].id == stored.id
+
+    def test_returned_messages_are_copies(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-copies")
+        meta: dict[str, Any] = {"list": [1]}
+        sent = Message("user", [{"type": "text", "text": "hi"}], metadata=meta)
+        memory.add_structured_message(sid, sent)
+        meta["list"].append(2)  # the caller's dict
+        got = memory.get_messages(sid)
+        got[0].metadata["list"].append(3)
+        got[0].content[0]["text"] = "changed"  # type: ignore[index]
+        again = memory.get_messages(sid)[0]
+        assert again.metadata == {"list": [1]}
+        assert again.text == "hi"
+
+    def test_session_metadata_round_trips(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-meta", task_id="t-1", metadata={"a": [1, {"b": 2}]})
+        info = memory.get_session(sid)
+        assert info.agent_id == "agent-meta" and info.task_id == "t-1"
+        assert info.metadata == {"a": [1, {"b": 2}]}
+
+    def test_sequence_numbers_are_gapless(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-seq")
+        for i in range(5):
+            memory.add_message(sid, "user", str(i))
+        memory.add_messages(sid, [Message("user", "a"), Message("assistant", "b")])
+        info = memory.get_session(sid)
+        assert info.next_seq == 8 and info.message_count == 7
+
+    # -- bad input -----------------------------------------------------------------------
+
+    def test_unknown_session_is_a_typed_error(self, memory: MemoryManager) -> None:
+        with pytest.raises(SessionNotFoundError):
+            memory.get_messages("no-such-session")
+        with pytest.raises(SessionNotFoundError):
+            memory.add_message("no-such-session", "user", "hi")
+        with pytest.raises(LookupError):
+            memory.get_session("no-such-session")
+
+    def test_invalid_message_leaves_the_session_unchanged(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-bad")
+        memory.add_message(sid, "user", "keep me")
+        with pytest.raises(InvalidMessageError):
+            memory.add_structured_message(sid, {"role": "wizard", "content": "x"})
+        with pytest.raises(InvalidMessageError):
+            memory.add_structured_message(sid, {"role": "user", "content": 42})
+        with pytest.raises(InvalidMessageError):
+            memory.add_message(sid, "user", "x", metadata={"when": datetime.now(UTC)})
+        assert [m.content for m in memory.get_messages(sid)] == ["keep me"]
+
+    def test_dangling_tool_id_is_refused_and_nothing_is_stored(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-dangling")
+        memory.add_message(sid, "user", "go")
+        with pytest.raises(OrphanToolResultError):
+            memory.add_message(sid, "tool", "r", tool_call_id="ghost")
+        batch = [*tool_unit(1)[:1], Message("user", "interrupt")]
+        with pytest.raises(MissingToolResultError):
+            memory.add_messages(sid, batch)
+        assert [m.content for m in memory.get_messages(sid)] == ["go"]
+        assert memory.get_session(sid).next_seq == 2
+
+    def test_tool_results_may_arrive_later(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-later")
+        memory.add_message(sid, "user", "go")
+        unit = tool_unit(1, n=2)
+        memory.add_structured_message(sid, unit[0])
+        assert memory.get_session(sid).pending == ("u1-0", "u1-1")
+        prompt = memory.build_prompt_messages(sid)
+        assert [m.role for m in prompt] == ["user"]  # the waiting call is left out
+        memory.add_messages(sid, unit[2:0:-1])  # results in reverse order
+        validate_sequence(memory.get_messages(sid))
+        assert memory.get_session(sid).pending == ()
+
+    # -- bounds --------------------------------------------------------------------------
+
+    def test_max_history_trims_whole_tool_units(self, make_memory: MakeMemory) -> None:
+        evicted: list[Evicted] = []
+        mem = make_memory(MemoryConfig(max_history=4, session_ttl=None, max_sessions=None))
+        mem.add_evict_hook(evicted.append)
+        try:
+            sid = mem.create_session("agent-trim")
+            mem.add_message(sid, "user", "task")
+            for i in range(5):
+                mem.add_messages(sid, tool_unit(i, n=2))  # 3 messages each
+            history = mem.get_messages(sid)
+            assert len(history) <= 4
+            assert history[0].role != "tool"
+            validate_sequence(history)
+            trimmed = [m for e in evicted for m in e.messages]
+            assert trimmed and all(e.reason == "max_history" for e in evicted)
+            assert len(trimmed) + len(history) == 16
+            assert [m.id for m in mem.archived_messages(sid)] == [m.id for m in trimmed]
+        finally:
+            mem.close()
+
+    def test_ttl_expires_idle_sessions(self, make_memory: MakeMemory) -> None:
+        clock = Clock()
+        evicted: list[Evicted] = []
+        mem = make_memory(MemoryConfig(session_ttl=60, max_sessions=None), clock=clock)
+        mem.add_evict_hook(evicted.append)
+        try:
+            idle = mem.create_session("agent-ttl")
+            mem.add_message(idle, "user", "old news")
+            busy = mem.create_session("agent-ttl")
+            clock.advance(40)
+            mem.add_message(busy, "user", "still here")
+            clock.advance(40)  # idle: 80 s without access; busy: 40 s
+            assert mem.sweep() >= 1
+            assert not mem.has_session(idle)
+            assert mem.has_session(busy)
+            with pytest.raises(SessionNotFoundError):
+                mem.get_messages(idle)
+            assert any(e.reason == "ttl" and e.session_id == idle for e in evicted)
+        finally:
+            mem.close()
+
+    def test_reading_a_session_keeps_it_alive(self, make_memory: MakeMemory) -> None:
+        clock = Clock()
+        mem = make_memory(MemoryConfig(session_ttl=60, max_sessions=None), clock=clock)
+        try:
+            sid = mem.create_session("agent-alive")
+            for _ in range(5):
+                clock.advance(50)
+                mem.get_messages(sid)
+            assert mem.has_session(sid)
+        finally:
+            mem.close()
+
+    def test_lru_evicts_the_least_recently_accessed(self, make_memory: MakeMemory) -> None:
+        clock = Clock()
+        mem = make_memory(MemoryConfig(session_ttl=None, max_sessions=3), clock=clock)
+        try:
+            ids = []
+            for i in range(3):
+                clock.advance(1)
+                ids.append(mem.create_session(f"agent-lru-{i}"))
+            clock.advance(1)
+            mem.get_messages(ids[0])  # ids[1] is now the least recently accessed
+            clock.advance(1)
+            newest = mem.create_session("agent-lru-3")
+            assert not mem.has_session(ids[1])
+            assert all(mem.has_session(s) for s in (ids[0], ids[2], newest))
+        finally:
+            mem.close()
+
+    # -- queries -------------------------------------------------------------------------
+
+    def test_latest_session_per_agent(self, make_memory: MakeMemory) -> None:
+        clock = Clock()
+        mem = make_memory(MemoryConfig(session_ttl=None, max_sessions=None), clock=clock)
+        try:
+            first = mem.create_session("agent-latest")
+            clock.advance(1)
+            second = mem.create_session("agent-latest")
+            clock.advance(1)
+            mem.create_session("agent-other")
+            assert mem.get_latest_session_for_agent("agent-latest") == second
+            mem.delete_session(second)
+            assert mem.get_latest_session_for_agent("agent-latest") == first
+            assert mem.get_latest_session_for_agent("agent-nobody") is None
+        finally:
+            mem.close()
+
+    def test_list_sessions_paginates_by_agent_and_task(self, make_memory: MakeMemory) -> None:
+        clock = Clock()
+        mem = make_memory(MemoryConfig(session_ttl=None, max_sessions=None), clock=clock)
+        try:
+            made = []
+            for i in range(7):
+                clock.advance(1)
+                made.append(mem.create_session("agent-page", task_id="even" if i % 2 else "odd"))
+            pages = [mem.list_sessions(agent_id="agent-page", limit=3, offset=o) for o in (0, 3, 6)]
+            got = [s.session_id for p in pages for s in p]
+            assert got == made[::-1]
+            assert [len(p) for p in pages] == [3, 3, 1]
+            odd = mem.list_sessions(task_id="odd", limit=50)
+            assert {s.session_id for s in odd} == set(made[0::2])
+        finally:
+            mem.close()
+
+    def test_delete_removes_the_session(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-delete")
+        memory.add_message(sid, "user", "bye")
+        assert memory.delete_session(sid) is True
+        assert memory.delete_session(sid) is False
+        with pytest.raises(SessionNotFoundError):
+            memory.get_messages(sid)
+
+    def test_build_prompt_messages_prunes_to_budget(self, memory: MemoryManager) -> None:
+        from ctxkeep.prune import TokenPruner
+        from ctxkeep.tokens import get_counter
+
+        sid = memory.create_session("agent-prompt")
+        memory.add_message(sid, "user", "task")
+        for i in range(30):
+            calls = [ToolCall(id=f"p{i}", name="bash", arguments="{}")]
+            memory.add_messages(
+                sid,
+                [
+                    Message("assistant", f"step {i}", tool_calls=calls),
+                    Message("tool", "output line\n" * 300, tool_call_id=f"p{i}"),
+                ],
+            )
+        counter = get_counter()
+        prompt = memory.build_prompt_messages(
+            sid, system="be careful", pruner=TokenPruner(3000, 6, counter=counter)
+        )
+        assert prompt[0].role == "system" and prompt[0].content == "be careful"
+        assert counter.count_messages(prompt) <= 3000
+        validate_sequence(prompt)
+
+    # -- concurrency ---------------------------------------------------------------------
+
+    def test_concurrent_appends_lose_nothing(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-threads")
+        errors: list[BaseException] = []
+
+        def writer(w: int) -> None:
+            try:
+                for i in range(50):
+                    memory.add_message(sid, "user", f"{w}:{i}")
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        contents = [m.text for m in memory.get_messages(sid)]
+        assert sorted(contents) == sorted(f"{w}:{i}" for w in range(4) for i in range(50))
+        for w in range(4):  # each writer's messages in its own order
+            mine = [c for c in contents if c.startswith(f"{w}:")]
+            assert mine == [f"{w}:{i}" for i in range(50)]
+        assert memory.get_session(sid).next_seq == 201
+
+    # -- async twin ----------------------------------------------------------------------
+
+    def test_async_twin_behaves_the_same(self, memory: MemoryManager) -> None:
+        amem = AsyncMemoryManager(memory)
+
+        async def scenario() -> list[Message]:
+            sid = await amem.create_session("agent-async", task_id="t")
+            await amem.add_message(sid, "user", "hi")
+            await amem.add_messages(sid, tool_unit(1))
+            with pytest.raises(OrphanToolResultError):
+                await amem.add_message(sid, "tool", "x", tool_call_id="ghost")
+            assert await amem.get_latest_session_for_agent("agent-async") == sid
+            assert [s.session_id for s in await amem.list_sessions(agent_id="agent-async")] == [sid]
+            msgs = await amem.get_messages(sid)
+            assert await amem.delete_session(sid)
+            return msgs
+
+        msgs = asyncio.run(scenario())
+        assert [m.role for m in msgs] == ["user", "assistant", "tool"]
