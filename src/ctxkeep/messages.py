@@ -261,6 +261,37 @@ class Message:
         s(self, "extra", copy.deepcopy(dict(extra or {})))
         s(self, "created_at", created_at)
 
+    @classmethod
+    def _from_owned(
+        cls,
+        role: str,
+        content: Content,
+        tool_calls: tuple[ToolCall, ...],
+        fields: dict[str, Any],
+    ) -> Message:
+        """Build from values this process owns outright (freshly decoded JSON): the cheap
+        checks run, the deep copies are skipped. Anything unusual takes the full path.
+        """
+        if (
+            role not in ROLES
+            or not (content is None or isinstance(content, str | list))
+            or (role == "tool") != isinstance(fields.get("tool_call_id"), str)
+            or (tool_calls and role != "assistant")
+        ):
+            return cls(role, content, tool_calls=tool_calls, **fields)
+        m = object.__new__(cls)
+        s = object.__setattr__
+        s(m, "role", role)
+        s(m, "content", content)
+        s(m, "tool_calls", tool_calls)
+        for name in ("name", "turn_id", "tool_call_id", "event_kind", "parent_id", "id"):
+            s(m, name, fields.get(name))
+        s(m, "artifact_refs", tuple(fields.get("artifact_refs") or ()))
+        s(m, "metadata", fields.get("metadata") or {})
+        s(m, "extra", fields.get("extra") or {})
+        s(m, "created_at", fields.get("created_at"))
+        return m
+
     # -- conveniences --------------------------------------------------------------------
 
     @property

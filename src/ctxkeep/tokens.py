@@ -11,9 +11,9 @@ is written anywhere; tiktoken's Rust core does the encoding.
 Message counts follow OpenAI's documented accounting: every message costs
 ``tokens_per_message`` (3) plus its role, content and name (+1 for a name); a conversation is
 primed with ``reply_priming`` (3) tokens for the reply. Tool calls count their id, name and
-arguments plus a small fixed overhead; images count by OpenAI's tile formula, not by base64
-length. Counts are cached per message object, so counting a history that grew by one message
-costs that one message.
+arguments plus a small fixed overhead (3), a tool result its ``tool_call_id``; images count by
+OpenAI's tile formula, not by base64 length. Counts are cached per message object, so counting
+a history that grew by one message costs that one message.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 
 from ctxkeep._version import __version__
-from ctxkeep.cli import count, replay
+from ctxkeep.cli import count, replay, sessions
 from ctxkeep.errors import CtxkeepError
 
-_GROUPS = (count, replay)
+_GROUPS = (count, replay, sessions)
 
 
 def build_parser() -> argparse.ArgumentParser:

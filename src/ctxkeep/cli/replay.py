@@ -66,6 +66,7 @@ def register(sub: Any) -> None:
     )
     d.add_argument("--steps", type=int, default=120, help="agent steps to generate")
     d.add_argument("--seed", type=int, default=7, help="random seed")
+    d.add_argument("--db", help="where to store the session (default: the embedded SQLite file)")
     _common(d)
     d.set_defaults(func=run_demo)
 
@@ -199,11 +200,17 @@ def run_replay(args: argparse.Namespace) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     """Generate a session and replay it."""
     from ctxkeep.demo import demo_session
+    from ctxkeep.sessions import open_memory
 
     console = Console(stderr=True)
-    msgs = demo_session(steps=args.steps, seed=args.seed)
+    with open_memory(args.db) as mem:
+        sid = mem.create_session("demo-agent", task_id="demo", metadata={"seed": args.seed})
+        mem.add_messages(sid, demo_session(steps=args.steps, seed=args.seed))
+        msgs = mem.get_messages(sid)  # replay what was stored
     stats, total = replay_runs([("demo session", msgs)], args, console)
     print_stats(stats, total, args)
+    if not args.json:
+        console.print(f"stored as session {sid}: ctxkeep sessions show {sid}")
     if args.plot:
         plot(stats, args.plot, args.budget)
     return 0

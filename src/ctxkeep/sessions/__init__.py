@@ -59,7 +59,7 @@ def open_backend(url: str | None, config: MemoryConfig) -> Backend:
         path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
         if not path:
             raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
-        sync = parse_qs(parsed.query).get("synchronous", ["full"])[0]
+        sync = parse_qs(parsed.query).get("synchronous", ["normal"])[0]
         return SQLiteBackend(path, synchronous=sync)
     if parsed.scheme in ("redis", "rediss", "unix"):
         from ctxkeep.sessions.redis import RedisBackend

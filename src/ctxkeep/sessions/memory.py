@@ -20,13 +20,13 @@ from typing import Any
 from ctxkeep.errors import ConfigError, SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import Backend, Check, Evicted, page
-from ctxkeep.sessions.records import SessionInfo, record_to_message
+from ctxkeep.sessions.records import SessionInfo, dumps, loads, record_to_message
 
 
 @dataclass
 class _Session:
     info: SessionInfo
-    rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    rows: list[tuple[int, str]] = field(default_factory=list)  # (seq, record JSON)
 
 
 _LIVE: weakref.WeakSet[SessionMemory] = weakref.WeakSet()
@@ -101,7 +101,7 @@ class SessionMemory(Backend):
             s = self._sessions.get(sid)
             if s is None:
                 return
-            msgs = [record_to_message(r) for _, r in s.rows]
+            msgs = [record_to_message(r) for _, r in s.rows]  # parses the JSON text
             if self.on_evict is not None and msgs:
                 self.on_evict(Evicted(sid, s.info.agent_id, reason, msgs))
             del self._sessions[sid]
@@ -166,7 +166,7 @@ class SessionMemory(Backend):
             pending = check(s.info)
             start = s.info.next_seq
             seqs = list(range(start, start + len(records)))
-            s.rows.extend(zip(seqs, copy.deepcopy(records), strict=True))
+            s.rows.extend(zip(seqs, (dumps(r) for r in records), strict=True))
             s.info = replace(
                 s.info,
                 next_seq=start + len(records),
@@ -182,7 +182,8 @@ class SessionMemory(Backend):
             s = self._sessions.get(session_id)
             if s is None:
                 raise SessionNotFoundError(f"no session {session_id!r}")
-            return copy.deepcopy(s.rows)
+            rows = list(s.rows)
+        return [(seq, loads(text)) for seq, text in rows]
 
     def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
         """Drop rows up to ``upto_seq``."""
@@ -190,7 +191,7 @@ class SessionMemory(Backend):
             s = self._sessions.get(session_id)
             if s is None:
                 return []
-            gone = [r for r in s.rows if r[0] <= upto_seq]
+            gone = [(seq, loads(t)) for seq, t in s.rows if seq <= upto_seq]
             s.rows = [r for r in s.rows if r[0] > upto_seq]
             s.info = replace(s.info, message_count=len(s.rows))
             return gone
