@@ -116,7 +116,7 @@ class Backend(ABC):
         """Delete a session and its messages; False if it did not exist."""
 
     @abstractmethod
-    def list(
+    def list_sessions(
         self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
     ) -> list[SessionInfo]:
         """Sessions, newest ``created_at`` first."""
@@ -243,7 +243,7 @@ class MemoryManager:
         if limit < 1 or offset < 0:
             raise ConfigError("limit must be >= 1 and offset >= 0")
         self.sweep()
-        return self.backend.list(agent_id=agent_id, task_id=task_id, limit=limit, offset=offset)
+        return self.backend.list_sessions(agent_id=agent_id, task_id=task_id, limit=limit, offset=offset)
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session; False if there was none. Its messages are not archived."""

@@ -201,7 +201,7 @@ class SessionMemory(Backend):
         with self._lock:
             return self._sessions.pop(session_id, None) is not None
 
-    def list(
+    def list_sessions(
         self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
     ) -> list[SessionInfo]:
         """One page, newest first."""
@@ -216,7 +216,7 @@ class SessionMemory(Backend):
 
     def latest_for_agent(self, agent_id: str) -> str | None:
         """The agent's newest session."""
-        found = self.list(agent_id=agent_id, task_id=None, limit=1, offset=0)
+        found = self.list_sessions(agent_id=agent_id, task_id=None, limit=1, offset=0)
         return found[0].session_id if found else None
 
     def count(self) -> int:

@@ -272,7 +272,7 @@ class SQLiteBackend(Backend):
             cur = conn.execute("DELETE FROM ctxkeep_sessions WHERE session_id = ?", (session_id,))
             return cur.rowcount > 0
 
-    def list(
+    def list_sessions(
         self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
     ) -> list[SessionInfo]:
         """A page, newest first."""
