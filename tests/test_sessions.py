@@ -1,0 +1,192 @@
+"""Session memory beyond the conformance suite: the in-process store's own sweeper and LRU,
+record versions, the SQLite schema guard, configuration, the CLI."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ctxkeep import MemoryConfig, Message, SessionMemory, default_memory_config, open_memory
+from ctxkeep.cli import main
+from ctxkeep.errors import ConfigError, InvalidMessageError, SchemaVersionError
+from ctxkeep.sessions.records import (
+    RECORD_VERSION,
+    message_to_record,
+    record_to_message,
+    trim_point,
+)
+from ctxkeep.sessions.sqlite import SQLiteBackend
+
+
+def test_session_memory_sweeper_reclaims_idle_sessions() -> None:
+    evicted = []
+    store = SessionMemory(max_size=None, ttl=0.2, on_evict=evicted.append)
+    mem = open_memory("memory://", MemoryConfig(session_ttl=None, max_sessions=None))
+    mem.backend.close()
+    mem.backend = store
+    try:
+        sid = mem.create_session("a")
+        mem.add_message(sid, "user", "soon gone")
+        deadline = time.time() + 5
+        while store.count() and time.time() < deadline:
+            time.sleep(0.05)
+        assert store.count() == 0
+        assert evicted and evicted[0].reason == "ttl"
+        assert evicted[0].messages[0].content == "soon gone"
+    finally:
+        store.close()
+    assert not store.sweeper_running
+
+
+def test_session_memory_evicts_least_recently_accessed_beyond_max_size() -> None:
+    store = SessionMemory(max_size=2)
+    mem = open_memory("memory://", MemoryConfig(session_ttl=None, max_sessions=None))
+    mem.backend = store
+    a = mem.create_session("a")
+    time.sleep(0.01)
+    b = mem.create_session("b")
+    time.sleep(0.01)
+    mem.get_messages(a)
+    time.sleep(0.01)
+    mem.create_session("c")
+    assert mem.has_session(a) and not mem.has_session(b)
+
+
+def test_session_memory_get_returns_copies() -> None:
+    store = SessionMemory()
+    mem = open_memory("memory://")
+    mem.backend = store
+    sid = mem.create_session("a")
+    mem.add_message(sid, "user", "x", metadata={"k": [1]})
+    got = store.get_messages(sid)
+    got[0].metadata["k"].append(2)  # type: ignore[attr-defined]
+    assert store.get_messages(sid)[0].metadata == {"k": [1]}
+    assert store.get(sid).message_count == 1
+
+
+def test_session_memory_sweeper_stops_at_interpreter_exit() -> None:
+    code = (
+        "from ctxkeep import SessionMemory\n"
+        "s = SessionMemory(ttl=3600)\n"
+        "assert s.sweeper_running\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok"
+
+
+def test_newer_record_version_is_refused() -> None:
+    record = message_to_record(Message("user", "hi"))
+    record["v"] = RECORD_VERSION + 1
+    with pytest.raises(SchemaVersionError):
+        record_to_message(record)
+
+
+def test_version_0_record_is_upgraded() -> None:
+    legacy = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
+    m = record_to_message(legacy)
+    assert m.tool_calls[0].name == "f" and m.tool_calls[0].arguments == "{}"
+
+
+@pytest.mark.parametrize(
+    "corrupt", ['{"role": "user"', '{"v": 1}', '{"v": 1, "role": "x"}', "[1, 2]"]
+)
+def test_corrupt_record_is_a_typed_error(corrupt: str) -> None:
+    with pytest.raises(InvalidMessageError):
+        record_to_message(corrupt)
+
+
+def test_non_json_metadata_is_refused_not_stringified() -> None:
+    with pytest.raises(InvalidMessageError):
+        message_to_record(Message("user", "x", metadata={"t": (1, 2)}))
+    with pytest.raises(InvalidMessageError):
+        message_to_record(Message("user", "x", metadata={"s": {1, 2}}))
+
+
+def test_sqlite_written_by_a_newer_ctxkeep_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    SQLiteBackend(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version=99")
+    with pytest.raises(SchemaVersionError, match="newer ctxkeep"):
+        SQLiteBackend(path)
+
+
+def test_sqlite_schema_setup_is_idempotent(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with open_memory(f"sqlite:///{path}") as mem:
+        sid = mem.create_session("a")
+        mem.add_message(sid, "user", "kept")
+    for _ in range(3):
+        with open_memory(f"sqlite:///{path}") as mem:
+            assert [m.content for m in mem.get_messages(sid)] == ["kept"]
+
+
+def test_trim_point_never_starts_on_a_tool_result() -> None:
+    roles = ["user", "assistant", "tool", "tool", "assistant", "tool", "user"]
+    for keep in range(1, 8):
+        cut = trim_point(roles, keep)
+        assert cut == len(roles) or roles[cut] != "tool"
+        assert len(roles) - cut <= keep
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_history": 0}, {"max_sessions": -1}, {"session_ttl": 0}, {"max_history": 1.5}],
+)
+def test_bad_config_is_a_config_error(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        MemoryConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_default_config_is_bounded() -> None:
+    c = default_memory_config()
+    assert c.max_history and c.session_ttl and c.max_sessions
+
+
+def test_unsupported_url_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        open_memory("mongodb://x")
+
+
+def test_default_url_is_the_embedded_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTXKEEP_DB", str(tmp_path / "default.db"))
+    with open_memory() as mem:
+        mem.create_session("a")
+    assert (tmp_path / "default.db").exists()
+
+
+def test_cli_demo_stores_session_and_sessions_show_displays_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTXKEEP_DB", str(tmp_path / "cli.db"))
+    assert main(["demo", "--steps", "10", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["sessions", "--json", "list"]) == 0
+    sessions = json.loads(capsys.readouterr().out)
+    assert len(sessions) == 1 and sessions[0]["agent_id"] == "demo-agent"
+    sid = sessions[0]["session_id"]
+    assert main(["sessions", "--json", "show", sid]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert len(shown["messages"]) == sessions[0]["message_count"]
+    assert main(["sessions", "show", sid, "--last", "3"]) == 0
+    assert "demo-agent" in capsys.readouterr().out
+    assert main(["sessions", "list"]) == 0
+    assert sid in capsys.readouterr().out
+    assert main(["sessions", "delete", sid]) == 0
+    assert main(["sessions", "delete", sid]) == 1
+    assert main(["sessions", "show", sid]) == 2
