@@ -275,7 +275,12 @@ class Message:
         if (
             role not in ROLES
             or not (content is None or isinstance(content, str | list))
-            or (role == "tool") != isinstance(fields.get("tool_call_id"), str)
+            or (
+                isinstance(content, list)
+                and not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content)
+            )
+            or (role == "tool")
+            != bool(isinstance(fields.get("tool_call_id"), str) and fields["tool_call_id"])
             or (tool_calls and role != "assistant")
         ):
             return cls(role, content, tool_calls=tool_calls, **fields)
@@ -710,6 +715,12 @@ def validate_sequence(messages: Iterable[Any], *, allow_pending: bool = False) -
     pending: dict[str, int] = {}
     call_index = -1
     for i, m in enumerate(msgs):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise InvalidMessageError(
+                f"a {m.role} message needs content (only an assistant message with tool calls "
+                "may have none)",
+                index=i,
+            )
         if m.role == "tool":
             tid = m.tool_call_id or ""
             if tid not in pending:

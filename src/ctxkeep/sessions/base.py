@@ -243,7 +243,9 @@ class MemoryManager:
         if limit < 1 or offset < 0:
             raise ConfigError("limit must be >= 1 and offset >= 0")
         self.sweep()
-        return self.backend.list_sessions(agent_id=agent_id, task_id=task_id, limit=limit, offset=offset)
+        return self.backend.list_sessions(
+            agent_id=agent_id, task_id=task_id, limit=limit, offset=offset
+        )
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session; False if there was none. Its messages are not archived."""
