@@ -493,7 +493,11 @@ def coerce_messages(messages: Iterable[Any]) -> list[Message]:
     """
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
         raise InvalidMessageError(f"expected a list of messages, got {describe(messages)}")
-    return [coerce_message(m, index=i) for i, m in enumerate(messages)]
+    out = list(messages)
+    for i, m in enumerate(out):
+        if type(m) is not Message:
+            out[i] = coerce_message(m, index=i)
+    return out
 
 
 def to_openai(messages: Iterable[Any]) -> list[dict[str, Any]]:

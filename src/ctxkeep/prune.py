@@ -161,7 +161,9 @@ class _Plan:
     system: list[int]
     kept: list[_Unit]  # newest first
     compressed: dict[int, Message]
-    dropped_units: list[_Unit]  # units dropped (oldest first once sorted)
+    dropped_units: list[_Unit]  # units dropped, as far as the walk went
+    rest: Any  # the walk's remaining units (all dropped), consumed only when needed
+    user_idx: int  # the pinned newest user message, or -1
     pending: _Unit | None
     total: int
     notes: list[str]
@@ -230,7 +232,14 @@ class TokenPruner:
         self.repair = repair
         self.compress_oversized_user = compress_oversized_user
         self._priming = self.counter.count_messages([])
-        self._compress_key = ("ctxkeep.compressed", id(self.artifacts), excerpt_tokens)
+        # The compressed form is cached on the message, keyed by the store object itself (a
+        # strong reference: a store's id could be reused after it is collected).
+        try:
+            hash(self.artifacts)
+            store_key: Any = self.artifacts
+        except TypeError:
+            store_key = None  # unhashable store: the cache is not used
+        self._compress_key = ("ctxkeep.compressed", store_key, excerpt_tokens)
 
     # -- public --------------------------------------------------------------------------
 
@@ -299,7 +308,7 @@ class TokenPruner:
         The full text is stored in :attr:`artifacts` first, so nothing is lost.
         """
         cache: dict[Any, Message] = message.__dict__.setdefault("_ctxkeep_compressed", {})
-        hit = cache.get(self._compress_key)
+        hit = cache.get(self._compress_key) if self._compress_key[1] is not None else None
         if hit is not None:
             return hit
         full = message.text if isinstance(message.content, list) else (message.content or "")
@@ -429,41 +438,41 @@ class TokenPruner:
     def _plan(self, messages: Sequence[Any]) -> _Plan:
         msgs = coerce_messages(messages)
         budget = self.max_token_budget
-        system = [i for i, m in enumerate(msgs) if m.role in SYSTEM_ROLES]
+        roles = [m.role for m in msgs]
+        system = [i for i, r in enumerate(roles) if r in SYSTEM_ROLES]
         sys_set = set(system)
         sys_tokens = sum(self.tokens(msgs[i]) for i in system)
         notes: list[str] = []
 
         orphans: list[int] = []
         walker = self._units_backwards(msgs, sys_set, orphans)
+        # The newest user message is pinned wherever it is; a reverse scan of roles finds it
+        # without walking (and checking) the units in between.
+        user_idx = len(roles) - 1 - roles[::-1].index("user") if "user" in roles else -1
         recent: list[_Unit] = []
         pending: _Unit | None = None
         seen = 0
-        user_found = False
         pinned_user: _Unit | None = None
-        older: list[_Unit] = []  # units walked past while looking for the newest user
+        older: list[_Unit] = []  # a unit walked past once the recent ones are complete
         for unit, state in walker:
             if state == "pending":
                 pending = unit
                 notes.append("dropped a trailing tool call whose results have not arrived")
                 continue
-            is_user = not unit.tool and msgs[unit.start].role == "user"
             if seen < self.preserve_last_n:
                 recent.append(unit)
                 seen += len(unit.members)
-                if is_user and not user_found:
-                    user_found = True
+                if unit.start == user_idx:
                     unit.pinned = True
                 continue
-            if user_found:
-                older.append(unit)
-                break
-            older.append(unit)
-            if is_user:
-                user_found = True
+            if unit.start == user_idx:
                 unit.pinned = True
                 pinned_user = unit
-                break
+            else:
+                older.append(unit)
+            break
+        if user_idx >= 0 and pinned_user is None and not any(u.pinned for u in recent):
+            pinned_user = _Unit(user_idx, [user_idx], tool=False, pinned=True)
 
         compressed: dict[int, Message] = {}
         must = (
@@ -473,6 +482,7 @@ class TokenPruner:
             must += self.tokens(msgs[pinned_user.start])
 
         dropped: list[_Unit] = []
+        rest: Any = None  # the part of the walk not taken yet (all of it dropped)
         kept: list[_Unit] = list(recent)
         if must > budget:
             # Compress recent tool outputs, oldest first, then drop the oldest recent units.
@@ -535,6 +545,8 @@ class TokenPruner:
                     if nxt is None:
                         break
                     u_next = nxt[0]
+                    if u_next.start == user_idx:
+                        continue  # the pinned user message, already kept
                 u = u_next
                 limit = budget - (self.summary_max_tokens if room_for_summary else 0)
                 if u.tool and self.compress_threshold is not None:
@@ -552,20 +564,14 @@ class TokenPruner:
                 stop = True
             if stop:
                 # Everything older than the first unit that did not fit is dropped, except
-                # the pinned user message (already kept).
-                for u in walking:
-                    dropped.append(u)
-                for u, _ in rest_walker:
-                    if not u.pinned:
-                        dropped.append(u)
+                # the pinned user message (already kept). The rest of the walk is left to
+                # be done lazily: only a summary needs it, so a prune costs what it keeps.
+                dropped.extend(walking)
+                rest = rest_walker
                 summary_room = budget - total
         else:
-            for u in older:
-                if not u.pinned:
-                    dropped.append(u)
-            for u, _ in walker:
-                if not u.pinned:
-                    dropped.append(u)
+            dropped.extend(u for u in older if not u.pinned)
+            rest = walker
             summary_room = budget - total
         return _Plan(
             msgs=msgs,
@@ -573,6 +579,8 @@ class TokenPruner:
             kept=kept,
             compressed=compressed,
             dropped_units=dropped,
+            rest=rest,
+            user_idx=user_idx,
             pending=pending,
             total=total,
             notes=notes,
@@ -583,8 +591,16 @@ class TokenPruner:
     def _wants_summary(self, plan: _Plan) -> bool:
         return self.summarizer is not None and bool(plan.dropped_units)
 
+    def _all_dropped(self, plan: _Plan) -> list[_Unit]:
+        if plan.rest is not None:
+            plan.dropped_units.extend(
+                u for u, _ in plan.rest if not u.pinned and u.start != plan.user_idx
+            )
+            plan.rest = None
+        return plan.dropped_units
+
     def _dropped_messages(self, plan: _Plan) -> list[Message]:
-        idx = sorted(j for u in plan.dropped_units for j in u.members)
+        idx = sorted(j for u in self._all_dropped(plan) for j in u.members)
         return [plan.msgs[j].copy() for j in idx]
 
     # -- output --------------------------------------------------------------------------
@@ -617,7 +633,7 @@ class TokenPruner:
         summary_msg: Message | None = None
         summary_at = -1
         if summary is not None:
-            dropped_idx = [j for u in plan.dropped_units for j in u.members]
+            dropped_idx = [j for u in self._all_dropped(plan) for j in u.members]
             summary_at = min(dropped_idx)
             candidate = Message(
                 "user",
