@@ -341,3 +341,25 @@ def test_accepts_openai_dicts() -> None:
 def test_bad_budget_is_a_config_error(bad: object) -> None:
     with pytest.raises(ValueError):
         TokenPruner(bad)  # type: ignore[arg-type]
+
+
+def test_compressed_refs_resolve_in_every_new_store() -> None:
+    msgs = _big_history(steps=4, size=400)
+    for _ in range(5):
+        from ctxkeep import MemoryArtifactStore
+
+        store = MemoryArtifactStore()
+        out = TokenPruner(2000, 2, counter=COUNTER, artifacts=store).prune(msgs)
+        refs = [m.artifact_refs[-1] for m in out if m.artifact_refs]
+        assert refs and all(r in store for r in refs)
+        del store, out
+
+
+def test_history_older_than_the_budget_is_not_read() -> None:
+    # A damaged stretch far behind the budget does not stop a prune, even without repair:
+    # the pruner reads only what it keeps (the report still accounts for every message).
+    msgs = _big_history(steps=40, size=50)
+    msgs.insert(3, Message("tool", "orphan", tool_call_id="ghost"))
+    out, report = TokenPruner(2000, 4, counter=COUNTER, repair=False).prune_with_report(msgs)
+    validate_sequence(out)
+    assert len(report.decisions) == len(msgs)
