@@ -15,9 +15,12 @@ Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueEr
     │   └── UnknownEncodingError (ValueError)     an encoding or model name ctxkeep does not know
     ├── PromptTooLongError (ValueError)           the gate refused a prompt (carries a breakdown)
     ├── BudgetExceededError (ValueError)          pruning cannot fit the must-keep messages
+    ├── StaleTaskStateError (ValueError)          a task-state write based on an old version
+    ├── UnknownAgentError (LookupError)           an agent the fabric does not know
     ├── ArtifactNotFoundError (LookupError)       no artifact under that ref
     ├── StorageError                              a backend failed (driver errors wrapped here)
     │   ├── SessionNotFoundError (LookupError)    no session with that id
+    │   ├── CheckpointNotFoundError (LookupError) no checkpoint with that id
     │   └── SchemaVersionError                    a stored record of an unknown version
     │       └── CognitiveStateSchemaVersionError  a CognitiveState newer than this ctxkeep
     └── MissingDependencyError (ImportError)      an optional extra is not installed
@@ -143,6 +146,30 @@ class BudgetExceededError(CtxkeepError, ValueError):
         )
 
 
+class StaleTaskStateError(CtxkeepError, ValueError):
+    """A compare-and-set update of shared task state was based on an old version.
+
+    Attributes:
+        task_id: the task.
+        expected: the version the writer had read.
+        current: the version the task is at now.
+
+    """
+
+    def __init__(self, task_id: str, expected: int, current: int) -> None:
+        self.task_id = task_id
+        self.expected = expected
+        self.current = current
+        super().__init__(
+            f"task {task_id!r} is at version {current}, not {expected}: re-read the task "
+            "context, re-apply the change and try again"
+        )
+
+
+class UnknownAgentError(CtxkeepError, LookupError):
+    """The fabric or bus does not know this agent (it has joined no task)."""
+
+
 class ArtifactNotFoundError(CtxkeepError, LookupError):
     """No artifact is stored under the given ref."""
 
@@ -153,6 +180,10 @@ class StorageError(CtxkeepError):
 
 class SessionNotFoundError(StorageError, LookupError):
     """No session with the given id."""
+
+
+class CheckpointNotFoundError(StorageError, LookupError):
+    """No checkpoint with the given id."""
 
 
 class SchemaVersionError(StorageError):

@@ -1,0 +1,208 @@
+"""Checkpoints of agents' cognitive state: the interface and the shared logic.
+
+A :class:`Checkpoint` records one agent's :class:`~ctxkeep.cognition.CognitiveState` and its
+own private layer, with the task and session it belonged to. Stores keep every checkpoint
+(``history``) and find an agent's newest (``latest``) quickly. The record is JSON with a
+schema version (``v``); state and private values are encoded faithfully
+(:func:`~ctxkeep.cognition.encode_value`) or refused.
+
+:class:`CheckpointStore` does encoding, validation and copying; a backend implements
+``_put``, ``_get``, ``_latest`` and ``_history`` over JSON text.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxkeep.cognition import (
+    CognitiveState,
+    decode_cognitive_state,
+    decode_value,
+    encode_cognitive_state,
+    encode_value,
+)
+from ctxkeep.errors import CheckpointNotFoundError, InvalidMessageError, SchemaVersionError
+from ctxkeep.sessions.records import dumps, loads
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One saved state of one agent."""
+
+    checkpoint_id: str
+    """Unique id."""
+    agent_id: str
+    """Whose state this is."""
+    state: CognitiveState
+    """The cognitive state."""
+    task_id: str | None = None
+    """The agent's task when saved."""
+    session_id: str | None = None
+    """The agent's session when saved."""
+    private: dict[str, Any] = field(default_factory=dict)
+    """The agent's own private layer (never another agent's)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Caller data."""
+    created_at: float = 0.0
+    """Unix time of saving."""
+    seq: int = 0
+    """Order among this agent's checkpoints (1, 2, ...)."""
+
+
+def encode_checkpoint(cp: Checkpoint) -> str:
+    """The stored JSON of a checkpoint.
+
+    Raises:
+        TypeError: a state or private value with no faithful JSON form.
+
+    """
+    return dumps(
+        {
+            "v": CHECKPOINT_VERSION,
+            "checkpoint_id": cp.checkpoint_id,
+            "agent_id": cp.agent_id,
+            "task_id": cp.task_id,
+            "session_id": cp.session_id,
+            "state": encode_cognitive_state(cp.state),
+            "private": encode_value(cp.private, "private"),
+            "metadata": encode_value(cp.metadata, "metadata"),
+            "created_at": cp.created_at,
+            "seq": cp.seq,
+        }
+    )
+
+
+def decode_checkpoint(text: str | bytes) -> Checkpoint:
+    """The checkpoint a stored JSON text describes.
+
+    Raises:
+        SchemaVersionError: a record newer than this ctxkeep (or its state is).
+        InvalidMessageError: a corrupt record.
+
+    """
+    try:
+        d = loads(text)
+    except ValueError as exc:
+        raise InvalidMessageError(f"corrupt checkpoint record: {exc}") from exc
+    if not isinstance(d, dict):
+        raise InvalidMessageError("corrupt checkpoint record: not an object")
+    v = d.get("v", 0)
+    if not isinstance(v, int) or v > CHECKPOINT_VERSION:
+        raise SchemaVersionError(
+            f"checkpoint record version {v!r} is newer than this ctxkeep reads "
+            f"({CHECKPOINT_VERSION}); upgrade ctxkeep"
+        )
+    try:
+        return Checkpoint(
+            checkpoint_id=d["checkpoint_id"],
+            agent_id=d["agent_id"],
+            state=decode_cognitive_state(d["state"]),
+            task_id=d.get("task_id"),
+            session_id=d.get("session_id"),
+            private=decode_value(d.get("private") or {}),
+            metadata=decode_value(d.get("metadata") or {}),
+            created_at=float(d.get("created_at") or 0.0),
+            seq=int(d.get("seq") or 0),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"corrupt checkpoint record: {exc!r}") from exc
+
+
+class CheckpointStore(ABC):
+    """Saves and loads agents' checkpoints. Every method returns copies."""
+
+    name = "checkpoints"
+
+    def save(
+        self,
+        agent_id: str,
+        state: CognitiveState | Mapping[str, Any] | None,
+        *,
+        task_id: str | None = None,
+        session_id: str | None = None,
+        private: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Save a checkpoint of ``agent_id``; returns its id.
+
+        Raises:
+            TypeError: a value with no faithful JSON form (nothing is stored).
+            CognitiveStateSchemaVersionError: a state newer than this ctxkeep.
+
+        """
+        if not isinstance(agent_id, str) or not agent_id:
+            raise InvalidMessageError(f"agent_id must be a non-empty string, got {agent_id!r}")
+        cp = Checkpoint(
+            checkpoint_id=uuid.uuid4().hex,
+            agent_id=agent_id,
+            state=decode_cognitive_state(state),
+            task_id=task_id,
+            session_id=session_id,
+            private=dict(private or {}),
+            metadata=dict(metadata or {}),
+            created_at=time.time(),
+        )
+        encode_checkpoint(cp)  # refuse before anything is stored
+        return self._put(cp)
+
+    def latest(self, agent_id: str) -> Checkpoint | None:
+        """The agent's newest checkpoint, or None."""
+        text = self._latest(agent_id)
+        return decode_checkpoint(text) if text is not None else None
+
+    def history(self, agent_id: str, *, limit: int = 50) -> list[Checkpoint]:
+        """The agent's checkpoints, newest first."""
+        return [decode_checkpoint(t) for t in self._history(agent_id, limit)]
+
+    def load(self, checkpoint_id: str) -> Checkpoint:
+        """One checkpoint by id.
+
+        Raises:
+            CheckpointNotFoundError: no such checkpoint (a ``LookupError``).
+
+        """
+        text = self._get(checkpoint_id)
+        if text is None:
+            raise CheckpointNotFoundError(f"no checkpoint {checkpoint_id!r}")
+        return decode_checkpoint(text)
+
+    def latest_session_for_agent(self, agent_id: str) -> str | None:
+        """The session of the agent's newest checkpoint that has one."""
+        for cp in self.history(agent_id, limit=20):
+            if cp.session_id:
+                return cp.session_id
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release resources."""
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- primitives ------------------------------------------------------------------------
+
+    @abstractmethod
+    def _put(self, cp: Checkpoint) -> str:
+        """Store ``cp`` with the next ``seq`` for its agent (atomically); return its id."""
+
+    @abstractmethod
+    def _get(self, checkpoint_id: str) -> str | None:
+        """The stored JSON of one checkpoint."""
+
+    @abstractmethod
+    def _latest(self, agent_id: str) -> str | None:
+        """The stored JSON of the agent's highest-seq checkpoint."""
+
+    @abstractmethod
+    def _history(self, agent_id: str, limit: int) -> list[str]:
+        """The agent's stored JSONs, highest seq first."""

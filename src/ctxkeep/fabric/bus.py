@@ -1,0 +1,207 @@
+"""The inter-agent message bus (the IPC layer): messages between agents, never their secrets.
+
+:class:`IPCMessage` carries a JSON payload from a sender to one recipient or to a topic of
+its task. Delivery rules, the same on every bus:
+
+* a message addressed to a ``recipient`` reaches that agent, whatever its task;
+* a message to a ``topic`` reaches every agent of the same task subscribed to that topic,
+  except the sender; agents of other tasks never see it.
+
+Delivery is at least once: :meth:`MessageBus.receive` hands out messages that stay pending
+until :meth:`MessageBus.ack`; :meth:`MessageBus.handle` runs a handler at most once per message
+id and acks, so a redelivered message is not handled twice. Payloads are copied (through
+JSON) at send and at receive.
+
+:class:`InProcessBus` serves agents in one process; ``ctxkeep.fabric.redis_bus`` serves
+processes on many machines over Redis Streams.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ctxkeep.errors import InvalidMessageError, UnknownAgentError
+
+
+def _copy_payload(payload: Any) -> Any:
+    try:
+        return json.loads(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"an IPC payload must be JSON data: {exc}") from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class IPCMessage:
+    """A message from one agent to another, or to a topic of its task."""
+
+    sender: str
+    """The sending agent."""
+    payload: Any
+    """JSON data (copied on send and on receive)."""
+    task_id: str | None = None
+    """The task the message belongs to (topic messages stay inside it)."""
+    recipient: str | None = None
+    """The one agent this message is for, if addressed directly."""
+    topic: str | None = None
+    """The topic it is published to, if not addressed directly."""
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Unique id; handlers use it to handle a redelivered message once."""
+    created_at: float = field(default_factory=time.time)
+    """Unix time of sending."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sender, str) or not self.sender:
+            raise InvalidMessageError("an IPC message needs a sender")
+        if (self.recipient is None) == (self.topic is None):
+            raise InvalidMessageError("an IPC message needs exactly one of recipient or topic")
+        if self.topic is not None and self.task_id is None:
+            raise InvalidMessageError("a topic message needs a task_id")
+        object.__setattr__(self, "payload", _copy_payload(self.payload))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "sender": self.sender,
+            "payload": self.payload,
+            "task_id": self.task_id,
+            "recipient": self.recipient,
+            "topic": self.topic,
+            "id": self.id,
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IPCMessage:
+        """The inverse of :meth:`to_dict`."""
+        return cls(**d)
+
+
+@runtime_checkable
+class MessageBus(Protocol):
+    """What every bus offers."""
+
+    def register(self, agent_id: str, task_id: str | None) -> None:
+        """Make ``agent_id`` known, as a member of ``task_id``."""
+        ...
+
+    def subscribe(self, agent_id: str, topic: str) -> None:
+        """Deliver ``topic`` messages of the agent's task to it."""
+        ...
+
+    def send(self, message: IPCMessage) -> str:
+        """Deliver ``message``; returns its id."""
+        ...
+
+    def receive(
+        self, agent_id: str, *, max_messages: int = 100, timeout: float = 0
+    ) -> list[IPCMessage]:
+        """Messages for ``agent_id`` (pending until acked); waits up to ``timeout`` s."""
+        ...
+
+    def ack(self, agent_id: str, ids: Iterable[str]) -> None:
+        """Mark messages handled; they are not delivered again."""
+        ...
+
+    def handle(
+        self, agent_id: str, handler: Callable[[IPCMessage], None], *, timeout: float = 0
+    ) -> int:
+        """Receive, run ``handler`` once per message id, ack; returns how many were handled."""
+        ...
+
+
+class InProcessBus:
+    """A bus for agents in one process (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._tasks: dict[str, str | None] = {}
+        self._subs: dict[tuple[str | None, str], set[str]] = defaultdict(set)
+        self._queues: dict[str, deque[IPCMessage]] = defaultdict(deque)
+        self._pending: dict[str, dict[str, IPCMessage]] = defaultdict(dict)
+        self._handled: dict[str, set[str]] = defaultdict(set)
+
+    def register(self, agent_id: str, task_id: str | None) -> None:
+        """Make the agent known as a member of ``task_id``."""
+        with self._cond:
+            old = self._tasks.get(agent_id)
+            if old != task_id:
+                for key, members in self._subs.items():
+                    if key[0] == old:
+                        members.discard(agent_id)
+            self._tasks[agent_id] = task_id
+
+    def subscribe(self, agent_id: str, topic: str) -> None:
+        """Subscribe the agent to a topic of its task."""
+        with self._cond:
+            if agent_id not in self._tasks:
+                raise UnknownAgentError(f"agent {agent_id!r} has not joined a task")
+            self._subs[(self._tasks[agent_id], topic)].add(agent_id)
+
+    def send(self, message: IPCMessage) -> str:
+        """Queue the message for its recipient or the topic's subscribers."""
+        with self._cond:
+            if message.recipient is not None:
+                targets = {message.recipient}
+            else:
+                assert message.topic is not None
+                targets = set(self._subs.get((message.task_id, message.topic), ())) - {
+                    message.sender
+                }
+                targets = {a for a in targets if self._tasks.get(a) == message.task_id}
+            for agent in targets:
+                self._queues[agent].append(message)
+            self._cond.notify_all()
+        return message.id
+
+    def receive(
+        self, agent_id: str, *, max_messages: int = 100, timeout: float = 0
+    ) -> list[IPCMessage]:
+        """Take up to ``max_messages``; they stay pending until acked."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            q = self._queues[agent_id]
+            while not q and timeout > 0:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._cond.wait(left):
+                    break
+            out: list[IPCMessage] = []
+            while q and len(out) < max_messages:
+                m = q.popleft()
+                self._pending[agent_id][m.id] = m
+                out.append(IPCMessage.from_dict(m.to_dict()))
+            return out
+
+    def ack(self, agent_id: str, ids: Iterable[str]) -> None:
+        """Forget handled messages."""
+        with self._cond:
+            for i in ids:
+                self._pending[agent_id].pop(i, None)
+
+    def recover(self, agent_id: str) -> int:
+        """Put the agent's unacked messages back in its queue (after a crash); returns how many."""
+        with self._cond:
+            pending = list(self._pending[agent_id].values())
+            self._pending[agent_id].clear()
+            self._queues[agent_id].extendleft(reversed(pending))
+            self._cond.notify_all()
+            return len(pending)
+
+    def handle(
+        self, agent_id: str, handler: Callable[[IPCMessage], None], *, timeout: float = 0
+    ) -> int:
+        """Run ``handler`` once per message id, then ack."""
+        n = 0
+        for m in self.receive(agent_id, timeout=timeout):
+            if m.id not in self._handled[agent_id]:
+                handler(m)
+                self._handled[agent_id].add(m.id)
+                n += 1
+            self.ack(agent_id, [m.id])
+        return n

@@ -1,0 +1,288 @@
+"""The context fabric: task-shared state, private layers that never leak, the bus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+
+from ctxkeep import (
+    CognitiveState,
+    ContextFabric,
+    ContextLayer,
+    IPCMessage,
+    StaleTaskStateError,
+    open_checkpoints,
+)
+from ctxkeep.errors import (
+    CognitiveStateSchemaVersionError,
+    InvalidMessageError,
+    UnknownAgentError,
+)
+
+# -- task-shared -------------------------------------------------------------------------
+
+
+def test_task_context_is_copied_in_and_out() -> None:
+    fabric = ContextFabric()
+    mine = {"goal": "ship", "constraints": ["tests pass"]}
+    fabric.set_task_context("a", mine, task_id="t")
+    mine["constraints"].append("changed by caller")
+    got = fabric.task_context("a")
+    assert got == {"goal": "ship", "constraints": ["tests pass"]}
+    got["goal"] = "changed by reader"
+    assert fabric.task_context("a")["goal"] == "ship"
+
+
+def test_agents_of_a_task_share_its_state() -> None:
+    fabric = ContextFabric()
+    fabric.set_task_context("a", {"goal": "g"}, task_id="t")
+    fabric.set_task_context("b", {}, task_id="t")
+    assert fabric.task_context("b") == {"goal": "g"}
+    assert fabric.agents("t") == ["a", "b"]
+
+
+def test_stale_write_is_refused_not_lost() -> None:
+    fabric = ContextFabric()
+    v = fabric.set_task_context("a", {"decisions": []}, task_id="t")
+    fabric.set_task_context("b", {}, task_id="t")
+    v2 = fabric.update_task_context("a", {"decisions": ["use sqlite"]}, expected_version=v)
+    with pytest.raises(StaleTaskStateError) as info:
+        fabric.update_task_context("b", {"decisions": ["use redis"]}, expected_version=v)
+    assert info.value.current == v2
+    assert fabric.task_context("a")["decisions"] == ["use sqlite"]
+    fabric.update_task_context("b", {"decisions": ["use sqlite", "use redis"]}, expected_version=v2)
+    assert fabric.task_version("t") == v2 + 1
+
+
+def test_unknown_agent_is_a_lookup_error() -> None:
+    with pytest.raises(LookupError):
+        ContextFabric().task_context("ghost")
+    with pytest.raises(UnknownAgentError):
+        ContextFabric().send("ghost", {"x": 1}, recipient="a")
+
+
+# -- private -------------------------------------------------------------------------------
+
+
+def test_private_is_copied_and_per_agent() -> None:
+    fabric = ContextFabric()
+    fabric.set_task_context("a", {"goal": "g"}, task_id="t")
+    fabric.set_task_context("b", {}, task_id="t")
+    note = {"hypothesis": ["h1"]}
+    fabric.set_private("a", "scratch", note)
+    note["hypothesis"].append("h2")
+    assert fabric.private("a") == {"scratch": {"hypothesis": ["h1"]}}
+    assert fabric.private("b") == {}
+    assert "scratch" not in fabric.task_context("b")
+
+
+def test_context_view_is_read_only_and_keeps_layers_apart() -> None:
+    fabric = ContextFabric()
+    fabric.set_task_context("a", {"goal": "g", "deps": ["x"]}, task_id="t")
+    fabric.set_private("a", "scratch", {"idea": [1]})
+    view = fabric.context_view("a")
+    assert view.layer(ContextLayer.TASK_SHARED)["goal"] == "g"
+    assert view.layer(ContextLayer.AGENT_PRIVATE)["scratch"]["idea"] == (1,)
+    with pytest.raises(TypeError):
+        view.task["goal"] = "changed"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        view.private["scratch"]["idea"] = 2  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        view.task["deps"].append("y")  # type: ignore[attr-defined]
+    with pytest.raises(ValueError):
+        view.layer(ContextLayer.IPC)
+
+
+# -- cognition -----------------------------------------------------------------------------
+
+
+def test_set_cognitive_state_upgrades_legacy_and_checkpoint_copies() -> None:
+    fabric = ContextFabric()
+    fabric.set_cognitive_state("a", {"memory": {"m": 1}})
+    cp = fabric.checkpoint_cognitive("a")
+    assert cp.working_memory == {"m": 1} and cp.schema_version == 1
+    cp.working_memory["m"] = 2
+    assert fabric.checkpoint_cognitive("a").working_memory == {"m": 1}
+    with pytest.raises(CognitiveStateSchemaVersionError):
+        fabric.set_cognitive_state("a", {"schema_version": 99})
+
+
+def test_checkpoint_and_restore_through_a_store(tmp_path: Path) -> None:
+    store = open_checkpoints(f"sqlite:///{tmp_path}/cp.db")
+    fabric = ContextFabric()
+    fabric.set_task_context("a", {"goal": "g"}, task_id="t")
+    fabric.set_private("a", "scratch", ["mine"])
+    fabric.set_cognitive_state("a", CognitiveState(decision="step 3"))
+    fabric.save_checkpoint("a", store, session_id="s-1")
+    fresh = ContextFabric()
+    assert fresh.restore_checkpoint("a", store)
+    assert fresh.cognitive_state("a").decision == "step 3"
+    assert fresh.private("a") == {"scratch": ["mine"]}
+    assert fresh.task_id_of("a") == "t"
+    assert store.latest_session_for_agent("a") == "s-1"
+    assert not fresh.restore_checkpoint("nobody", store)
+
+
+# -- bus -------------------------------------------------------------------------------------
+
+
+def _fabric_with(*agents: tuple[str, str]) -> ContextFabric:
+    fabric = ContextFabric()
+    for agent, task in agents:
+        fabric.set_task_context(agent, {}, task_id=task)
+    return fabric
+
+
+def test_direct_messages_reach_their_recipient_across_tasks() -> None:
+    fabric = _fabric_with(("a", "t1"), ("b", "t2"))
+    fabric.send("a", {"hello": "b"}, recipient="b")
+    got = fabric.bus.receive("b")
+    assert [m.payload for m in got] == [{"hello": "b"}]
+
+
+def test_topic_messages_stay_inside_their_task() -> None:
+    fabric = _fabric_with(("a", "t1"), ("b", "t1"), ("c", "t2"))
+    for agent in ("a", "b", "c"):
+        fabric.bus.subscribe(agent, "progress")
+    fabric.send("a", {"done": 1}, topic="progress")
+    assert [m.payload for m in fabric.bus.receive("b")] == [{"done": 1}]
+    assert fabric.bus.receive("a") == []  # not to the sender
+    assert fabric.bus.receive("c") == []  # not to another task
+
+
+def test_payloads_are_copied_and_must_be_json() -> None:
+    fabric = _fabric_with(("a", "t"), ("b", "t"))
+    payload: dict[str, Any] = {"items": [1]}
+    fabric.send("a", payload, recipient="b")
+    payload["items"].append(2)
+    msg = fabric.bus.receive("b")[0]
+    assert msg.payload == {"items": [1]}
+    with pytest.raises(InvalidMessageError):
+        fabric.send("a", {"bad": object()}, recipient="b")
+    with pytest.raises(InvalidMessageError):
+        IPCMessage(sender="a", payload=1)  # neither recipient nor topic
+
+
+def test_unacked_messages_are_redelivered_and_handled_once() -> None:
+    fabric = _fabric_with(("a", "t"), ("b", "t"))
+    bus = fabric.bus
+    fabric.send("a", {"n": 1}, recipient="b")
+    first = bus.receive("b")
+    assert len(first) == 1  # received, but the agent "crashes" before acking
+    assert bus.recover("b") == 1  # type: ignore[attr-defined]
+    handled: list[Any] = []
+    assert bus.handle("b", lambda m: handled.append(m.payload)) == 1
+    bus.recover("b")  # type: ignore[attr-defined]
+    assert bus.handle("b", lambda m: handled.append(m.payload)) == 0
+    assert handled == [{"n": 1}]
+
+
+# -- the state machine: private never leaks --------------------------------------------------
+
+AGENTS = ["alpha", "beta", "gamma"]
+TASKS = ["t1", "t2"]
+
+
+class FabricMachine(RuleBasedStateMachine):
+    """Random operations by several agents; every private value carries a unique canary."""
+
+    canaries = Bundle("canaries")
+
+    @initialize()
+    def setup(self) -> None:
+        self.fabric = ContextFabric()
+        self.store = open_checkpoints("memory://")
+        self.owner: dict[str, str] = {}  # canary -> owning agent
+        self.counter = 0
+        self.seen_messages: list[IPCMessage] = []
+        for i, agent in enumerate(AGENTS):
+            self.fabric.set_task_context(agent, {"goal": f"g{i}"}, task_id=TASKS[i % 2])
+            self.fabric.bus.subscribe(agent, "news")
+
+    def _canary(self, agent: str) -> str:
+        self.counter += 1
+        c = f"CANARY-{agent}-{self.counter}-7f3e"
+        self.owner[c] = agent
+        return c
+
+    @rule(agent=st.sampled_from(AGENTS), key=st.sampled_from(["scratch", "hypothesis", "obs"]))
+    def set_private(self, agent: str, key: str) -> None:
+        self.fabric.set_private(agent, key, {"note": self._canary(agent), "list": [1, 2]})
+
+    @rule(agent=st.sampled_from(AGENTS), value=st.text(max_size=10))
+    def update_task(self, agent: str, value: str) -> None:
+        tid = self.fabric.task_id_of(agent)
+        version = self.fabric.task_version(tid)
+        # agents write what they see in the task, never their scratchpad
+        visible = self.fabric.context_view(agent).task
+        self.fabric.update_task_context(
+            agent, {"decision": value, "seen": len(visible)}, expected_version=version
+        )
+
+    @rule(agent=st.sampled_from(AGENTS), other=st.sampled_from(AGENTS), text=st.text(max_size=8))
+    def send_direct(self, agent: str, other: str, text: str) -> None:
+        self.fabric.send(
+            agent, {"text": text, "task": self.fabric.task_context(agent)}, recipient=other
+        )
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def publish(self, agent: str) -> None:
+        self.fabric.send(agent, {"update": self.fabric.task_context(agent)}, topic="news")
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def receive(self, agent: str) -> None:
+        self.seen_messages.extend(self.fabric.bus.receive(agent))
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def think(self, agent: str) -> None:
+        self.fabric.set_cognitive_state(
+            agent, CognitiveState(working_memory={"thought": self._canary(agent)})
+        )
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def checkpoint(self, agent: str) -> None:
+        self.fabric.save_checkpoint(agent, self.store)
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def restore(self, agent: str) -> None:
+        self.fabric.restore_checkpoint(agent, self.store)
+
+    def _leaks(self, blob: str, allowed_owner: str | None) -> list[str]:
+        return [c for c, owner in self.owner.items() if c in blob and owner != allowed_owner]
+
+    @invariant()
+    def no_canary_outside_its_agent(self) -> None:
+        if not hasattr(self, "fabric"):
+            return
+        for task in TASKS:
+            members = self.fabric.agents(task)
+            if members:
+                state = json.dumps(self.fabric.task_context(members[0]))
+                assert not self._leaks(state, None), "private value in task state"
+        for agent in AGENTS:
+            view = self.fabric.context_view(agent)
+            task_blob = json.dumps(dict(view.task), default=str)
+            assert not self._leaks(task_blob, None), "private value in a task view"
+            private_blob = repr(view.private)
+            assert not self._leaks(private_blob, agent), "another agent's private value"
+            for cp in self.store.history(agent, limit=100):
+                blob = repr(cp.private) + repr(cp.state)
+                assert not self._leaks(blob, agent), "another agent's value in a checkpoint"
+        for m in self.seen_messages:
+            assert not self._leaks(json.dumps(m.to_dict()), None), "private value on the bus"
+
+
+FabricMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+test_private_never_leaks = FabricMachine.TestCase
