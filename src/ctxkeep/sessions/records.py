@@ -90,14 +90,16 @@ def message_to_record(m: Message) -> dict[str, Any]:
         "extra": dict(m.extra),
         "created_at": m.created_at.isoformat() if m.created_at else None,
     }
-    # Refuse what JSON would silently change (tuples become lists, int keys become strings).
+    # Refuse what JSON would silently change (tuples become lists, int keys become strings)
+    # and text that is not valid Unicode (lone surrogates).
     try:
-        text = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        text = dumps(record)
     except (TypeError, ValueError) as exc:
         raise InvalidMessageError(
-            f"message {m.id or ''} cannot be stored: metadata/extra must be JSON values ({exc})"
+            f"message {m.id or ''} cannot be stored ({exc}): text must be valid Unicode "
+            "and metadata/extra JSON values"
         ) from exc
-    if json.loads(text) != record:
+    if loads(text) != record:
         raise InvalidMessageError(
             f"message {m.id or ''} cannot be stored exactly: metadata/extra hold values JSON "
             "does not round-trip (tuples, non-string keys); use lists and string keys"

@@ -124,6 +124,9 @@ class SQLiteBackend(Backend):
             raise StorageError(f"cannot start a transaction on {self.path}: {exc}") from exc
         try:
             yield conn
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK")
+            raise StorageError(f"{self.path}: {exc}") from exc
         except BaseException:
             conn.execute("ROLLBACK")
             raise

@@ -1,0 +1,232 @@
+"""Episodes in process memory (``memory://``): exact search over every vector, BM25 postings.
+
+Episode rows are append-only; deleting tombstones a row and rebuilds the windows and
+neighbour links of its session. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ctxkeep.episodic.base import Episode, EpisodicMemoryStore, RetrievalConfig, _to_ts
+from ctxkeep.episodic.embedders import Embedder
+
+
+def _match(e: Episode, filters: dict[str, Any]) -> bool:
+    for key in ("episode_id", "session_id", "agent_id", "task_id"):
+        if key in filters:
+            want = filters[key]
+            have = getattr(e, key)
+            if isinstance(want, list | tuple | set | frozenset):
+                if have not in want:
+                    return False
+            elif have != want:
+                return False
+    since, until = _to_ts(filters.get("since")), _to_ts(filters.get("until"))
+    if since is not None and e.created_at < since:
+        return False
+    if until is not None and e.created_at > until:
+        return False
+    meta = filters.get("metadata")
+    return not meta or all(e.metadata.get(k) == v for k, v in meta.items())
+
+
+class MemoryEpisodicStore(EpisodicMemoryStore):
+    """All episodes in memory; exact hybrid search."""
+
+    name = "memory"
+
+    def __init__(
+        self, embedder: str | Embedder = "local", config: RetrievalConfig | None = None
+    ) -> None:
+        super().__init__(embedder, config)
+        self._lock = threading.RLock()
+        self._eps: list[Episode | None] = []
+        self._keys: dict[str, int] = {}
+        self._row_key: list[str] = []
+        self._tokens: list[list[str]] = []
+        self._docs: list[Counter[str]] = []
+        self._postings: dict[str, dict[int, int]] = {}
+        self._doclen: list[int] = []
+        self._sessions: dict[str, list[int]] = {}
+        self._nb: list[list[int]] = []  # per row: prev1, next1, prev2, next2 (-1: none)
+        self._vec_blocks: list[np.ndarray] = []
+        self._mat: np.ndarray | None = None
+        self._created_arr: list[float] = []
+
+    # -- indexes ---------------------------------------------------------------------------
+
+    def _set_doc(self, row: int, doc: Counter[str]) -> None:
+        old = self._docs[row]
+        for t in old:
+            p = self._postings.get(t)
+            if p is not None:
+                p.pop(row, None)
+                if not p:
+                    del self._postings[t]
+        for t, c in doc.items():
+            self._postings.setdefault(t, {})[row] = c
+        self._docs[row] = doc
+        self._doclen[row] = sum(doc.values())
+
+    def _rebuild_session(self, sid: str, start: int = 0) -> None:
+        """Recompute window documents and neighbour links from position ``start`` on (and the
+        ``window`` positions before it, whose windows reach it).
+        """
+        rows = self._sessions.get(sid, [])
+        w, sw = self.config.window, self.config.self_weight
+        first = max(0, start - max(w, 2))
+        for p in range(first, len(rows)):
+            r = rows[p]
+            doc: Counter[str] = Counter()
+            for t in self._tokens[r]:
+                doc[t] += sw
+            for q in rows[max(0, p - w) : p] + rows[p + 1 : p + 1 + w]:
+                doc.update(self._tokens[q])
+            self._set_doc(r, doc)
+            self._nb[r] = [
+                rows[p - 1] if p >= 1 else -1,
+                rows[p + 1] if p + 1 < len(rows) else -1,
+                rows[p - 2] if p >= 2 else -1,
+                rows[p + 2] if p + 2 < len(rows) else -1,
+            ]
+
+    # -- primitives ------------------------------------------------------------------------
+
+    def _find_keys(self, keys: Sequence[str]) -> dict[str, str]:
+        with self._lock:
+            out = {}
+            for k in keys:
+                r = self._keys.get(k)
+                e = self._eps[r] if r is not None else None
+                if e is not None:
+                    out[k] = e.episode_id
+            return out
+
+    def _insert(
+        self,
+        episodes: list[Episode],
+        keys: list[str],
+        vectors: np.ndarray,
+        tokens: list[list[str]],
+    ) -> None:
+        with self._lock:
+            touched: dict[str, int] = {}
+            for e, k, toks in zip(episodes, keys, tokens, strict=True):
+                r = len(self._eps)
+                self._eps.append(copy.deepcopy(e))
+                self._keys[k] = r
+                self._row_key.append(k)
+                self._tokens.append(list(toks))
+                self._docs.append(Counter())
+                self._doclen.append(0)
+                self._nb.append([-1, -1, -1, -1])
+                self._created_arr.append(e.created_at)
+                session = self._sessions.setdefault(e.session_id, [])
+                touched.setdefault(e.session_id, len(session))
+                session.append(r)
+            self._vec_blocks.append(np.asarray(vectors, np.float32))
+            self._mat = None
+            for sid, start in touched.items():
+                self._rebuild_session(sid, start)
+
+    def _matrix(self) -> np.ndarray:
+        if self._mat is None:
+            dim = self.embedder.dim
+            self._mat = (
+                np.concatenate(self._vec_blocks) if self._vec_blocks else np.zeros((0, dim))
+            ).astype(np.float32)
+            self._vec_blocks = [self._mat]
+        return self._mat
+
+    def _rows(self, filters: dict[str, Any]) -> np.ndarray:
+        with self._lock:
+            if "episode_id" in filters and len(filters) == 1:
+                want = filters["episode_id"]
+                hits = [
+                    i for i, e in enumerate(self._eps) if e is not None and e.episode_id == want
+                ]
+                return np.asarray(hits, np.int64)
+            if "session_id" in filters and isinstance(filters["session_id"], str):
+                cand: Any = self._sessions.get(filters["session_id"], [])
+            else:
+                cand = range(len(self._eps))
+            out = [
+                i
+                for i in cand
+                if (e := self._eps[i]) is not None and (not filters or _match(e, filters))
+            ]
+            return np.asarray(out, np.int64)
+
+    def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
+        with self._lock:
+            n_live = sum(1 for e in self._eps if e is not None)
+            doclen = np.asarray(self._doclen, np.float64)
+            live = np.asarray([e is not None for e in self._eps])
+            avg = float(doclen[live].mean()) if n_live else 1.0
+            k1, b = self.config.k1, self.config.b
+            scores = np.zeros(len(self._eps), np.float64)
+            for term, qtf in Counter(terms).items():
+                post = self._postings.get(term)
+                if not post:
+                    continue
+                idx = np.fromiter(post.keys(), np.int64, len(post))
+                tf = np.fromiter(post.values(), np.float64, len(post))
+                df = len(post)
+                idf = np.log(1 + (n_live - df + 0.5) / (df + 0.5))
+                denom = tf + k1 * (1 - b + b * doclen[idx] / max(avg, 1e-9))
+                scores[idx] += qtf * idf * tf * (k1 + 1) / denom
+            out: np.ndarray = scores[rows]
+            return out
+
+    def _vectors(self, rows: np.ndarray) -> np.ndarray:
+        with self._lock:
+            out: np.ndarray = self._matrix()[rows]
+            return out
+
+    def _neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        with self._lock:
+            pos = np.full(len(self._eps) + 1, -1, np.int64)  # index -1 maps to "none"
+            pos[rows] = np.arange(rows.size)
+            nb = np.asarray(self._nb, np.int64)[rows] if rows.size else np.zeros((0, 4), np.int64)
+        own = np.arange(rows.size)
+        out = []
+        for c in range(4):
+            p = pos[nb[:, c]]
+            out.append(np.where(p >= 0, p, own))
+        return tuple(out)
+
+    def _created(self, rows: np.ndarray) -> np.ndarray:
+        with self._lock:
+            out: np.ndarray = np.asarray(self._created_arr, np.float64)[rows]
+            return out
+
+    def _episodes(self, rows: np.ndarray) -> list[Episode]:
+        with self._lock:
+            return [copy.deepcopy(self._eps[int(r)]) for r in rows]  # type: ignore[misc]
+
+    def _delete(self, rows: np.ndarray) -> None:
+        with self._lock:
+            touched = set()
+            for r in rows.tolist():
+                e = self._eps[r]
+                if e is None:
+                    continue
+                touched.add(e.session_id)
+                self._sessions[e.session_id].remove(r)
+                self._set_doc(r, Counter())
+                self._keys.pop(self._row_key[r], None)
+                self._eps[r] = None
+                self._nb[r] = [-1, -1, -1, -1]
+                self._matrix()[r] = 0.0
+            for sid in touched:
+                if not self._sessions.get(sid):
+                    self._sessions.pop(sid, None)
+                else:
+                    self._rebuild_session(sid)

@@ -1,0 +1,634 @@
+"""The Redis session backend (``redis://host:port/db``): shared by many workers, native TTL.
+
+Layout. Every key starts with a prefix (``ctxkeep:`` by default; ``?prefix=`` in the URL
+overrides it) and is named by :class:`RedisKeys`, the one place that knows the layout:
+
+========================  ======  ==============================================================
+key                       type    holds
+========================  ======  ==============================================================
+``session:{id}``          hash    agent_id, task_id, metadata, created_at, accessed_at,
+                                  message_count, next_seq, pending (JSON where not a number)
+``messages:{id}``         zset    ``"{seq}:{record JSON}"`` scored by seq
+``agent:{agent_id}``      zset    the agent's session ids by created_at
+``task:{task_id}``        zset    the task's session ids by created_at
+``created``               zset    every session id by created_at (listing)
+``accessed``              zset    every session id by accessed_at (LRU, idle sweeps)
+``expires``               zset    ids of sessions with a TTL, by expiry deadline (ms)
+``owners``                hash    id -> ``[agent_id, task_id]``, to clean indexes after expiry
+``archive:{id}``          list    trimmed and evicted messages (record JSON), oldest first
+``archive-ids:{id}``      set     message ids already archived (archiving is idempotent)
+``schema:sessions``       string  the layout's schema version
+========================  ======  ==============================================================
+
+TTL. With a ``session_ttl``, a session's own keys (``session:`` and ``messages:``) get a
+deadline ``ttl + grace`` seconds after their last access (``PEXPIREAT``), set on create and
+moved on every touch and append, so Redis reclaims idle sessions by itself even if no ctxkeep
+process runs. Redis deletes expired keys silently: unlike the manager's :meth:`sweep`, native
+expiry calls no ``on_evict`` hook and archives nothing, so the grace (``?ttl_grace=`` seconds,
+default: the TTL again) leaves a window in which a sweep, or any access, which treats a
+session idle past its TTL as expired, archives it first. The shared indexes do not expire;
+an id whose keys are gone is pruned from them lazily, when a query finds it (``expires`` tells
+:meth:`RedisBackend.count` which ids to check).
+
+Atomicity. An append ``WATCH``-es the session hash, reads ``next_seq`` and ``pending``, runs the
+manager's check, and writes the messages, the hash and the indexes in one ``MULTI``/``EXEC``;
+if another client changed the session meanwhile, ``EXEC`` fails and the append is retried.
+Sequence numbers stay gapless under any number of writers. Multi-key transactions need one
+Redis node (no Redis Cluster); Redis 6.2 or newer.
+
+Durability, honestly. Redis keeps everything in memory; what survives a restart of the Redis
+server depends on its persistence settings, not on ctxkeep. With RDB snapshots only, writes
+since the last snapshot are lost; with ``appendonly yes`` and ``appendfsync everysec``, up to
+about a second of writes; with ``appendfsync always``, nothing acknowledged. The project's own
+machines run Redis with ``--save "" --appendonly no``: **nothing survives a Redis restart
+there**. A ``maxmemory`` policy that evicts keys (``volatile-*`` evicts exactly the keys that
+carry a TTL) also drops sessions without notice. Use Redis for shared, short-lived working
+memory; use PostgreSQL or SQLite for history that must outlive the server.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, ParamSpec, TypeVar, cast
+from urllib.parse import parse_qsl, urlencode, urlparse
+
+from ctxkeep.errors import (
+    ConfigError,
+    MissingDependencyError,
+    SchemaVersionError,
+    SessionNotFoundError,
+    StorageError,
+)
+from ctxkeep.messages import Message
+from ctxkeep.sessions.base import Backend, Check, Evicted
+from ctxkeep.sessions.records import SessionInfo, dumps, dumps_record, loads, record_to_message
+
+try:
+    import redis
+    from redis.client import Pipeline
+    from redis.typing import EncodableT, FieldT
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise MissingDependencyError("redis", "redis") from exc
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+DEFAULT_PREFIX = "ctxkeep:"
+
+# Position i brings a key space from layout version i to i + 1. Version 1 is the layout in
+# the module docstring; its keys are created as sessions are, so there is nothing to do.
+MIGRATIONS: list[Callable[[redis.Redis, RedisKeys], None]] = [
+    lambda client, keys: None,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_SCAN_CHUNK = 200
+
+
+# -- the layout, free of I/O ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """The name of every key the backend uses, under one prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def session(self, session_id: str) -> str:
+        """The session's hash."""
+        return f"{self.prefix}session:{session_id}"
+
+    def messages(self, session_id: str) -> str:
+        """The session's messages, a zset scored by seq."""
+        return f"{self.prefix}messages:{session_id}"
+
+    def agent(self, agent_id: str) -> str:
+        """The agent's sessions by created_at."""
+        return f"{self.prefix}agent:{agent_id}"
+
+    def task(self, task_id: str) -> str:
+        """The task's sessions by created_at."""
+        return f"{self.prefix}task:{task_id}"
+
+    def archive(self, session_id: str) -> str:
+        """The session's archived messages."""
+        return f"{self.prefix}archive:{session_id}"
+
+    def archive_ids(self, session_id: str) -> str:
+        """Ids of the session's archived messages."""
+        return f"{self.prefix}archive-ids:{session_id}"
+
+    @property
+    def created(self) -> str:
+        """Every session by created_at."""
+        return f"{self.prefix}created"
+
+    @property
+    def accessed(self) -> str:
+        """Every session by accessed_at."""
+        return f"{self.prefix}accessed"
+
+    @property
+    def expires(self) -> str:
+        """Sessions with a TTL, by deadline in Unix milliseconds."""
+        return f"{self.prefix}expires"
+
+    @property
+    def owners(self) -> str:
+        """Session id -> ``[agent_id, task_id]``."""
+        return f"{self.prefix}owners"
+
+    @property
+    def schema(self) -> str:
+        """The layout's schema version."""
+        return f"{self.prefix}schema:sessions"
+
+    def own(self, session_id: str) -> tuple[str, str]:
+        """The keys that belong to one session and expire with it."""
+        return self.session(session_id), self.messages(session_id)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(url for redis-py, key prefix)``: ``?prefix=`` is ctxkeep's, the rest redis-py's."""
+    base, _, query_string = url.partition("?")
+    query = parse_qsl(query_string, keep_blank_values=True)
+    prefixes = [v for k, v in query if k == "prefix"]
+    prefix = prefixes[-1] if prefixes else DEFAULT_PREFIX
+    if not prefix:
+        raise ConfigError("the Redis key prefix must not be empty (?prefix=...)")
+    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
+    return (f"{base}?{rest}" if rest else base), prefix
+
+
+def session_fields(info: SessionInfo) -> dict[FieldT, EncodableT]:
+    """The hash fields of a session."""
+    fields: dict[FieldT, EncodableT] = {
+        "agent_id": info.agent_id,
+        "metadata": dumps(info.metadata),
+        "created_at": repr(float(info.created_at)),
+        "accessed_at": repr(float(info.accessed_at)),
+        "message_count": str(info.message_count),
+        "next_seq": str(info.next_seq),
+        "pending": dumps(list(info.pending)),
+    }
+    if info.task_id is not None:
+        fields["task_id"] = info.task_id
+    return fields
+
+
+def session_from_fields(session_id: str, fields: dict[str, str]) -> SessionInfo:
+    """The session a hash describes.
+
+    Raises:
+        StorageError: a hash missing fields or holding garbage.
+
+    """
+    try:
+        return SessionInfo(
+            session_id=session_id,
+            agent_id=fields["agent_id"],
+            task_id=fields.get("task_id"),
+            metadata=loads(fields["metadata"]),
+            created_at=float(fields["created_at"]),
+            accessed_at=float(fields["accessed_at"]),
+            message_count=int(fields["message_count"]),
+            next_seq=int(fields["next_seq"]),
+            pending=tuple(loads(fields["pending"])),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise StorageError(f"corrupt Redis session hash for {session_id!r}: {exc!r}") from exc
+
+
+def message_member(seq: int, record: dict[str, Any]) -> str:
+    """The zset member of a stored message (the seq prefix keeps members unique)."""
+    return f"{seq}:{dumps(record)}"
+
+
+def parse_member(member: str) -> tuple[int, dict[str, Any]]:
+    """``(seq, record)`` from a zset member."""
+    seq, _, text = member.partition(":")
+    record: dict[str, Any] = loads(text)
+    return int(seq), record
+
+
+# -- the backend ------------------------------------------------------------------------------
+
+
+def _translated(method: Callable[P, T]) -> Callable[P, T]:
+    """Wrap redis-py's errors in StorageError: the one place driver errors are translated."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(*args, **kwargs)
+        except redis.RedisError as exc:
+            self = cast("RedisBackend", args[0])
+            raise StorageError(f"Redis at {self.where}: {exc}") from exc
+
+    return wrapper
+
+
+class RedisBackend(Backend):
+    """Sessions in Redis, under one key prefix, with native key TTL.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS,
+            ``unix:///path.sock``), optionally with ``?prefix=...`` for the keys.
+
+    Raises:
+        StorageError: Redis does not answer.
+        SchemaVersionError: the prefix holds data written by a newer ctxkeep.
+
+    """
+
+    name = "redis"
+    supports_native_ttl = True
+
+    def __init__(self, url: str) -> None:
+        base, _, query_string = url.partition("?")
+        query = parse_qsl(query_string, keep_blank_values=True)
+        graces = [v for k, v in query if k == "ttl_grace"]
+        try:
+            # Seconds past the TTL before Redis reclaims a session by itself: the window in
+            # which MemoryManager.sweep() archives it and calls on_evict hooks first.
+            # Default: the TTL again (Redis deadline at 2 x TTL); ?ttl_grace=0 for none.
+            self.ttl_grace: float | None = float(graces[-1]) if graces else None
+        except ValueError:
+            raise ConfigError(
+                f"ttl_grace must be a number of seconds, got {graces[-1]!r}"
+            ) from None
+        rest = urlencode([(k, v) for k, v in query if k != "ttl_grace"])
+        client_url, prefix = split_url(f"{base}?{rest}" if rest else base)
+        self.keys = RedisKeys(prefix)
+        parsed = urlparse(client_url)
+        # Where, for error messages; never the password.
+        self.where = (
+            f"{parsed.hostname}:{parsed.port or 6379}{parsed.path}"
+            if parsed.hostname
+            else parsed.path
+        )
+        try:
+            self._client: redis.Redis = redis.Redis.from_url(
+                client_url, decode_responses=True, socket_connect_timeout=5
+            )
+        except ValueError as exc:
+            raise ConfigError(f"invalid Redis URL: {exc}") from exc
+        try:
+            self._migrate()
+        except BaseException:
+            self._client.close()
+            raise
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _atomic(self, watch: list[str], body: Callable[[Pipeline], T]) -> T:
+        """Run ``body`` with ``watch`` watched; if it opened ``MULTI``, ``EXEC`` it, and
+        start over when a watched key changed meanwhile.
+        """
+        with self._client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(*watch)  # type: ignore[no-untyped-call]
+                    result = body(pipe)
+                    if pipe.explicit_transaction:
+                        pipe.execute()
+                    else:
+                        pipe.reset()
+                    return result
+                except redis.WatchError:
+                    continue
+
+    @_translated
+    def _migrate(self) -> None:
+        def body(pipe: Pipeline) -> None:
+            raw = pipe.get(self.keys.schema)
+            version = int(cast(str, raw)) if raw is not None else 0
+            if version > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"Redis keys under {self.keys.prefix!r} were written by a newer ctxkeep "
+                    f"(schema {version}; this one reads up to {SCHEMA_VERSION}); upgrade ctxkeep"
+                )
+            if version == SCHEMA_VERSION:
+                return
+            for i in range(version, SCHEMA_VERSION):
+                MIGRATIONS[i](self._client, self.keys)
+            pipe.multi()
+            pipe.set(self.keys.schema, SCHEMA_VERSION)
+
+        self._atomic([self.keys.schema], body)
+
+    def _expire(self, pipe: Pipeline, session_id: str, ttl: float | None) -> None:
+        """Queue the session's deadline: ``ttl`` from now, or none."""
+        own = self.keys.own(session_id)
+        if ttl is None:
+            for key in own:
+                pipe.persist(key)
+            pipe.zrem(self.keys.expires, session_id)
+            return
+        grace = ttl if self.ttl_grace is None else self.ttl_grace
+        deadline_ms = math.ceil((time.time() + ttl + grace) * 1000)
+        for key in own:
+            pipe.pexpireat(key, deadline_ms)
+        pipe.zadd(self.keys.expires, {session_id: deadline_ms})
+
+    def _hash(self, client: redis.Redis, session_id: str) -> dict[str, str]:
+        return cast("dict[str, str]", client.hgetall(self.keys.session(session_id)))
+
+    def _drop(self, session_id: str, *, only_if_gone: bool) -> bool:
+        """Delete a session's keys and index entries; with ``only_if_gone``, only prune the
+        index entries of a session whose keys are already gone. True if the hash existed.
+        """
+        keys = self.keys
+
+        def body(pipe: Pipeline) -> bool:
+            existed = bool(pipe.exists(keys.session(session_id)))
+            if existed and only_if_gone:
+                return True
+            owner = cast("str | None", pipe.hget(keys.owners, session_id))
+            pipe.multi()
+            pipe.delete(*keys.own(session_id))
+            for index in (keys.created, keys.accessed, keys.expires):
+                pipe.zrem(index, session_id)
+            if owner is not None:
+                agent_id, task_id = loads(owner)
+                pipe.zrem(keys.agent(agent_id), session_id)
+                if task_id is not None:
+                    pipe.zrem(keys.task(task_id), session_id)
+            pipe.hdel(keys.owners, session_id)
+            return existed
+
+        return self._atomic([keys.session(session_id)], body)
+
+    def _alive(self, ids: list[str]) -> list[bool]:
+        """Whether each id's session hash still exists."""
+        if not ids:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for sid in ids:
+            pipe.exists(self.keys.session(sid))
+        return [bool(n) for n in pipe.execute()]
+
+    def _prune(self, ids: list[str]) -> None:
+        """Drop the index entries of sessions whose keys are gone."""
+        for sid in ids:
+            self._drop(sid, only_if_gone=True)
+
+    def _live(self, ids: list[str]) -> list[str]:
+        """The ids whose session still exists, in order; the others are pruned."""
+        alive = self._alive(ids)
+        self._prune([sid for sid, ok in zip(ids, alive, strict=True) if not ok])
+        return [sid for sid, ok in zip(ids, alive, strict=True) if ok]
+
+    def _first_live(self, index: str, n: int, *, newest_first: bool) -> list[str]:
+        """The first ``n`` live ids of an index; stale ones are pruned after the walk, so
+        ranks do not shift under it.
+        """
+        found: list[str] = []
+        stale: list[str] = []
+        for chunk in self._walk(index, newest_first=newest_first):
+            for sid, ok in zip(chunk, self._alive(chunk), strict=True):
+                (found if ok else stale).append(sid)
+            if len(found) >= n:
+                break
+        self._prune(stale)
+        return found[:n]
+
+    def _walk(self, index: str, *, newest_first: bool) -> Iterator[list[str]]:
+        """An index's ids in chunks, in score order (ties by id)."""
+        start = 0
+        while True:
+            end = start + _SCAN_CHUNK - 1
+            if newest_first:
+                chunk = cast("list[str]", self._client.zrevrange(index, start, end))
+            else:
+                chunk = cast("list[str]", self._client.zrange(index, start, end))
+            if not chunk:
+                return
+            yield chunk
+            if len(chunk) < _SCAN_CHUNK:
+                return
+            start += _SCAN_CHUNK
+
+    def _prune_expired(self) -> None:
+        """Prune the ids whose deadline (by the server's clock) has passed and whose keys
+        Redis has reclaimed.
+        """
+        seconds, micros = self._client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        due = cast("list[str]", self._client.zrangebyscore(self.keys.expires, "-inf", now_ms))
+        self._live(due)
+
+    # -- primitives --------------------------------------------------------------------
+
+    @_translated
+    def create(self, info: SessionInfo, ttl: float | None) -> None:
+        """Write the session hash and its index entries in one transaction."""
+        keys, sid = self.keys, info.session_id
+
+        def body(pipe: Pipeline) -> None:
+            if pipe.exists(keys.session(sid)):
+                raise ConfigError(f"session {sid!r} already exists")
+            pipe.multi()
+            pipe.hset(keys.session(sid), mapping=session_fields(info))
+            pipe.zadd(keys.created, {sid: info.created_at})
+            pipe.zadd(keys.accessed, {sid: info.accessed_at})
+            pipe.zadd(keys.agent(info.agent_id), {sid: info.created_at})
+            if info.task_id is not None:
+                pipe.zadd(keys.task(info.task_id), {sid: info.created_at})
+            pipe.hset(keys.owners, sid, dumps([info.agent_id, info.task_id]))
+            self._expire(pipe, sid, ttl)
+
+        self._atomic([keys.session(sid)], body)
+
+    @_translated
+    def info(
+        self, session_id: str, *, touch: float | None, ttl: float | None
+    ) -> SessionInfo | None:
+        """Read the hash; with ``touch``, move ``accessed_at`` forward and the deadline."""
+        if touch is None:
+            fields = self._hash(self._client, session_id)
+            return session_from_fields(session_id, fields) if fields else None
+
+        def body(pipe: Pipeline) -> SessionInfo | None:
+            fields = self._hash(pipe, session_id)
+            if not fields:
+                return None
+            info = session_from_fields(session_id, fields)
+            accessed = max(info.accessed_at, touch)
+            pipe.multi()
+            pipe.hset(self.keys.session(session_id), "accessed_at", repr(accessed))
+            pipe.zadd(self.keys.accessed, {session_id: accessed})
+            self._expire(pipe, session_id, ttl)
+            return replace(info, accessed_at=accessed)
+
+        return self._atomic([self.keys.session(session_id)], body)
+
+    @_translated
+    def append(
+        self,
+        session_id: str,
+        records: list[dict[str, Any]],
+        check: Check,
+        now: float,
+        ttl: float | None,
+    ) -> list[int]:
+        """WATCH the session, check, then write everything in one MULTI/EXEC (retried if
+        another writer got there first).
+        """
+        keys = self.keys
+
+        def body(pipe: Pipeline) -> list[int]:
+            fields = self._hash(pipe, session_id)
+            if not fields:
+                raise SessionNotFoundError(f"no session {session_id!r}")
+            info = session_from_fields(session_id, fields)
+            pending = check(info)
+            seqs = list(range(info.next_seq, info.next_seq + len(records)))
+            accessed = max(info.accessed_at, now)
+            pipe.multi()
+            pipe.zadd(
+                keys.messages(session_id),
+                {message_member(s, r): s for s, r in zip(seqs, records, strict=True)},
+            )
+            pipe.hset(
+                keys.session(session_id),
+                mapping={
+                    "next_seq": str(info.next_seq + len(records)),
+                    "message_count": str(info.message_count + len(records)),
+                    "pending": dumps(list(pending)),
+                    "accessed_at": repr(accessed),
+                },
+            )
+            pipe.zadd(keys.accessed, {session_id: accessed})
+            self._expire(pipe, session_id, ttl)
+            return seqs
+
+        return self._atomic([keys.session(session_id)], body)
+
+    @_translated
+    def messages(self, session_id: str) -> list[tuple[int, dict[str, Any]]]:
+        """Every stored message, by seq."""
+        members = cast("list[str]", self._client.zrange(self.keys.messages(session_id), 0, -1))
+        return [parse_member(m) for m in members]
+
+    @_translated
+    def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
+        """Remove messages up to ``upto_seq`` and fix the count, in one transaction."""
+        keys = self.keys
+
+        def body(pipe: Pipeline) -> list[tuple[int, dict[str, Any]]]:
+            count = pipe.hget(keys.session(session_id), "message_count")
+            members = cast(
+                "list[str]", pipe.zrangebyscore(keys.messages(session_id), "-inf", upto_seq)
+            )
+            if count is None or not members:
+                return []
+            pipe.multi()
+            pipe.zremrangebyscore(keys.messages(session_id), "-inf", upto_seq)
+            left = max(int(cast(str, count)) - len(members), 0)
+            pipe.hset(keys.session(session_id), "message_count", str(left))
+            return [parse_member(m) for m in members]
+
+        return self._atomic([keys.session(session_id)], body)
+
+    @_translated
+    def delete(self, session_id: str) -> bool:
+        """Delete the session's keys and index entries."""
+        return self._drop(session_id, only_if_gone=False)
+
+    @_translated
+    def latest_for_agent(self, agent_id: str) -> str | None:
+        """The agent's newest live session."""
+        found = self._first_live(self.keys.agent(agent_id), 1, newest_first=True)
+        return found[0] if found else None
+
+    @_translated
+    def count(self) -> int:
+        """Sessions stored (expired ones pruned first)."""
+        self._prune_expired()
+        return int(self._client.zcard(self.keys.created))
+
+    @_translated
+    def least_recent(self, n: int) -> list[str]:
+        """The ``n`` live sessions accessed longest ago."""
+        return self._first_live(self.keys.accessed, n, newest_first=False)
+
+    @_translated
+    def idle_since(self, cutoff: float) -> list[str]:
+        """Live sessions last accessed before ``cutoff``."""
+        ids = cast(
+            "list[str]", self._client.zrangebyscore(self.keys.accessed, "-inf", f"({cutoff!r}")
+        )
+        return self._live(ids)
+
+    @_translated
+    def archive(self, evicted: Evicted) -> None:
+        """Append evicted messages to the session's archive, once per message id."""
+        keys, sid = self.keys, evicted.session_id
+
+        def body(pipe: Pipeline) -> None:
+            ids = [m.id for m in evicted.messages if m.id]
+            known = set()
+            if ids:
+                flags = cast("list[int]", pipe.smismember(keys.archive_ids(sid), ids))
+                known = {i for i, f in zip(ids, flags, strict=True) if f}
+            fresh = []
+            for m in evicted.messages:
+                if m.id and m.id in known:
+                    continue
+                if m.id:
+                    known.add(m.id)
+                fresh.append(m)
+            if not fresh:
+                return
+            pipe.multi()
+            pipe.rpush(keys.archive(sid), *[dumps_record(m) for m in fresh])
+            fresh_ids = [m.id for m in fresh if m.id]
+            if fresh_ids:
+                pipe.sadd(keys.archive_ids(sid), *fresh_ids)
+
+        self._atomic([keys.archive_ids(sid)], body)
+
+    @_translated
+    def archived(self, session_id: str) -> list[Message]:
+        """A session's archived messages, oldest first."""
+        rows = cast("list[str]", self._client.lrange(self.keys.archive(session_id), 0, -1))
+        return [record_to_message(r) for r in rows]
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    @_translated
+    def list_sessions(
+        self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
+    ) -> list[SessionInfo]:
+        """A page, newest first (ties by id, descending), from the narrowest index."""
+        keys = self.keys
+        if task_id is not None:
+            index = keys.task(task_id)
+        elif agent_id is not None:
+            index = keys.agent(agent_id)
+        else:
+            index = keys.created
+        found: list[SessionInfo] = []
+        stale: list[str] = []
+        for chunk in self._walk(index, newest_first=True):
+            pipe = self._client.pipeline(transaction=False)
+            for sid in chunk:
+                pipe.hgetall(keys.session(sid))
+            for sid, fields in zip(chunk, pipe.execute(), strict=True):
+                if not fields:
+                    stale.append(sid)
+                    continue
+                info = session_from_fields(sid, fields)
+                if agent_id is None or info.agent_id == agent_id:
+                    found.append(info)
+            if len(found) >= offset + limit:
+                break
+        self._prune(stale)  # after the walk, so ranks do not shift under it
+        return found[offset : offset + limit]
