@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,9 +36,10 @@ FACTS = [
 ]
 
 
-@pytest.fixture
-def store() -> Iterator[Any]:
-    s = open_episodic("memory://", embedder="hash")
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/ep.db"
+    s = open_episodic(url, embedder="hash")
     yield s
     s.close()
 
@@ -107,9 +109,9 @@ def test_bad_episodes_are_refused_and_nothing_is_stored(store: Any) -> None:
     assert store.count() == 0
 
 
-def test_neighbour_window_lets_a_turn_be_found_by_its_context() -> None:
+def test_neighbour_window_lets_a_turn_be_found_by_its_context(store: Any) -> None:
     # the answer turn shares no word with the question; its neighbour does
-    s = open_episodic("memory://", embedder="hash")
+    s = store
     s.save_episode("chat", "", "Where did you travel for the kayak trip?")
     s.save_episode("chat", "", "To Norway, in the fjords!")
     s.save_episode("other", "", "Unrelated turn about cooking pasta")
@@ -259,3 +261,14 @@ def test_search_hits_format_with_provenance(store: Any) -> None:
     _, items = parse_prior_context(block)
     assert items[0].session in ("s0", "s1") and items[0].score
     assert "UTC" in items[0].date
+
+
+def test_sqlite_store_persists_and_refuses_another_embedder(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/ep.db"
+    with open_episodic(url, embedder="hash") as s:
+        eid = s.save_episode("s", "goal", "kept across processes")
+    with open_episodic(url, embedder="hash") as s:
+        assert s.get(eid).summary == "kept across processes"
+        assert s.search("processes", 1)[0].episode.episode_id == eid
+    with pytest.raises(ConfigError):
+        open_episodic(url, embedder=HashEmbedder(dim=64))  # another vector space

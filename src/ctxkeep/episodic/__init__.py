@@ -17,21 +17,32 @@ from ctxkeep.errors import ConfigError
 
 
 def open_episodic(
-    url: str = "memory://",
+    url: str | None = None,
     embedder: str | Embedder = "local",
     *,
     config: RetrievalConfig | None = None,
 ) -> EpisodicMemoryStore:
-    """An episodic store for ``url`` with ``embedder`` (``local``, ``openai``, ``hash`` or an
-    :class:`Embedder`).
+    """An episodic store for ``url`` (default: the embedded SQLite file) with ``embedder``
+    (``local``, ``openai``, ``hash`` or an :class:`Embedder`).
 
     Raises:
-        ConfigError: an unsupported URL.
+        ConfigError: an unsupported URL, or a file made with another embedder.
 
     """
+    if url is None:
+        from ctxkeep.sessions import default_url
+
+        url = default_url()
     if url == "memory://":
         return MemoryEpisodicStore(embedder, config)
-    raise ConfigError(f"unsupported episodic URL {url!r}; this version supports memory://")
+    if url.startswith("sqlite:///"):
+        from ctxkeep.episodic.sqlite import SQLiteEpisodicStore
+
+        path = url[len("sqlite:///") :].split("?", 1)[0]
+        if not path:
+            raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
+        return SQLiteEpisodicStore(path, embedder, config)
+    raise ConfigError(f"unsupported episodic URL {url!r}; use memory:// or sqlite:///path")
 
 
 __all__ = [

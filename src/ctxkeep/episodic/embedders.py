@@ -50,10 +50,9 @@ def _normalise(m: np.ndarray) -> np.ndarray:
 class HashEmbedder:
     """Feature hashing of word tokens: deterministic, instant, meaningless. Tests only."""
 
-    name = "hash-for-tests"
-
     def __init__(self, dim: int = 256) -> None:
         self.dim = dim
+        self.name = f"hash-for-tests-{dim}"
 
     def _one(self, text: str) -> np.ndarray:
         from ctxkeep.episodic.text import tokenize
