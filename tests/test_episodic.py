@@ -272,3 +272,22 @@ def test_sqlite_store_persists_and_refuses_another_embedder(tmp_path: Path) -> N
         assert s.search("processes", 1)[0].episode.episode_id == eid
     with pytest.raises(ConfigError):
         open_episodic(url, embedder=HashEmbedder(dim=64))  # another vector space
+
+
+def test_cli_memory_add_search_forget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ctxkeep.cli import main
+
+    db = ["--db", f"sqlite:///{tmp_path}/cli.db", "--embedder", "hash"]
+    assert main(["memory", *db, "add", "--session", "s1", "The flaky test was a timezone bug"]) == 0
+    assert main(["memory", *db, "add", "--session", "s2", "Deploys need the VPN"]) == 0
+    capsys.readouterr()
+    assert main(["memory", *db, "--json", "search", "timezone flaky", "--top-k", "1"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert hits[0]["session_id"] == "s1"
+    assert main(["memory", *db, "search", "timezone", "--format", "prompt"]) == 0
+    assert capsys.readouterr().out.startswith(HEADER)
+    assert main(["memory", *db, "search", "VPN"]) == 0
+    assert "Deploys" in capsys.readouterr().out
+    assert main(["memory", *db, "forget", "--session", "s1"]) == 0
+    assert "forgot 1" in capsys.readouterr().out
+    assert main(["memory", *db, "add", "--session", "s", "x", "--meta", "{bad"]) == 2

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 
 from ctxkeep._version import __version__
-from ctxkeep.cli import count, replay, sessions
+from ctxkeep.cli import count, memory, replay, sessions
 from ctxkeep.errors import CtxkeepError
 
-_GROUPS = (count, replay, sessions)
+_GROUPS = (count, replay, sessions, memory)
 
 
 def build_parser() -> argparse.ArgumentParser:
