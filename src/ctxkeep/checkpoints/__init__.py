@@ -35,8 +35,17 @@ def open_checkpoints(url: str | None = None) -> CheckpointStore:
         if not path:
             raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
         return SQLiteCheckpointStore(path)
+    if scheme in ("redis", "rediss", "unix"):
+        from ctxkeep.checkpoints.redis import RedisCheckpointStore
+
+        return RedisCheckpointStore(url)
+    if scheme in ("postgresql", "postgres"):
+        from ctxkeep.checkpoints.postgres import PostgresCheckpointStore
+
+        return PostgresCheckpointStore(url)
     raise ConfigError(
-        f"unsupported checkpoint URL {url!r}; use memory:// or sqlite:///path"
+        f"unsupported checkpoint URL {url!r}; use memory://, sqlite:///path, "
+        "redis://host:port/db or postgresql://..."
     )
 
 

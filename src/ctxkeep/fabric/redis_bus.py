@@ -1,0 +1,556 @@
+"""The inter-agent bus over Redis Streams, for agent processes on many machines.
+
+:class:`RedisStreamBus` keeps the delivery rules of ``ctxkeep.fabric.bus`` (direct messages
+reach their recipient whatever its task; topic messages reach the subscribers of the sender's
+task, never the sender, never another task) with every piece of state in Redis, so any number
+of processes agree on who belongs to which task and who listens to what.
+
+How it maps onto Redis:
+
+* Each agent has an inbox stream with a consumer group named after the agent. Every process
+  serving the agent reads the group as its own *consumer* (the ``consumer`` argument), so a
+  message goes to one of them. ``send`` appends a direct message to the recipient's inbox; a
+  topic message is fanned out to every subscriber's inbox in one ``MULTI``/``EXEC`` (all or
+  none), under ``WATCH`` of the subscriptions so a concurrent (un)subscribe is never half-seen.
+* ``receive`` first takes over (``XAUTOCLAIM``) messages that another consumer of the agent
+  received but has not acked for ``claim_idle_ms``: that consumer is presumed dead, and its
+  messages are redelivered here. Then it reads new messages (``XREADGROUP >``), waiting up to
+  ``timeout`` in steps of ``block_ms``. Received messages stay pending until ``ack``
+  (``XACK``, then ``XDEL``: an acked message is gone from the inbox).
+* ``handle`` skips messages whose id is already marked handled for the agent, runs the handler
+  on the rest, then marks and acks each in one transaction. A message is marked only after its
+  handler returned, so a consumer killed mid-handler loses nothing: the message is redelivered
+  and handled again. For exactly-once effects, commit the effect *and* the mark together: pass
+  :meth:`RedisStreamBus.handled_mark` to ``RedisTaskState.update_with`` (or queue
+  :meth:`HandledMark.queue` in your own ``MULTI``); a redelivery then finds the mark and skips.
+  Choose ``claim_idle_ms`` longer than any handler runs, or a slow consumer's messages are
+  claimed by another one while it still works on them.
+* ``ctxkeep.fabric.redis_state.RedisTaskState`` is the task's shared state for many processes
+  (compare-and-set), which can commit a handled mark together with a change.
+
+Keys (all under the prefix, named by :class:`RedisBusKeys`, free of I/O):
+
+===============================  ======  ========================================================
+key                              type    holds
+===============================  ======  ========================================================
+``bus:inbox:{agent}``            stream  the agent's messages (``v``, ``m``: IPCMessage JSON);
+                                         consumer group ``{agent}``, one consumer per process
+``bus:agents``                   hash    agent -> its task id (JSON; ``null`` for none)
+``bus:topics:{agent}``           set     the topics the agent subscribed to
+``bus:subs:{task}:{topic}``      set     the task's agents subscribed to the topic (task
+                                         percent-encoded, so a ``:`` in it is unambiguous)
+``bus:handled:{agent}``          zset    ids of messages the agent handled, by time; entries
+                                         older than ``handled_ttl`` seconds are trimmed
+``bus:dead:{agent}``             stream  entries no ctxkeep could decode, with the reason
+``fabric:task:{task}``           hash    a task's shared state (``redis_state.py``)
+===============================  ======  ========================================================
+
+Multi-key transactions need one Redis node (no Redis Cluster). Durability is the server's:
+see ``ctxkeep.sessions.redis``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import quote
+
+from ctxkeep._redis import (
+    DEFAULT_PREFIX,
+    Pipeline,
+    atomic,
+    connect,
+    describe_url,
+    redis,
+    split_url,
+    translated,
+)
+from ctxkeep.errors import (
+    ConfigError,
+    InvalidMessageError,
+    SchemaVersionError,
+    UnknownAgentError,
+)
+from ctxkeep.fabric.bus import IPCMessage
+
+log = logging.getLogger(__name__)
+
+MESSAGE_VERSION = 1
+"""The schema version of a stream entry (field ``v``)."""
+
+
+# -- the layout and the stored forms, free of I/O ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisBusKeys:
+    """The name of every key the bus and the task state use, under one prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def inbox(self, agent_id: str) -> str:
+        """The agent's inbox stream (its consumer group is named ``agent_id``)."""
+        return f"{self.prefix}bus:inbox:{agent_id}"
+
+    @property
+    def agents(self) -> str:
+        """Agent -> task id (JSON)."""
+        return f"{self.prefix}bus:agents"
+
+    def topics(self, agent_id: str) -> str:
+        """The topics the agent subscribed to."""
+        return f"{self.prefix}bus:topics:{agent_id}"
+
+    def subscribers(self, task_id: str, topic: str) -> str:
+        """The agents of ``task_id`` subscribed to ``topic``."""
+        return f"{self.prefix}bus:subs:{quote(task_id, safe='')}:{topic}"
+
+    def handled(self, agent_id: str) -> str:
+        """Ids of messages the agent handled, scored by Unix time."""
+        return f"{self.prefix}bus:handled:{agent_id}"
+
+    def dead(self, agent_id: str) -> str:
+        """Entries of the agent's inbox that could not be decoded."""
+        return f"{self.prefix}bus:dead:{agent_id}"
+
+    def task_state(self, task_id: str) -> str:
+        """A task's shared state (:class:`RedisTaskState`)."""
+        return f"{self.prefix}fabric:task:{task_id}"
+
+
+def encode_entry(message: IPCMessage) -> dict[str, str]:
+    """The stream entry of a message."""
+    return {"v": str(MESSAGE_VERSION), "m": json.dumps(message.to_dict(), allow_nan=False)}
+
+
+def decode_entry(fields: Mapping[str, str]) -> IPCMessage:
+    """The message a stream entry holds (a fresh copy).
+
+    Raises:
+        SchemaVersionError: an entry written by a newer ctxkeep.
+        InvalidMessageError: a corrupt entry.
+
+    """
+    try:
+        version = int(fields.get("v", "0"))
+    except ValueError as exc:
+        raise InvalidMessageError(f"corrupt bus entry version {fields.get('v')!r}") from exc
+    if version > MESSAGE_VERSION:
+        raise SchemaVersionError(
+            f"bus entry version {version} is newer than this ctxkeep reads "
+            f"({MESSAGE_VERSION}); upgrade ctxkeep"
+        )
+    try:
+        data = json.loads(fields["m"])
+        return IPCMessage.from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"corrupt bus entry: {exc!r}") from exc
+
+
+def encode_task(task_id: str | None) -> str:
+    """The stored form of an agent's task id."""
+    return json.dumps(task_id)
+
+
+def decode_task(raw: str) -> str | None:
+    """The task id an ``agents`` hash value holds."""
+    value = json.loads(raw)
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class HandledMark:
+    """The mark that says ``agent`` handled ``message_id``, to commit with a handler's effect."""
+
+    key: str
+    """The agent's handled-ids zset."""
+    message_id: str
+    """The message handled."""
+
+    def queue(self, pipe: Pipeline) -> None:
+        """Add the mark to ``pipe`` (inside its ``MULTI``)."""
+        pipe.zadd(self.key, {self.message_id: time.time()}, nx=True)
+
+    def is_set(self, client: redis.Redis | Pipeline) -> bool:
+        """Whether the mark is there (a watching pipeline reads at once)."""
+        return client.zscore(self.key, self.message_id) is not None
+
+
+def _entries(response: Any) -> list[tuple[str, dict[str, str] | None]]:
+    """The ``(id, fields)`` entries of an ``XREADGROUP`` reply (fields are None for an entry
+    deleted while pending).
+    """
+    if isinstance(response, dict):  # RESP3: {stream: [[entries]]}
+        lists = [entries for nested in response.values() for entries in nested]
+    else:  # RESP2: [[stream, [entries]]]
+        lists = [stream[1] for stream in response or []]
+    return [(str(e[0]), e[1]) for entries in lists for e in entries]
+
+
+# -- the bus ------------------------------------------------------------------------------------
+
+
+class RedisStreamBus:
+    """A :class:`~ctxkeep.fabric.bus.MessageBus` over Redis Streams (see the module docstring).
+
+    Args:
+        url: ``redis://[user:password@]host:port/db``, optionally with ``?prefix=...``.
+        consumer: this process's name among the processes serving the same agents (e.g. host
+            and pid); a restarted process may reuse its old name or take a new one.
+        prefix: the key prefix (default: the URL's ``?prefix=``, else ``ctxkeep:``).
+        claim_idle_ms: a message received by another consumer and not acked for this long is
+            redelivered here (keep it above the longest handler).
+        block_ms: the longest single blocking read; ``receive`` waits in steps of this.
+        handled_ttl: how long (seconds) handled ids are remembered to skip redeliveries.
+
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        consumer: str,
+        prefix: str | None = None,
+        claim_idle_ms: int = 30_000,
+        block_ms: int = 1_000,
+        handled_ttl: float = 7 * 24 * 3600,
+    ) -> None:
+        if not isinstance(consumer, str) or not consumer:
+            raise ConfigError("RedisStreamBus needs a consumer name (e.g. f'{host}-{pid}')")
+        if claim_idle_ms <= 0 or block_ms <= 0 or handled_ttl <= 0:
+            raise ConfigError("claim_idle_ms, block_ms and handled_ttl must be positive")
+        client_url, chosen = split_url(url, prefix)
+        self.keys = RedisBusKeys(chosen)
+        self.where = describe_url(client_url)
+        self._client = connect(client_url)
+        self.consumer = consumer
+        self.claim_idle_ms = int(claim_idle_ms)
+        self.block_ms = int(block_ms)
+        self.handled_ttl = float(handled_ttl)
+        self._lock = threading.Lock()
+        self._groups: set[str] = set()
+        self._pending: dict[str, dict[str, set[str]]] = {}  # agent -> message id -> entry ids
+        self._claim_from: dict[str, str] = {}  # agent -> XAUTOCLAIM cursor
+        self._replay_from: dict[str, str] = {}  # agent -> cursor in this consumer's own PEL
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> RedisStreamBus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- membership ----------------------------------------------------------------------
+
+    @translated
+    def register(self, agent_id: str, task_id: str | None) -> None:
+        """Make ``agent_id`` a member of ``task_id`` (moving drops its old subscriptions)."""
+        check_name("agent_id", agent_id)
+        keys = self.keys
+
+        def body(pipe: Pipeline) -> None:
+            raw = cast("str | None", pipe.hget(keys.agents, agent_id))
+            old = decode_task(raw) if raw is not None else None
+            topics = cast("set[str]", pipe.smembers(keys.topics(agent_id)))
+            pipe.multi()
+            if raw is None or old != task_id:
+                if old is not None:
+                    for topic in topics:
+                        pipe.srem(keys.subscribers(old, topic), agent_id)
+                pipe.delete(keys.topics(agent_id))
+            pipe.hset(keys.agents, agent_id, encode_task(task_id))
+
+        atomic(self._client, [keys.agents, keys.topics(agent_id)], body)
+        self._ensure_group(agent_id)
+
+    @translated
+    def task_of(self, agent_id: str) -> str | None:
+        """The task ``agent_id`` belongs to.
+
+        Raises:
+            UnknownAgentError: the agent never registered.
+
+        """
+        raw = cast("str | None", self._client.hget(self.keys.agents, agent_id))
+        if raw is None:
+            raise UnknownAgentError(f"agent {agent_id!r} has not joined a task")
+        return decode_task(raw)
+
+    @translated
+    def subscribe(self, agent_id: str, topic: str) -> None:
+        """Deliver ``topic`` messages of the agent's task to it."""
+        check_name("topic", topic)
+        keys = self.keys
+
+        def body(pipe: Pipeline) -> None:
+            raw = cast("str | None", pipe.hget(keys.agents, agent_id))
+            if raw is None:
+                raise UnknownAgentError(f"agent {agent_id!r} has not joined a task")
+            task_id = decode_task(raw)
+            pipe.multi()
+            pipe.sadd(keys.topics(agent_id), topic)
+            if task_id is not None:
+                pipe.sadd(keys.subscribers(task_id, topic), agent_id)
+
+        atomic(self._client, [keys.agents], body)
+
+    # -- sending -------------------------------------------------------------------------
+
+    @translated
+    def send(self, message: IPCMessage) -> str:
+        """Append the message to its recipient's inbox, or to every subscriber's; returns
+        its id.
+        """
+        entry = encode_entry(message)
+        keys = self.keys
+        if message.recipient is not None:
+            self._client.xadd(keys.inbox(message.recipient), entry)  # type: ignore[arg-type]
+            return message.id
+        assert message.topic is not None and message.task_id is not None
+        subs_key = keys.subscribers(message.task_id, message.topic)
+
+        def body(pipe: Pipeline) -> None:
+            members = sorted(cast("set[str]", pipe.smembers(subs_key)) - {message.sender})
+            tasks = cast("list[str | None]", pipe.hmget(keys.agents, members)) if members else []
+            pipe.multi()
+            for agent, raw in zip(members, tasks, strict=True):
+                if raw is not None and decode_task(raw) == message.task_id:
+                    pipe.xadd(keys.inbox(agent), entry)  # type: ignore[arg-type]
+
+        atomic(self._client, [subs_key, keys.agents], body)
+        return message.id
+
+    # -- receiving -----------------------------------------------------------------------
+
+    def receive(
+        self, agent_id: str, *, max_messages: int = 100, timeout: float = 0
+    ) -> list[IPCMessage]:
+        """Up to ``max_messages`` for ``agent_id``: first those another consumer left unacked
+        for ``claim_idle_ms``, then new ones, waiting up to ``timeout`` s. They stay pending
+        (and are redelivered) until acked.
+        """
+        return [m for _, m in self._take(agent_id, max_messages, timeout)]
+
+    @translated
+    def ack(self, agent_id: str, ids: Iterable[str]) -> None:
+        """Mark messages received here as handled: they leave the inbox for good. Ids this
+        bus did not hand out are ignored.
+        """
+        self._settle(agent_id, list(ids), mark=False)
+
+    def handle(
+        self,
+        agent_id: str,
+        handler: Callable[[IPCMessage], None],
+        *,
+        timeout: float = 0,
+        max_messages: int = 100,
+    ) -> int:
+        """Receive, run ``handler`` on each message not yet handled by this agent, then mark
+        and ack it; returns how many the handler ran on.
+
+        An exception from the handler propagates; that message and the rest of the batch stay
+        pending and are redelivered (after ``claim_idle_ms``, or at once after
+        :meth:`recover`).
+        """
+        taken = self._take(agent_id, max_messages, timeout)
+        if not taken:
+            return 0
+        seen = self._handled_ids(agent_id, [m.id for _, m in taken])
+        n = 0
+        for _, message in taken:
+            if message.id in seen:
+                self._settle_translated(agent_id, [message.id], mark=False)
+                continue
+            handler(message)
+            seen.add(message.id)
+            self._settle_translated(agent_id, [message.id], mark=True)
+            n += 1
+        return n
+
+    def handled_mark(self, agent_id: str, message_id: str) -> HandledMark:
+        """The mark :meth:`handle` checks, to commit in the same transaction as an effect."""
+        return HandledMark(self.keys.handled(agent_id), message_id)
+
+    @translated
+    def was_handled(self, agent_id: str, message_id: str) -> bool:
+        """Whether ``agent_id`` has handled ``message_id`` (within ``handled_ttl``)."""
+        return self.handled_mark(agent_id, message_id).is_set(self._client)
+
+    @translated
+    def recover(self, agent_id: str) -> int:
+        """Redeliver this consumer's own unacked messages on the next receive, without waiting
+        ``claim_idle_ms`` (for a process restarted under its old consumer name); returns how
+        many there are.
+        """
+        self._ensure_group(agent_id)
+        summary: dict[str, Any] = self._client.xpending(self.keys.inbox(agent_id), agent_id)
+        mine = sum(
+            int(c["pending"]) for c in summary.get("consumers") or [] if c["name"] == self.consumer
+        )
+        with self._lock:
+            self._replay_from[agent_id] = "0"
+        return mine
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _ensure_group(self, agent_id: str) -> None:
+        """Create the agent's inbox and group (reading from the start), once per process."""
+        if agent_id in self._groups:
+            return
+        try:
+            self._client.xgroup_create(self.keys.inbox(agent_id), agent_id, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._groups.add(agent_id)
+
+    @translated
+    def _take(
+        self, agent_id: str, max_messages: int, timeout: float
+    ) -> list[tuple[str, IPCMessage]]:
+        """Receive as :meth:`receive` does, with each message's entry id."""
+        if max_messages <= 0:
+            return []
+        try:
+            got = self._read(agent_id, max_messages, timeout)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._groups.discard(agent_id)  # the inbox was deleted under us: start again
+            got = self._read(agent_id, max_messages, timeout)
+        with self._lock:
+            pending = self._pending.setdefault(agent_id, {})
+            for entry_id, message in got:
+                pending.setdefault(message.id, set()).add(entry_id)
+        return got
+
+    def _read(
+        self, agent_id: str, max_messages: int, timeout: float
+    ) -> list[tuple[str, IPCMessage]]:
+        self._ensure_group(agent_id)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        block: int | None = None
+        while True:
+            got = self._replay(agent_id, max_messages)
+            if len(got) < max_messages:
+                got += self._claim(agent_id, max_messages - len(got))
+            if len(got) < max_messages:
+                got += self._new(agent_id, max_messages - len(got), None if got else block)
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if got or left_ms <= 0:
+                return got
+            block = max(1, min(self.block_ms, left_ms))
+
+    def _replay(self, agent_id: str, count: int) -> list[tuple[str, IPCMessage]]:
+        """This consumer's own pending messages, once, after :meth:`recover`."""
+        with self._lock:
+            cursor = self._replay_from.get(agent_id)
+        if cursor is None:
+            return []
+        raw = _entries(
+            self._client.xreadgroup(
+                agent_id, self.consumer, {self.keys.inbox(agent_id): cursor}, count=count
+            )
+        )
+        with self._lock:
+            if raw:
+                self._replay_from[agent_id] = raw[-1][0]
+            else:
+                self._replay_from.pop(agent_id, None)
+        return self._decode(agent_id, raw)
+
+    def _claim(self, agent_id: str, count: int) -> list[tuple[str, IPCMessage]]:
+        """Take over messages other consumers left unacked for ``claim_idle_ms``."""
+        with self._lock:
+            cursor = self._claim_from.get(agent_id, "0-0")
+        reply: list[Any] = self._client.xautoclaim(
+            self.keys.inbox(agent_id),
+            agent_id,
+            self.consumer,
+            self.claim_idle_ms,
+            start_id=cursor,
+            count=count,
+        )
+        with self._lock:
+            self._claim_from[agent_id] = str(reply[0])
+        return self._decode(agent_id, [(str(e[0]), e[1]) for e in reply[1]])
+
+    def _new(self, agent_id: str, count: int, block: int | None) -> list[tuple[str, IPCMessage]]:
+        """Messages never delivered to any consumer of the agent."""
+        raw = _entries(
+            self._client.xreadgroup(
+                agent_id, self.consumer, {self.keys.inbox(agent_id): ">"}, count=count, block=block
+            )
+        )
+        return self._decode(agent_id, raw)
+
+    def _decode(
+        self, agent_id: str, raw: list[tuple[str, dict[str, str] | None]]
+    ) -> list[tuple[str, IPCMessage]]:
+        """Decode entries; ack entries deleted while pending, move undecodable ones to the
+        agent's dead-letter stream (nothing is lost, nothing blocks the inbox).
+        """
+        inbox = self.keys.inbox(agent_id)
+        out: list[tuple[str, IPCMessage]] = []
+        for entry_id, fields in raw:
+            if not fields:
+                self._client.xack(inbox, agent_id, entry_id)
+                continue
+            try:
+                out.append((entry_id, decode_entry(fields)))
+            except (InvalidMessageError, SchemaVersionError) as exc:
+                log.warning("bus entry %s of %s moved to %s: %s", entry_id, inbox, "dead", exc)
+                with self._client.pipeline(transaction=True) as pipe:
+                    pipe.xadd(
+                        self.keys.dead(agent_id),
+                        {**fields, "error": str(exc), "entry_id": entry_id},  # type: ignore[dict-item]
+                    )
+                    pipe.xack(inbox, agent_id, entry_id)
+                    pipe.xdel(inbox, entry_id)
+                    pipe.execute()
+        return out
+
+    @translated
+    def _handled_ids(self, agent_id: str, ids: list[str]) -> set[str]:
+        scores: list[float | None] = self._client.zmscore(self.keys.handled(agent_id), ids)
+        return {i for i, s in zip(ids, scores, strict=True) if s is not None}
+
+    @translated
+    def _settle_translated(self, agent_id: str, ids: list[str], *, mark: bool) -> None:
+        self._settle(agent_id, ids, mark=mark)
+
+    def _settle(self, agent_id: str, ids: list[str], *, mark: bool) -> None:
+        """Ack (and delete) the entries of ``ids``; with ``mark``, mark them handled in the
+        same transaction and forget marks older than ``handled_ttl``.
+        """
+        with self._lock:
+            pending = self._pending.get(agent_id, {})
+            entry_ids = sorted({e for i in ids for e in pending.pop(i, ())})
+        if not entry_ids and not mark:
+            return
+        inbox = self.keys.inbox(agent_id)
+        with self._client.pipeline(transaction=True) as pipe:
+            if mark:
+                now = time.time()
+                handled = self.keys.handled(agent_id)
+                pipe.zadd(handled, dict.fromkeys(ids, now), nx=True)
+                pipe.zremrangebyscore(handled, "-inf", now - self.handled_ttl)
+            if entry_ids:
+                pipe.xack(inbox, agent_id, *entry_ids)
+                pipe.xdel(inbox, *entry_ids)
+            pipe.execute()
+
+
+def check_name(what: str, value: object) -> None:
+    """Refuse an empty or non-string name."""
+    if not isinstance(value, str) or not value:
+        raise InvalidMessageError(f"{what} must be a non-empty string, got {value!r}")

@@ -1,0 +1,151 @@
+"""A task's shared state for agent processes on many machines, in Redis.
+
+:class:`RedisTaskState` is the cross-process counterpart of the fabric's ``TASK_SHARED`` layer:
+one hash per task (``{prefix}fabric:task:{task}``, named by
+:class:`~ctxkeep.fabric.redis_bus.RedisBusKeys`) holding ``version``, ``schema`` and one
+``data:{key}`` field per entry (JSON). Every write bumps the version inside ``WATCH``/``MULTI``:
+:meth:`RedisTaskState.update` is compare-and-set and refuses a write based on an old version
+(:class:`~ctxkeep.errors.StaleTaskStateError`), like ``ContextFabric.update_task_context``;
+:meth:`RedisTaskState.update_with` re-reads and retries instead.
+
+Exactly-once handling: ``update_with(change, once=bus.handled_mark(agent, message.id))``
+commits the change and the bus's handled mark in one transaction, and writes nothing if the
+mark is already set, so a message redelivered after its effect was committed (its consumer died
+before acking) is not applied twice, and one redelivered before is applied once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from ctxkeep._redis import Pipeline, atomic, connect, describe_url, split_url, translated
+from ctxkeep.errors import SchemaVersionError, StaleTaskStateError
+from ctxkeep.fabric.redis_bus import HandledMark, RedisBusKeys, check_name
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT, FieldT
+
+TASK_STATE_VERSION = 1
+"""The schema version of a task-state hash (field ``schema``)."""
+
+
+class RedisTaskState:
+    """A task's shared state for agents in many processes: a Redis hash with a version.
+
+    Writes are compare-and-set: :meth:`update` refuses a write based on an old version
+    (:class:`~ctxkeep.errors.StaleTaskStateError`), :meth:`update_with` re-reads and retries.
+    Values must be JSON data. Only what is written here is shared; an agent's private layer
+    never goes here.
+
+    Args:
+        url: the Redis URL (the same server as the bus to commit handled marks with effects).
+        task_id: the task.
+        prefix: the key prefix (default: the URL's ``?prefix=``, else ``ctxkeep:``).
+
+    """
+
+    def __init__(self, url: str, task_id: str, *, prefix: str | None = None) -> None:
+        check_name("task_id", task_id)
+        client_url, chosen = split_url(url, prefix)
+        self.keys = RedisBusKeys(chosen)
+        self.where = describe_url(client_url)
+        self._client = connect(client_url)
+        self.task_id = task_id
+        self.key = self.keys.task_state(task_id)
+
+    def _decode(self, fields: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        schema = int(fields.get("schema", TASK_STATE_VERSION))
+        if schema > TASK_STATE_VERSION:
+            raise SchemaVersionError(
+                f"task state {self.key!r} has schema {schema}, newer than this ctxkeep reads "
+                f"({TASK_STATE_VERSION}); upgrade ctxkeep"
+            )
+        data = {k[5:]: json.loads(v) for k, v in fields.items() if k.startswith("data:")}
+        return int(fields.get("version", 0)), data
+
+    @staticmethod
+    def _encode(changes: Mapping[str, Any]) -> dict[FieldT, EncodableT]:
+        out: dict[FieldT, EncodableT] = {}
+        for k, v in changes.items():
+            if not isinstance(k, str):
+                raise TypeError(f"task state keys are strings, got {type(k).__name__}")
+            try:
+                out[f"data:{k}"] = json.dumps(v, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"task state value of {k!r} is not JSON data: {exc}") from exc
+        return out
+
+    @translated
+    def read(self) -> tuple[int, dict[str, Any]]:
+        """``(version, a copy of the state)``; version 0 for a task never written."""
+        return self._decode(cast("dict[str, str]", self._client.hgetall(self.key)))
+
+    def _write(self, pipe: Pipeline, version: int, encoded: dict[FieldT, EncodableT]) -> int:
+        fields: dict[FieldT, EncodableT] = {
+            **encoded,
+            "version": version + 1,
+            "schema": TASK_STATE_VERSION,
+        }
+        pipe.multi()
+        pipe.hset(self.key, mapping=fields)
+        return version + 1
+
+    @translated
+    def update(self, changes: Mapping[str, Any], *, expected_version: int) -> int:
+        """Merge ``changes`` only if the state is still at ``expected_version``.
+
+        Returns:
+            The new version.
+
+        Raises:
+            StaleTaskStateError: someone wrote since ``expected_version`` was read.
+            TypeError: a value that is not JSON data (nothing is written).
+
+        """
+        encoded = self._encode(changes)
+
+        def body(pipe: Pipeline) -> int:
+            version, _ = self._decode(cast("dict[str, str]", pipe.hgetall(self.key)))
+            if version != expected_version:
+                raise StaleTaskStateError(self.task_id, expected_version, version)
+            return self._write(pipe, version, encoded)
+
+        return atomic(self._client, [self.key], body)
+
+    @translated
+    def update_with(
+        self,
+        change: Callable[[dict[str, Any]], Mapping[str, Any] | None],
+        *,
+        once: HandledMark | None = None,
+    ) -> int | None:
+        """Read, compute ``change(state)``, and write it unless someone wrote meanwhile, in
+        which case start over (so ``change`` may run more than once: keep it pure). With
+        ``once``, the mark is committed with the change, and if it is already set nothing is
+        written (the message was handled before).
+
+        Returns:
+            The new version, or None if nothing was written.
+
+        """
+
+        def body(pipe: Pipeline) -> int | None:
+            if once is not None and once.is_set(pipe):
+                return None
+            version, data = self._decode(cast("dict[str, str]", pipe.hgetall(self.key)))
+            changes = change(data)
+            if not changes and once is None:
+                return None
+            new = self._write(pipe, version, self._encode(changes or {}))
+            if once is not None:
+                once.queue(pipe)
+            return new
+
+        watch = [self.key] if once is None else [self.key, once.key]
+        return atomic(self._client, watch, body)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
