@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest_services import postgres_schema_factory, postgres_url  # noqa: F401
 from ctxkeep.episodic import (
     HEADER,
     CachedEmbedder,
@@ -36,9 +37,14 @@ FACTS = [
 ]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/ep.db"
+    if request.param == "memory":
+        url = "memory://"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/ep.db"
+    else:
+        url = request.getfixturevalue("postgres_schema_factory")()
     s = open_episodic(url, embedder="hash")
     yield s
     s.close()

@@ -42,7 +42,13 @@ def open_episodic(
         if not path:
             raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
         return SQLiteEpisodicStore(path, embedder, config)
-    raise ConfigError(f"unsupported episodic URL {url!r}; use memory:// or sqlite:///path")
+    if url.startswith(("postgresql://", "postgres://")):
+        from ctxkeep.episodic.postgres import PostgresEpisodicStore
+
+        return PostgresEpisodicStore(url, embedder, config)
+    raise ConfigError(
+        f"unsupported episodic URL {url!r}; use memory://, sqlite:///path or postgresql://..."
+    )
 
 
 __all__ = [

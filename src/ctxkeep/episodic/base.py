@@ -245,20 +245,23 @@ class EpisodicMemoryStore(ABC):
         """
         if top_k < 1:
             return []
-        rows = self._rows(dict(filters or {}))
+        cfg = self.config
+        terms = tokenize(query)
+        q = self.embedder.embed_query(query) if cfg.dense_weight else None
+        # Large stores (PostgreSQL) first narrow to candidates from their indexes; the
+        # in-process stores score every filtered episode exactly.
+        cand = self._candidates(terms, q, dict(filters or {}), max(200, 20 * top_k))
+        rows = cand if cand is not None else self._rows(dict(filters or {}))
         if rows.size == 0:
             return []
-        cfg = self.config
         total = np.zeros(rows.size, np.float64)
         lex = np.zeros(rows.size, np.float64)
         dense = np.zeros(rows.size, np.float64)
         if cfg.lexical_weight:
-            lex = self._lexical(tokenize(query), rows).astype(np.float64)
+            lex = self._lexical(terms, rows).astype(np.float64)
             total += cfg.lexical_weight * _z(lex)
-        if cfg.dense_weight:
-            q = self.embedder.embed_query(query)
-            raw = self._vectors(rows) @ q.astype(np.float32)
-            dense = raw.astype(np.float64)
+        if cfg.dense_weight and q is not None:
+            dense = self._dense(q.astype(np.float32), rows).astype(np.float64)
             a, b = cfg.smooth
             if a or b:
                 p1, n1, p2, n2 = self._neighbours(rows)
@@ -333,6 +336,19 @@ class EpisodicMemoryStore(ABC):
         self.close()
 
     # -- primitives ------------------------------------------------------------------------
+
+    def _candidates(
+        self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
+    ) -> np.ndarray | None:
+        """Rows worth scoring (with their session neighbours), or None to score every row
+        that matches ``filters``.
+        """
+        return None
+
+    def _dense(self, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Cosine similarity of each row's vector with ``q``."""
+        out: np.ndarray = self._vectors(rows) @ q
+        return out
 
     @abstractmethod
     def _find_keys(self, keys: Sequence[str]) -> dict[str, str]:
