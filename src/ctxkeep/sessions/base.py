@@ -107,6 +107,13 @@ class Backend(ABC):
     def messages(self, session_id: str) -> list[tuple[int, dict[str, Any]]]:
         """``(seq, record)`` of every stored message, oldest first."""
 
+    def messages_after(self, session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
+        """``(seq, record)`` of the messages with ``seq > after_seq``, oldest first.
+
+        Backends override this with an indexed read; the default filters :meth:`messages`.
+        """
+        return [row for row in self.messages(session_id) if row[0] > after_seq]
+
     @abstractmethod
     def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
         """Remove and return messages with ``seq <= upto_seq`` (atomically)."""
@@ -170,6 +177,9 @@ class MemoryManager:
         self.config = config or default_memory_config()
         self._hooks: list[EvictHook] = [on_evict] if on_evict else []
         self._clock = clock
+        # session id -> (decoded history, its last seq); most recently used last
+        self._prompt_cache: dict[str, tuple[list[Message], int]] = {}
+        self.prompt_cache_sessions = 64
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -249,6 +259,7 @@ class MemoryManager:
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session; False if there was none. Its messages are not archived."""
+        self._prompt_cache.pop(session_id, None)
         return self.backend.delete(session_id)
 
     def get_latest_session_for_agent(self, agent_id: str) -> str | None:
@@ -328,12 +339,16 @@ class MemoryManager:
     ) -> list[Message]:
         """The session as a prompt: ``system`` first, then the history, pruned if a
         :class:`~ctxkeep.TokenPruner` is given. Calls still waiting for results are left out.
+
+        The decoded history of recently used sessions is cached in this manager (records are
+        append-only), so a turn reads and decodes only the messages added since the last
+        one, and the pruner's per-message token counts carry over between turns.
         """
-        history = self.get_messages(session_id)
+        info = self._live(session_id, touch=True)
+        history = self._history(session_id, info)
         prefix: list[Message] = []
         if system is not None:
             prefix = [system if isinstance(system, Message) else Message("system", system)]
-        info = self._live(session_id, touch=False)
         if info.pending:
             # The unit still waiting for results is not part of a prompt.
             cut = max(i for i, m in enumerate(history) if m.tool_calls)
@@ -341,7 +356,32 @@ class MemoryManager:
         msgs = prefix + history
         if pruner is not None:
             return list(pruner.prune(msgs))
-        return msgs
+        return [m.copy() for m in msgs]
+
+    def _history(self, session_id: str, info: SessionInfo) -> list[Message]:
+        """The session's messages, from the cache plus what was appended since."""
+        from ctxkeep.sessions.records import record_to_message
+
+        cached = self._prompt_cache.pop(session_id, None)
+        if cached is not None:
+            msgs, last_seq = cached
+            fresh = self.backend.messages_after(session_id, last_seq)
+            # A trim (or a delete and re-create) since: the counts no longer add up.
+            if len(msgs) + len(fresh) != info.message_count + sum(
+                1 for s, _ in fresh if s >= info.next_seq
+            ):
+                cached = None
+            else:
+                msgs = msgs + [record_to_message(r) for _, r in fresh]
+                last_seq = fresh[-1][0] if fresh else last_seq
+        if cached is None:
+            rows = self.backend.messages(session_id)
+            msgs = [record_to_message(r) for _, r in rows]
+            last_seq = rows[-1][0] if rows else 0
+        self._prompt_cache[session_id] = (msgs, last_seq)
+        while len(self._prompt_cache) > self.prompt_cache_sessions:
+            self._prompt_cache.pop(next(iter(self._prompt_cache)))
+        return list(msgs)
 
     # -- policy ------------------------------------------------------------------------
 
@@ -379,6 +419,7 @@ class MemoryManager:
 
         msgs = [record_to_message(r) for _, r in self.backend.messages(session_id)]
         self._emit(Evicted(session_id, info.agent_id, reason, msgs))  # stored before deleted
+        self._prompt_cache.pop(session_id, None)
         return self.backend.delete(session_id)
 
     def _emit(self, evicted: Evicted) -> None:

@@ -185,6 +185,15 @@ class SessionMemory(Backend):
             rows = list(s.rows)
         return [(seq, loads(text)) for seq, text in rows]
 
+    def messages_after(self, session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
+        """Rows with ``seq > after_seq`` (copies)."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None:
+                raise SessionNotFoundError(f"no session {session_id!r}")
+            rows = [r for r in s.rows if r[0] > after_seq]
+        return [(seq, loads(text)) for seq, text in rows]
+
     def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
         """Drop rows up to ``upto_seq``."""
         with self._lock:

@@ -277,6 +277,16 @@ class PostgresBackend(Backend):
         )
         return [(seq, loads(rec)) for seq, rec in rows]
 
+    def messages_after(self, session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
+        """Rows with ``seq > after_seq``, oldest first (an indexed range read)."""
+        rows = self._q(
+            "read new messages",
+            "SELECT seq, record FROM ctxkeep_messages WHERE session_id = %s AND seq > %s "
+            "ORDER BY seq",
+            (session_id, after_seq),
+        )
+        return [(seq, loads(rec)) for seq, rec in rows]
+
     def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
         """Delete rows up to ``upto_seq`` and fix the count, with the session row locked."""
         with self._tx("trim messages") as conn:

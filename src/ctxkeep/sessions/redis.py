@@ -516,6 +516,15 @@ class RedisBackend(Backend):
         return [parse_member(m) for m in members]
 
     @_translated
+    def messages_after(self, session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
+        """Messages with ``seq > after_seq`` (a score range read)."""
+        members = cast(
+            "list[str]",
+            self._client.zrangebyscore(self.keys.messages(session_id), f"({after_seq}", "+inf"),
+        )
+        return [parse_member(m) for m in members]
+
+    @_translated
     def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
         """Remove messages up to ``upto_seq`` and fix the count, in one transaction."""
         keys = self.keys

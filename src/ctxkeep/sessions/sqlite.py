@@ -248,6 +248,15 @@ class SQLiteBackend(Backend):
         )
         return [(seq, loads(rec)) for seq, rec in rows]
 
+    def messages_after(self, session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
+        """Rows with ``seq > after_seq``, oldest first (an indexed range read)."""
+        rows = self._q(
+            "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? AND seq > ? "
+            "ORDER BY seq",
+            (session_id, after_seq),
+        )
+        return [(seq, loads(rec)) for seq, rec in rows]
+
     def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
         """Delete rows up to ``upto_seq`` and fix the count."""
         with self._tx() as conn:

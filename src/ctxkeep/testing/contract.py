@@ -327,6 +327,31 @@ class SessionContract:
         assert counter.count_messages(prompt) <= 3000
         validate_sequence(prompt)
 
+    def test_prompt_follows_appends_and_trims(self, make_memory: MakeMemory) -> None:
+        mem = make_memory(MemoryConfig(max_history=6, session_ttl=None, max_sessions=None))
+        try:
+            sid = mem.create_session("agent-prompt-cache")
+            for i in range(4):
+                mem.add_message(sid, "user", f"u{i}")
+            assert [m.content for m in mem.build_prompt_messages(sid)] == ["u0", "u1", "u2", "u3"]
+            mem.add_message(sid, "user", "u4")
+            assert [m.content for m in mem.build_prompt_messages(sid)][-1] == "u4"
+            for i in range(5, 9):  # past max_history: the oldest are trimmed
+                mem.add_message(sid, "user", f"u{i}")
+            got = [m.content for m in mem.build_prompt_messages(sid)]
+            assert (
+                got == [m.content for m in mem.get_messages(sid)] == [f"u{i}" for i in range(3, 9)]
+            )
+            prompt = mem.build_prompt_messages(sid)
+            prompt[0].metadata["x"] = 1  # type: ignore[index]
+            assert mem.build_prompt_messages(sid)[0].metadata == {}
+            mem.delete_session(sid)
+            sid2 = mem.create_session("agent-prompt-cache", session_id=sid)
+            mem.add_message(sid2, "user", "fresh")
+            assert [m.content for m in mem.build_prompt_messages(sid2)] == ["fresh"]
+        finally:
+            mem.close()
+
     # -- concurrency ---------------------------------------------------------------------
 
     def test_concurrent_appends_lose_nothing(self, memory: MemoryManager) -> None:
