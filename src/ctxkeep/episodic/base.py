@@ -17,10 +17,12 @@ and the primitives :meth:`_rows`, :meth:`_lexical`, :meth:`_vectors`, :meth:`_ne
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -112,6 +114,32 @@ def _to_ts(value: Any) -> float | None:
     if isinstance(value, datetime):
         return value.timestamp()
     return float(value)
+
+
+def episode_record(e: Episode) -> str:
+    """The stored JSON of an episode."""
+    from ctxkeep.sessions.records import dumps
+
+    return dumps({"v": EPISODE_VERSION, **dataclasses.asdict(e)})
+
+
+def episode_from_record(text: str | bytes) -> Episode:
+    """The episode a stored JSON describes.
+
+    Raises:
+        SchemaVersionError: a record newer than this ctxkeep.
+
+    """
+    from ctxkeep.errors import SchemaVersionError
+    from ctxkeep.sessions.records import loads
+
+    d = loads(text)
+    v = d.pop("v", 0)
+    if v > EPISODE_VERSION:
+        raise SchemaVersionError(
+            f"episode record version {v} is newer than this ctxkeep reads ({EPISODE_VERSION})"
+        )
+    return Episode(**d)
 
 
 def _z(x: np.ndarray) -> np.ndarray:
@@ -334,6 +362,20 @@ class EpisodicMemoryStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- shared by the stores that keep window documents -------------------------------------
+
+    def window_doc(self, tokens: Sequence[Sequence[str]], p: int) -> str:
+        """The lexical document of position ``p`` of a session whose episodes have
+        ``tokens``: its own tokens ``self_weight`` times, then its ``window`` neighbours'.
+        """
+        w, sw = self.config.window, self.config.self_weight
+        doc: Counter[str] = Counter()
+        for t in tokens[p]:
+            doc[t] += sw
+        for q in list(range(max(0, p - w), p)) + list(range(p + 1, min(len(tokens), p + 1 + w))):
+            doc.update(tokens[q])
+        return " ".join(t for t, c in doc.items() for _ in range(c))
 
     # -- primitives ------------------------------------------------------------------------
 

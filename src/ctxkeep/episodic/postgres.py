@@ -15,14 +15,20 @@ The embedder's name and dimension are recorded; opening with another is refused.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ctxkeep._pg import PgClient
-from ctxkeep.episodic.base import Episode, EpisodicMemoryStore, RetrievalConfig, _to_ts
+from ctxkeep.episodic.base import (
+    Episode,
+    EpisodicMemoryStore,
+    RetrievalConfig,
+    _to_ts,
+    episode_from_record,
+    episode_record,
+)
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.errors import ConfigError
 from ctxkeep.sessions.records import dumps, loads
@@ -58,12 +64,6 @@ def _migrations(dim: int) -> list[str]:
 
 def _vec(v: np.ndarray) -> str:
     return "[" + ",".join(f"{x:.7g}" for x in np.asarray(v, np.float32).tolist()) + "]"
-
-
-def _episode(text: str) -> Episode:
-    d = loads(text)
-    d.pop("v", None)
-    return Episode(**d)
 
 
 class PostgresEpisodicStore(EpisodicMemoryStore):
@@ -139,15 +139,6 @@ class PostgresEpisodicStore(EpisodicMemoryStore):
             params.append(dumps(meta))
         return (" AND ".join(where) if where else "TRUE"), params
 
-    def _window_doc(self, tokens: list[list[str]], p: int) -> str:
-        w, sw = self.config.window, self.config.self_weight
-        doc: Counter[str] = Counter()
-        for t in tokens[p]:
-            doc[t] += sw
-        for q in list(range(max(0, p - w), p)) + list(range(p + 1, min(len(tokens), p + 1 + w))):
-            doc.update(tokens[q])
-        return " ".join(t for t, c in doc.items() for _ in range(c))
-
     def _rewrite_windows(self, conn: Any, session_id: str, start: int) -> None:
         first = max(0, start - max(self.config.window, 2))
         rows = conn.execute(
@@ -158,7 +149,7 @@ class PostgresEpisodicStore(EpisodicMemoryStore):
         for p in range(first, len(rows)):
             conn.execute(
                 "UPDATE ctxkeep_episodes SET body = to_tsvector('simple', %s) WHERE row = %s",
-                (self._window_doc(tokens, p), rows[p][0]),
+                (self.window_doc(tokens, p), rows[p][0]),
             )
 
     # -- primitives ------------------------------------------------------------------------
@@ -200,7 +191,7 @@ class PostgresEpisodicStore(EpisodicMemoryStore):
                         e.agent_id,
                         e.created_at,
                         pos,
-                        dumps({"v": 1, **e.__dict__}),
+                        episode_record(e),
                         " ".join(toks),
                         _vec(v),
                     ),
@@ -336,7 +327,7 @@ class PostgresEpisodicStore(EpisodicMemoryStore):
                 (rows.tolist(),),
             )
         )
-        return [_episode(found[int(r)]) for r in rows]
+        return [episode_from_record(found[int(r)]) for r in rows]
 
     def _delete(self, rows: np.ndarray) -> None:
         with self._pg.tx("forget episodes") as conn:

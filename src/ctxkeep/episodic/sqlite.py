@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,10 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from ctxkeep.episodic.base import Episode, EpisodicMemoryStore, RetrievalConfig, _to_ts
+from ctxkeep.episodic.base import (
+    Episode,
+    EpisodicMemoryStore,
+    RetrievalConfig,
+    _to_ts,
+    episode_from_record,
+    episode_record,
+)
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.errors import ConfigError, SchemaVersionError, StorageError
-from ctxkeep.sessions.records import dumps, loads
+from ctxkeep.sessions.records import loads
 
 MIGRATIONS: list[list[str]] = [
     [
@@ -50,28 +56,6 @@ MIGRATIONS: list[list[str]] = [
         "tokenize='unicode61 remove_diacritics 0')",
     ],
 ]
-
-
-def _record(e: Episode) -> str:
-    return dumps(
-        {
-            "v": 1,
-            "episode_id": e.episode_id,
-            "session_id": e.session_id,
-            "task_goal": e.task_goal,
-            "summary": e.summary,
-            "metadata": e.metadata,
-            "agent_id": e.agent_id,
-            "task_id": e.task_id,
-            "created_at": e.created_at,
-        }
-    )
-
-
-def _episode(text: str) -> Episode:
-    d = loads(text)
-    d.pop("v", None)
-    return Episode(**d)
 
 
 class SQLiteEpisodicStore(EpisodicMemoryStore):
@@ -222,15 +206,6 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 out[k] = eid
         return out
 
-    def _window_doc(self, tokens: list[list[str]], p: int) -> str:
-        w, sw = self.config.window, self.config.self_weight
-        doc: Counter[str] = Counter()
-        for t in tokens[p]:
-            doc[t] += sw
-        for q in list(range(max(0, p - w), p)) + list(range(p + 1, min(len(tokens), p + 1 + w))):
-            doc.update(tokens[q])
-        return " ".join(t for t, c in doc.items() for _ in range(c))
-
     def _rewrite_windows(self, conn: sqlite3.Connection, session_id: str, start: int) -> None:
         """Recompute the FTS documents of a session from position ``start - window``."""
         first = max(0, start - max(self.config.window, 2))
@@ -243,7 +218,7 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
             conn.execute("DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", (rows[p][0],))
             conn.execute(
                 "INSERT INTO ctxkeep_episode_fts (rowid, body) VALUES (?, ?)",
-                (rows[p][0], self._window_doc(tokens, p)),
+                (rows[p][0], self.window_doc(tokens, p)),
             )
 
     def _insert(
@@ -274,7 +249,7 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                         e.agent_id,
                         e.created_at,
                         pos,
-                        _record(e),
+                        episode_record(e),
                         " ".join(toks),
                         v.tobytes(),
                     ),
@@ -362,7 +337,7 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 f"SELECT row, record FROM ctxkeep_episodes WHERE row IN ({marks})", rows.tolist()
             )
         )
-        return [_episode(found[int(r)]) for r in rows]
+        return [episode_from_record(found[int(r)]) for r in rows]
 
     def _delete(self, rows: np.ndarray) -> None:
         with self._tx() as conn:
