@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxkeep.episodic.base import Episode, EpisodicMemoryStore, RetrievalConfig, _to_ts
+from ctxkeep.episodic.base import Episode, EpisodicMemoryStore, RetrievalConfig, _to_ts, bm25
 from ctxkeep.episodic.embedders import Embedder
 
 
@@ -166,24 +166,20 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
 
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
         with self._lock:
-            n_live = sum(1 for e in self._eps if e is not None)
-            doclen = np.asarray(self._doclen, np.float64)
-            live = np.asarray([e is not None for e in self._eps])
-            avg = float(doclen[live].mean()) if n_live else 1.0
-            k1, b = self.config.k1, self.config.b
-            scores = np.zeros(len(self._eps), np.float64)
+            where = np.full(len(self._eps), -1, np.int64)
+            where[rows] = np.arange(rows.size)
+            hits = []
             for term, qtf in Counter(terms).items():
                 post = self._postings.get(term)
                 if not post:
                     continue
                 idx = np.fromiter(post.keys(), np.int64, len(post))
                 tf = np.fromiter(post.values(), np.float64, len(post))
-                df = len(post)
-                idf = np.log(1 + (n_live - df + 0.5) / (df + 0.5))
-                denom = tf + k1 * (1 - b + b * doclen[idx] / max(avg, 1e-9))
-                scores[idx] += qtf * idf * tf * (k1 + 1) / denom
-            out: np.ndarray = scores[rows]
-            return out
+                pos = where[idx]
+                keep = pos >= 0
+                hits.append((qtf, pos[keep], tf[keep]))
+            doclen = np.asarray(self._doclen, np.float64)[rows]
+            return bm25(hits, doclen, self.config.k1, self.config.b)
 
     def _vectors(self, rows: np.ndarray) -> np.ndarray:
         with self._lock:

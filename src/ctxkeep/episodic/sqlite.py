@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,7 @@ from ctxkeep.episodic.base import (
     EpisodicMemoryStore,
     RetrievalConfig,
     _to_ts,
+    bm25,
     episode_from_record,
     episode_record,
 )
@@ -54,6 +56,12 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_agent ON ctxkeep_episodes (agent_id)",
         "CREATE VIRTUAL TABLE IF NOT EXISTS ctxkeep_episode_fts USING fts5(body, "
         "tokenize='unicode61 remove_diacritics 0')",
+    ],
+    # 2: window document lengths, for BM25 statistics over the searched scope
+    [
+        "ALTER TABLE ctxkeep_episodes ADD COLUMN doclen INTEGER NOT NULL DEFAULT 0",
+        "UPDATE ctxkeep_episodes SET doclen = (SELECT length(body) - length(replace(body, ' ', ''))"
+        " + (body != '') FROM ctxkeep_episode_fts WHERE rowid = ctxkeep_episodes.row)",
     ],
 ]
 
@@ -215,10 +223,14 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         ).fetchall()
         tokens = [r[1].split() for r in rows]
         for p in range(first, len(rows)):
+            body = self.window_doc(tokens, p)
             conn.execute("DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", (rows[p][0],))
             conn.execute(
-                "INSERT INTO ctxkeep_episode_fts (rowid, body) VALUES (?, ?)",
-                (rows[p][0], self.window_doc(tokens, p)),
+                "INSERT INTO ctxkeep_episode_fts (rowid, body) VALUES (?, ?)", (rows[p][0], body)
+            )
+            conn.execute(
+                "UPDATE ctxkeep_episodes SET doclen = ? WHERE row = ?",
+                (len(body.split()), rows[p][0]),
             )
 
     def _insert(
@@ -293,21 +305,51 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         return np.asarray([r[0] for r in rows], np.int64)
 
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
-        scores = np.zeros(rows.size, np.float64)
+        """BM25 over the searched scope: FTS5 finds the documents holding each term, the
+        statistics are those of ``rows``.
+        """
         if not terms or rows.size == 0:
-            return scores
-        query = " OR ".join('"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms))
-        found = self._q(
-            "SELECT rowid, -bm25(ctxkeep_episode_fts) FROM ctxkeep_episode_fts "
-            "WHERE ctxkeep_episode_fts MATCH ?",
-            (query,),
-        )
+            return np.zeros(rows.size, np.float64)
         where = {int(r): i for i, r in enumerate(rows)}
-        for rowid, score in found:
-            i = where.get(int(rowid))
-            if i is not None:
-                scores[i] = score
-        return scores
+        counts = Counter(terms)
+        holders: dict[str, list[int]] = {}
+        for term in counts:
+            found = self._q(
+                "SELECT rowid FROM ctxkeep_episode_fts WHERE ctxkeep_episode_fts MATCH ?",
+                ('"' + term.replace('"', '""') + '"',),
+            )
+            holders[term] = [r for (r,) in found if r in where]
+        needed = sorted({r for rs in holders.values() for r in rs})
+        bodies: dict[int, Counter[str]] = {}
+        for s in range(0, len(needed), 500):
+            chunk = needed[s : s + 500]
+            marks = ",".join("?" * len(chunk))
+            for rowid, body in self._q(
+                f"SELECT rowid, body FROM ctxkeep_episode_fts WHERE rowid IN ({marks})", chunk
+            ):
+                bodies[int(rowid)] = Counter(body.split())
+        hits = [
+            (
+                qtf,
+                np.asarray([where[r] for r in holders[term]], np.int64),
+                np.asarray([bodies[r][term] for r in holders[term]], np.float64),
+            )
+            for term, qtf in counts.items()
+        ]
+        lengths = dict(self._doclens(rows))
+        doclen = np.asarray([lengths.get(int(r), 0) for r in rows], np.float64)
+        return bm25(hits, doclen, self.config.k1, self.config.b)
+
+    def _doclens(self, rows: np.ndarray) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        ids = rows.tolist()
+        for s in range(0, len(ids), 900):
+            chunk = ids[s : s + 900]
+            marks = ",".join("?" * len(chunk))
+            out.extend(
+                self._q(f"SELECT row, doclen FROM ctxkeep_episodes WHERE row IN ({marks})", chunk)
+            )
+        return out
 
     def _vectors(self, rows: np.ndarray) -> np.ndarray:
         out: np.ndarray = self._state()["matrix"][self._pos_of(rows)]
