@@ -28,7 +28,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from ctxkeep.episodic import MemoryEpisodicStore, get_embedder
+from ctxkeep.episodic import get_embedder, open_episodic
 
 KS = (5, 10, 25, 50)
 CATS = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -99,6 +99,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--embedder", default="local")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument(
+        "--url", default="memory://", help="the episodic store (memory://, sqlite:///...)"
+    )
     args = ap.parse_args()
     convs = json.loads(data_dir().read_text())
     out_dir = Path(__file__).resolve().parent / "out"
@@ -106,7 +109,7 @@ def main() -> None:
     embedder = DiskCachedEmbedder(
         get_embedder(args.embedder), out_dir / f"locomo-{args.embedder}-vectors.npz"
     )
-    store = MemoryEpisodicStore(embedder)
+    store = open_episodic(args.url, embedder=embedder)
     t0 = time.perf_counter()
     n_turns = 0
     for ci, conv in enumerate(convs):
@@ -164,7 +167,9 @@ def main() -> None:
         }
     store.config = default_cfg
     embedder.save()
-    table = Table(title=f"LoCoMo recall ({n_turns} turns, embedder {embedder.name})")
+    table = Table(
+        title=f"LoCoMo recall ({n_turns} turns, embedder {embedder.name}, store {store.name})"
+    )
     table.add_column("retriever")
     for k in KS:
         table.add_column(f"R@{k}", justify="right")
