@@ -30,6 +30,7 @@ class PgClient:
         name: str,
         meta_key: str,
         migrations: Sequence[str],
+        min_size: int = 1,
         max_size: int = 8,
         timeout: float = 30.0,
     ) -> None:
@@ -40,7 +41,7 @@ class PgClient:
         self.where = f"{params.get('host') or 'localhost'}/{params.get('dbname') or ''}"
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url,
-            min_size=1,
+            min_size=min_size,
             max_size=max_size,
             timeout=timeout,
             kwargs={"autocommit": True},

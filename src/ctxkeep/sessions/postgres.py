@@ -18,31 +18,22 @@ ctxkeep is refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
+from ctxkeep._pg import PgClient
 from ctxkeep.errors import (
     ConfigError,
-    MissingDependencyError,
-    SchemaVersionError,
     SessionNotFoundError,
-    StorageError,
 )
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import Backend, Check, Evicted
 from ctxkeep.sessions.records import SessionInfo, dumps, dumps_record, loads, record_to_message
 
-try:
+if TYPE_CHECKING:
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict
-    from psycopg_pool import ConnectionPool
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise MissingDependencyError("psycopg", "postgres") from exc
 
 META_KEY = "sessions"
-# Any fixed number: serialises schema setup across processes sharing a database.
-_MIGRATION_LOCK = 0x6374786B  # "ctxk"
 
 # Position i brings a database from version i to i + 1.
 MIGRATIONS: list[str] = [
@@ -125,77 +116,31 @@ class PostgresBackend(Backend):
     def __init__(
         self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 30.0
     ) -> None:
-        try:
-            params = conninfo_to_dict(url)
-        except psycopg.Error as exc:
-            raise ConfigError(f"invalid PostgreSQL URL: {exc}") from exc
-        # Where, for error messages; never the password.
-        self.where = f"{params.get('host') or 'localhost'}/{params.get('dbname') or ''}"
-        self._pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
+        self._pg = PgClient(
             url,
+            name="ctxkeep-sessions",
+            meta_key=META_KEY,
+            migrations=MIGRATIONS,
             min_size=min_size,
             max_size=max_size,
             timeout=timeout,
-            kwargs={"autocommit": True},
-            check=ConnectionPool.check_connection,
-            open=False,
-            name="ctxkeep-sessions",
         )
-        try:
-            with self._errors("cannot connect"):
-                self._pool.open(wait=True, timeout=timeout)
-            self._migrate()
-        except BaseException:
-            self._pool.close()
-            raise
+        self.where = self._pg.where
 
-    # -- plumbing ----------------------------------------------------------------------
+    # -- plumbing (shared with the other PostgreSQL stores, in ctxkeep._pg) ---------------
 
-    @contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        """Translate psycopg's errors into StorageError: the one place that does."""
-        try:
-            yield
-        except psycopg.Error as exc:
-            raise StorageError(f"PostgreSQL at {self.where}: {doing}: {exc}") from exc
+    def _errors(self, doing: str) -> AbstractContextManager[None]:
+        return self._pg.errors(doing)
 
-    @contextmanager
-    def _tx(self, doing: str) -> Iterator[psycopg.Connection[Row]]:
-        """A connection inside one transaction (committed on success, else rolled back)."""
-        with self._errors(doing), self._pool.connection() as conn, conn.transaction():
-            yield conn
+    def _tx(self, doing: str) -> AbstractContextManager[psycopg.Connection[Row]]:
+        return self._pg.tx(doing)
 
     def _q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
-        with self._errors(doing), self._pool.connection() as conn:
-            return conn.execute(sql, params).fetchall()
-
-    def _migrate(self) -> None:
-        with self._tx("schema setup") as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS ctxkeep_meta "
-                "(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-            )
-            row = conn.execute(
-                "SELECT value FROM ctxkeep_meta WHERE key = %s", (META_KEY,)
-            ).fetchone()
-            version = int(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"PostgreSQL at {self.where} was written by a newer ctxkeep (sessions schema "
-                    f"{version}; this one reads up to {SCHEMA_VERSION}); upgrade ctxkeep"
-                )
-            for i in range(version, SCHEMA_VERSION):
-                conn.execute(MIGRATIONS[i])
-                conn.execute(
-                    "INSERT INTO ctxkeep_meta (key, value) VALUES (%s, %s) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (META_KEY, str(i + 1)),
-                )
+        return self._pg.q(doing, sql, params)
 
     def close(self) -> None:
         """Close the pool."""
-        self._pool.close()
+        self._pg.close()
 
     # -- primitives --------------------------------------------------------------------
 
