@@ -53,6 +53,15 @@ def test_agents_of_a_task_share_its_state() -> None:
     assert fabric.agents("t") == ["a", "b"]
 
 
+def test_joining_a_task_never_overwrites_its_state() -> None:
+    fabric = ContextFabric()
+    fabric.set_task_context("a", {"goal": "g"}, task_id="t")
+    assert fabric.set_task_context("b", {"goal": "g"}, task_id="t") == 1  # same: fine
+    with pytest.raises(StaleTaskStateError):
+        fabric.set_task_context("c", {"goal": "other"}, task_id="t")
+    assert fabric.task_context("a") == {"goal": "g"}
+
+
 def test_stale_write_is_refused_not_lost() -> None:
     fabric = ContextFabric()
     v = fabric.set_task_context("a", {"decisions": []}, task_id="t")
@@ -208,7 +217,7 @@ class FabricMachine(RuleBasedStateMachine):
         self.counter = 0
         self.seen_messages: list[IPCMessage] = []
         for i, agent in enumerate(AGENTS):
-            self.fabric.set_task_context(agent, {"goal": f"g{i}"}, task_id=TASKS[i % 2])
+            self.fabric.set_task_context(agent, {"goal": f"g{i % 2}"}, task_id=TASKS[i % 2])
             self.fabric.bus.subscribe(agent, "news")
 
     def _canary(self, agent: str) -> str:

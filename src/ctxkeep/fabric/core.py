@@ -106,14 +106,18 @@ class ContextFabric:
     def set_task_context(
         self, agent_id: str, mapping: Mapping[str, Any], *, task_id: str | None = None
     ) -> int:
-        """Bind ``agent_id`` to a task and merge ``mapping`` into the task's shared state.
+        """Bind ``agent_id`` to a task; a new task starts from a copy of ``mapping``.
 
-        The task is ``task_id``, else ``mapping["task_id"]``, else ``"default"``. A new task
-        starts from a copy of ``mapping``; for an existing one this is an explicit write
-        (it bumps the version). ``mapping`` is copied, never mutated.
+        The task is ``task_id``, else ``mapping["task_id"]``, else ``"default"``. Joining an
+        existing task never overwrites its shared state: ``mapping`` may only repeat what the
+        task already holds (or be empty); changes go through :meth:`update_task_context`.
+        ``mapping`` is copied, never mutated.
 
         Returns:
-            The task state's new version.
+            The version of the task's shared state.
+
+        Raises:
+            StaleTaskStateError: the task exists and ``mapping`` would change it.
 
         """
         tid = task_id or str(mapping.get("task_id") or DEFAULT_TASK)
@@ -121,10 +125,9 @@ class ContextFabric:
         with self._lock:
             task = self._tasks.get(tid)
             if task is None:
-                task = self._tasks[tid] = _Task(version=0, data={})
-            if data:
-                task.data.update(data)
-                task.version += 1
+                task = self._tasks[tid] = _Task(version=1 if data else 0, data=data)
+            elif any(k not in task.data or task.data[k] != v for k, v in data.items()):
+                raise StaleTaskStateError(tid, 0, task.version)
             self._agent_task[agent_id] = tid
             self._private.setdefault(agent_id, {})
             self.bus.register(agent_id, tid)
