@@ -257,3 +257,12 @@ def test_an_unknown_encoding_exits_2(
     messages_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert "llama-3" in run_failing(capsys, str(messages_file), "-e", "llama-3")
+
+
+def test_the_sample_file_the_help_names_is_shipped_and_counts() -> None:
+    from pathlib import Path
+
+    from ctxkeep.cli import main
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "data" / "session.json"
+    assert main(["count", str(sample), "--json"]) == 0

@@ -21,7 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxkeep",
         description="Keep an LLM agent's context inside its window: count, prune, store, recall.",
-        epilog="Example: ctxkeep count examples/data/session.json --encoding o200k_base",
+        epilog=(
+            "examples:\n  ctxkeep demo\n"
+            "  ctxkeep count examples/data/session.json --encoding o200k_base\n"
+            "  ctxkeep replay examples/data/session.json --budget 2000"
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ctxkeep {__version__}")
