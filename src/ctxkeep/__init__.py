@@ -1,7 +1,11 @@
 """ctxkeep: keep a long-running LLM agent's context inside its window.
 
-The public API is everything in ``__all__``; see ``docs`` in the README for a tour.
+The public API is everything in ``__all__``; the README has a tour.
 """
+
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from ctxkeep._version import __version__
 from ctxkeep.artifacts import (
@@ -19,15 +23,6 @@ from ctxkeep.cognition import (
     MigrationRegistry,
     decode_cognitive_state,
     encode_cognitive_state,
-)
-from ctxkeep.episodic import (
-    Embedder,
-    Episode,
-    EpisodicMemoryStore,
-    Hit,
-    RetrievalConfig,
-    format_prior_context,
-    open_episodic,
 )
 from ctxkeep.errors import (
     ArtifactNotFoundError,
@@ -92,6 +87,45 @@ from ctxkeep.tokens import (
     TokenCounter,
     get_counter,
 )
+
+if _TYPE_CHECKING:
+    from ctxkeep.episodic import (
+        Embedder,
+        Episode,
+        EpisodicMemoryStore,
+        Hit,
+        RetrievalConfig,
+        format_prior_context,
+        open_episodic,
+    )
+
+# Episodic memory needs numpy: it is imported on first use, so ``import ctxkeep`` stays light.
+_LAZY = {
+    name: "ctxkeep.episodic"
+    for name in (
+        "Embedder",
+        "Episode",
+        "EpisodicMemoryStore",
+        "Hit",
+        "RetrievalConfig",
+        "format_prior_context",
+        "open_episodic",
+    )
+}
+
+
+def __getattr__(name: str) -> _Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ctxkeep' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "READ_ARTIFACT_TOOL",

@@ -210,7 +210,8 @@ def run_demo(args: argparse.Namespace) -> int:
     stats, total = replay_runs([("demo session", msgs)], args, console)
     print_stats(stats, total, args)
     if not args.json:
-        console.print(f"stored as session {sid}: ctxkeep sessions show {sid}")
+        console.print(f"stored as session {sid}; see it with:", soft_wrap=True)
+        console.print(f"  ctxkeep sessions show {sid}", soft_wrap=True)
     if args.plot:
         plot(stats, args.plot, args.budget)
     return 0
