@@ -39,6 +39,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import statistics
@@ -225,20 +226,20 @@ def filtered(
     rng = np.random.default_rng(args.seed + 1)
     rows = []
     qs = queries[: args.filter_queries]
-    default_limit = hnsw.params.exact_below
+    default = hnsw.params
     for frac in args.fractions:
         mask = rng.random(n) < frac
         allowed = int(mask.sum())
         truth = [exact.search(q, K, mask)[0] for q in qs]
-        # both paths, forced, to see where the switch (exact_below) belongs
-        for path, limit in (("exact", n), ("graph", 0)):
-            hnsw.params = replace(hnsw.params, exact_below=limit)
+        # both paths, forced, to see where the switch (exact_cost) belongs
+        for path, cost in (("exact", float("inf")), ("graph", 0.0)):
+            hnsw.params = replace(default, exact_cost=cost)
             lat, res = latencies(hnsw, qs, mask)
             row = {
                 "fraction": frac,
                 "allowed": allowed,
                 "path": path,
-                "default_path": "exact" if allowed <= default_limit else "graph",
+                "default_path": default_path(default, allowed, n),
                 "ef": ef,
                 "p50_ms": statistics.median(lat),
                 "p99_ms": pct(lat, 99),
@@ -246,8 +247,15 @@ def filtered(
             }
             rows.append(row)
             console.log(f"  filter {frac} {path}: p50 {row['p50_ms']:.2f} ms, {row['recall']:.4f}")
-    hnsw.params = replace(hnsw.params, exact_below=default_limit)
+    hnsw.params = default
     return rows
+
+
+def default_path(p: HNSWParams, allowed: int, n: int) -> str:
+    """The path HNSWIndex takes by default (its rule, restated)."""
+    fetch = math.ceil(p.overfetch * K * n / max(1, allowed))
+    exact = allowed <= p.exact_cost * max(p.ef_search, K, fetch) or fetch > n // 2
+    return "exact" if exact else "graph"
 
 
 def file_figures(index: HNSWIndex) -> dict[str, float]:

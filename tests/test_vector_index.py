@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ DIM = 384
 SMALL = 32
 # Uniform random unit vectors are HNSW's hardest case (no neighbourhoods to follow): at 10k
 # it needs a wide search (ef=1024) for recall@10 >= 0.95. The graph is built cheaply.
-RANDOM_PARAMS = HNSWParams(m=16, ef_construction=32, ef_search=1024, exact_below=500)
+RANDOM_PARAMS = HNSWParams(m=16, ef_construction=32, ef_search=1024)
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
@@ -78,7 +79,7 @@ def small_index(kind: str, n: int = 300, seed: int = 0) -> tuple[VectorIndex, np
     index: VectorIndex = (
         ExactIndex(SMALL)
         if kind == "exact"
-        else HNSWIndex(SMALL, HNSWParams(m=8, ef_construction=64, ef_search=n, exact_below=20))
+        else HNSWIndex(SMALL, HNSWParams(m=8, ef_construction=64, ef_search=n, exact_cost=0))
     )
     index.add(np.arange(n), data)
     return index, data
@@ -157,15 +158,30 @@ def test_a_large_allowed_set_returns_only_allowed_ids_with_high_recall(
     random_10k: Random10k, hnsw_10k: HNSWIndex
 ) -> None:
     _, queries, ids, exact = random_10k
-    hnsw = hnsw_10k
-    allowed = ids[ids % 3 == 0]  # a third: the graph path, not the exact one
-    assert allowed.size > RANDOM_PARAMS.exact_below
+    hnsw_10k.params = replace(RANDOM_PARAMS, exact_cost=0)  # the graph, never exact
+    allowed = ids[ids % 3 == 0]
     scores = []
     for q in queries[:20]:
-        got = hnsw.search(q, 10, allowed)[0]
+        got = hnsw_10k.search(q, 10, allowed)[0]
         assert got.size == 10 and np.isin(got, allowed).all()
         scores.append(recall(got, exact.search(q, 10, allowed)[0]))
+    hnsw_10k.params = RANDOM_PARAMS
     assert float(np.mean(scores)) >= 0.95
+
+
+def test_allowed_ids_far_from_the_query_are_still_found(
+    random_10k: Random10k, hnsw_10k: HNSWIndex
+) -> None:
+    data, queries, ids, exact = random_10k
+    q = queries[0]
+    allowed = ids[np.argsort(data @ q)[:1000]]  # the 10% least similar: over-fetching misses
+    hnsw_10k.params = replace(RANDOM_PARAMS, exact_cost=0)
+    got = hnsw_10k.search(q, 10, allowed)[0]
+    hnsw_10k.params = RANDOM_PARAMS
+    assert got.size == 10 and np.isin(got, allowed).all()
+    # forced through the graph, far from where it leads: fewer of the true best
+    assert recall(got, exact.search(q, 10, allowed)[0]) >= 0.7
+    assert hnsw_10k.search(q, 10, allowed)[0].tolist() == exact.search(q, 10, allowed)[0].tolist()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -270,7 +286,7 @@ def test_any_sequence_of_operations_matches_a_brute_force_model(
     index: VectorIndex = (
         ExactIndex(8)
         if kind == "exact"
-        else HNSWIndex(8, HNSWParams(m=4, ef_construction=16, ef_search=128, exact_below=3))
+        else HNSWIndex(8, HNSWParams(m=4, ef_construction=16, ef_search=128, exact_cost=0.1))
     )
     model: dict[int, np.ndarray] = {}
     for op, ids in ops:

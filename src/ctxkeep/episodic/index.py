@@ -6,9 +6,10 @@ product (cosine similarity), best first, optionally only among ``allowed`` ids:
 
 * :class:`ExactIndex`: one numpy matrix, every query scored against every live vector.
 * :class:`HNSWIndex`: a faiss ``IndexHNSWFlat`` graph (``pip install 'ctxkeep[hnsw]'``).
-  Filtered search stays correct: an allowed set of at most ``exact_below`` vectors is scored
-  exactly; a larger one is searched in the graph with faiss's id selector (results are taken
-  only from allowed ids) and ``ef`` raised by the inverse of the allowed fraction.
+  Filtered search stays correct: a small allowed set is scored exactly; for a larger one
+  the graph is asked for ``2k / (allowed fraction)`` results and the allowed ones kept
+  (if fewer than ``k`` are, faiss's id selector makes the graph search collect allowed ids
+  only). Which is cheaper is decided by a measured cost model (``HNSWParams.exact_cost``).
 * :class:`AutoIndex`: exact until it holds ``hnsw_from`` vectors, then HNSW.
 * :func:`open_index`: the index persisted beside a store, loaded if current, brought up to
   date if only some ids changed, rebuilt if missing, unreadable or built differently.
@@ -17,8 +18,10 @@ Both implementations share :class:`_SlotIndex`: ids map to *slots* (matrix rows,
 labels); removing an id tombstones its slot and zeroes its vector, so a forgotten episode's
 vector is gone from memory and from the next saved file even before the slot is reused.
 
-Why faiss (``bench/episodic_scale.py``, 100,000 vectors of dim 384 drawn like e5-small
-embeddings, M=16, efConstruction=100, one query thread, 2 loaded cores)::
+Why faiss: the three libraries used directly on 100,000 vectors of dim 384 drawn like
+e5-small embeddings (``bench/episodic_scale.py``'s ``e5like``), M=16, efConstruction=100,
+one query thread, two cores shared with other work (reproduce with
+``bench/episodic_scale.py --libraries --sizes 100000 --m 16 --ef-construction 100``)::
 
     library           build (vectors/cpu-s)   ef=256: p50     recall@10
     faiss 1.15        1,051                   1.77 ms         0.913
@@ -35,8 +38,7 @@ source); usearch is slower here and has no filtered search in Python; its int8 s
 loses too much recall on embedding-like data. faiss cannot delete from an HNSW graph: ids
 are tombstoned (and their vectors zeroed) and the graph is rebuilt by :func:`open_index`
 once tombstones outnumber live vectors. On uniformly random unit vectors (no neighbourhood
-structure) every HNSW library falls to recall@10 ~0.25 at ef=256: such data is for the
-exact index only.
+structure) all three fall alike, to recall@10 ~0.25 at 100,000 (M=16, ef=256).
 """
 
 from __future__ import annotations
@@ -77,16 +79,18 @@ Allowed = npt.ArrayLike | None
 class HNSWParams:
     """HNSW knobs; the defaults meet recall@10 >= 0.95 at 1M vectors (BENCHMARKS.md)."""
 
-    m: int = 32
+    m: int = 48
     """Links per node (HNSW's M): more is better recall, more memory, slower building."""
-    ef_construction: int = 200
+    ef_construction: int = 128
     """Candidate list while building: more is a better graph, slower building."""
-    ef_search: int = 256
+    ef_search: int = 128
     """Candidate list while searching (raised to ``k``): more is better recall, slower."""
-    exact_below: int = 20_000
-    """A filtered search allowing at most this many vectors is done exactly."""
-    max_ef: int = 4_096
-    """The largest ``ef`` a filtered search raises to."""
+    overfetch: float = 2.0
+    """A filtered search fetches ``overfetch * k / (allowed fraction)`` from the graph
+    and keeps the allowed ones."""
+    exact_cost: float = 16.0
+    """How many vectors exact search scores in the time the graph search spends per unit
+    of ``ef`` (measured); a filtered search is done exactly when that is cheaper."""
 
     def build_key(self) -> dict[str, int]:
         """The knobs fixed when the graph is built (a file built otherwise is rebuilt)."""
@@ -100,8 +104,9 @@ class IndexConfig:
     kind: Literal["auto", "exact", "hnsw"] = "auto"
     """``auto``: exact below ``hnsw_from`` vectors, HNSW from there (exact if faiss is
     missing); ``exact``; ``hnsw`` (faiss required)."""
-    hnsw_from: int = 50_000
-    """``auto`` switches to HNSW at this many vectors (where exact search passes ~5 ms)."""
+    hnsw_from: int = 20_000
+    """``auto`` switches to HNSW at this many vectors: there exact search took 7.8 ms and
+    HNSW 1.7 ms (recall@10 0.993); at 5,000 exact took 0.2 ms (BENCHMARKS.md)."""
     hnsw: HNSWParams = field(default_factory=HNSWParams)
     """The HNSW knobs."""
 
@@ -614,19 +619,34 @@ class HNSWIndex(_SlotIndex):
         self, q: np.ndarray, k: int, slots: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         p = self.params
-        if slots is not None and slots.size <= max(p.exact_below, k):
+        ef = max(p.ef_search, k)
+        if slots is None:
+            return self._graph(q, k, ef, self._live_bitmap() if self.tombstones else None)
+        # Over-fetch: the best k allowed are, on average, within the best k / fraction of all.
+        fetch = math.ceil(p.overfetch * k * self._live / slots.size)
+        if slots.size <= p.exact_cost * max(ef, fetch) or fetch > self._live // 2:
             scores = _gather_dot(self._matrix(), slots, q)
             best = _topk(scores, k)
             return slots[best], scores[best]
-        ef = max(p.ef_search, k)
-        if slots is None:
-            bits = None if not self.tombstones else self._live_bitmap()
-        else:
-            # the graph search only collects allowed slots: widen it as they get rarer
-            ef = max(ef, min(p.max_ef, math.ceil(ef * math.sqrt(self._live / slots.size))))
-            mask = np.zeros(self._nslots, bool)
-            mask[slots] = True
-            bits = np.packbits(mask, bitorder="little")
+        found, scores = self._graph(q, fetch, max(ef, fetch), None)
+        pos = np.minimum(np.searchsorted(slots, found), slots.size - 1)
+        keep = slots[pos] == found  # slots is sorted
+        if int(keep.sum()) >= k:
+            return found[keep][:k], scores[keep][:k]
+        # Unlucky (the allowed lie away from the query): exact search, or a graph search
+        # collecting allowed slots only, which visits about ef / fraction nodes.
+        if slots.size <= p.exact_cost * ef * self._live / slots.size:
+            scores = _gather_dot(self._matrix(), slots, q)
+            best = _topk(scores, k)
+            return slots[best], scores[best]
+        mask = np.zeros(self._nslots, bool)
+        mask[slots] = True
+        return self._graph(q, k, ef, np.packbits(mask, bitorder="little"))
+
+    def _graph(
+        self, q: np.ndarray, k: int, ef: int, bits: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The graph search; ``bits``: a bitmap of the slots it may return."""
         params = self._faiss.SearchParametersHNSW()
         params.efSearch = ef
         if bits is not None:
@@ -664,10 +684,11 @@ class HNSWIndex(_SlotIndex):
 class AutoIndex(VectorIndex):
     """Exact below ``config.hnsw_from`` vectors, HNSW from there.
 
-    The switch happens inside the ``add`` that reaches the threshold (it builds the graph
-    from the exact index's vectors: seconds at 50,000). It does not switch back when the
-    index shrinks; :func:`open_index` rebuilds an exact one then. Without faiss it stays
-    exact and logs a warning once, unless ``config.kind`` is ``hnsw``.
+    The switch happens inside the ``add`` that reaches the threshold: it builds the graph
+    from the exact index's vectors (5-17 s at 20,000 on two shared cores). It does not
+    switch back when the index shrinks; :func:`open_index` rebuilds an exact one then.
+    Without faiss it stays exact and logs a warning once, unless ``config.kind`` is
+    ``hnsw``.
     """
 
     kind = "auto"
