@@ -199,7 +199,7 @@ def test_sqlite_episodes_of_schema_1_are_migrated(tmp_path: Path) -> None:
         version = conn.execute(
             "SELECT value FROM ctxkeep_episodic_meta WHERE key = 'schema_version'"
         ).fetchone()[0]
-        assert version == str(len(MIGRATIONS)) == "2"
+        assert version == str(len(MIGRATIONS)) == "3"
         conn.execute("UPDATE ctxkeep_episodic_meta SET value = '9' WHERE key = 'schema_version'")
     from ctxkeep.errors import SchemaVersionError
 

@@ -11,6 +11,7 @@ from ctxkeep.episodic.embedders import (
     OpenAIEmbedder,
     get_embedder,
 )
+from ctxkeep.episodic.index import HNSWParams, IndexConfig
 from ctxkeep.episodic.inject import HEADER, format_prior_context, parse_prior_context
 from ctxkeep.episodic.memory import MemoryEpisodicStore
 from ctxkeep.errors import ConfigError
@@ -21,9 +22,12 @@ def open_episodic(
     embedder: str | Embedder = "local",
     *,
     config: RetrievalConfig | None = None,
+    index: IndexConfig | None = None,
 ) -> EpisodicMemoryStore:
     """An episodic store for ``url`` (default: the embedded SQLite file) with ``embedder``
-    (``local``, ``openai``, ``hash`` or an :class:`Embedder`).
+    (``local``, ``openai``, ``hash`` or an :class:`Embedder`), retrieval knobs ``config``
+    and, for ``memory://`` and ``sqlite:///``, vector index knobs ``index`` (default: exact
+    below 20,000 episodes, HNSW from there if ``ctxkeep[hnsw]`` is installed).
 
     Raises:
         ConfigError: an unsupported URL, or a file made with another embedder.
@@ -34,14 +38,14 @@ def open_episodic(
 
         url = default_url()
     if url == "memory://":
-        return MemoryEpisodicStore(embedder, config)
+        return MemoryEpisodicStore(embedder, config, index)
     if url.startswith("sqlite:///"):
         from ctxkeep.episodic.sqlite import SQLiteEpisodicStore
 
         path = url[len("sqlite:///") :].split("?", 1)[0]
         if not path:
             raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
-        return SQLiteEpisodicStore(path, embedder, config)
+        return SQLiteEpisodicStore(path, embedder, config, index)
     if url.startswith(("postgresql://", "postgres://")):
         from ctxkeep.episodic.postgres import PostgresEpisodicStore
 
@@ -58,8 +62,10 @@ __all__ = [
     "Embedder",
     "Episode",
     "EpisodicMemoryStore",
+    "HNSWParams",
     "HashEmbedder",
     "Hit",
+    "IndexConfig",
     "MemoryEpisodicStore",
     "OpenAIEmbedder",
     "RetrievalConfig",

@@ -23,7 +23,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ctxkeep.episodic.embedders import Embedder, get_embedder
+from ctxkeep.episodic.index import IndexConfig
 from ctxkeep.episodic.text import tokenize
 from ctxkeep.errors import ConfigError, InvalidMessageError
 
@@ -176,6 +177,34 @@ def bm25(
     return scores
 
 
+def lexical_top(scores: np.ndarray, n: int) -> np.ndarray:
+    """Positions of the (at most) ``n`` highest positive scores, in no order."""
+    pos = np.flatnonzero(scores > 0)
+    if pos.size > n:
+        pos = pos[np.argpartition(-scores[pos], n - 1)[:n]]
+    return pos
+
+
+def with_neighbours(
+    parts: Sequence[np.ndarray], neighbours: Callable[[np.ndarray], np.ndarray], scope: np.ndarray
+) -> np.ndarray:
+    """The rows of ``parts`` and their session neighbours that lie in ``scope``, sorted.
+
+    Args:
+        parts: arrays of rows.
+        neighbours: for sorted rows, an array (len(rows), k) of neighbour rows, -1 for none.
+        scope: the rows that may be returned, sorted.
+
+    """
+    cand = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    if cand.size:
+        nb = neighbours(cand).ravel()
+        cand = np.union1d(cand, nb[nb >= 0])
+    at = np.minimum(np.searchsorted(scope, cand), max(scope.size - 1, 0))
+    out: np.ndarray = cand[scope[at] == cand] if scope.size else cand[:0]
+    return out.astype(np.int64, copy=False)
+
+
 def _z(x: np.ndarray) -> np.ndarray:
     if x.size == 0:
         return x
@@ -188,9 +217,16 @@ class EpisodicMemoryStore(ABC):
 
     name = "episodic"
 
-    def __init__(self, embedder: str | Embedder = "local", config: RetrievalConfig | None = None):
+    def __init__(
+        self,
+        embedder: str | Embedder = "local",
+        config: RetrievalConfig | None = None,
+        index: IndexConfig | None = None,
+    ):
         self.embedder: Embedder = get_embedder(embedder)
         self.config = config or RetrievalConfig()
+        self.index_config = index or IndexConfig()
+        """Which vector index the in-process stores keep (PostgreSQL has its own)."""
         if self.config.window < 0 or self.config.self_weight < 1:
             raise ConfigError("window must be >= 0 and self_weight >= 1")
 
@@ -310,17 +346,19 @@ class EpisodicMemoryStore(ABC):
         cfg = self.config
         terms = tokenize(query)
         q = self.embedder.embed_query(query) if cfg.dense_weight else None
-        # Large stores (PostgreSQL) first narrow to candidates from their indexes; the
-        # in-process stores score every filtered episode exactly.
+        # Large stores first narrow to candidates from their indexes (PostgreSQL always, the
+        # others once their vector index is HNSW); small ones score every filtered episode.
         cand = self._candidates(terms, q, dict(filters or {}), max(200, 20 * top_k))
-        rows = cand if cand is not None else self._rows(dict(filters or {}))
+        rows, lex_given = cand if cand is not None else (self._rows(dict(filters or {})), None)
         if rows.size == 0:
             return []
         total = np.zeros(rows.size, np.float64)
         lex = np.zeros(rows.size, np.float64)
         dense = np.zeros(rows.size, np.float64)
         if cfg.lexical_weight:
-            lex = self._lexical(terms, rows).astype(np.float64)
+            lex = (lex_given if lex_given is not None else self._lexical(terms, rows)).astype(
+                np.float64
+            )
             total += cfg.lexical_weight * _z(lex)
         if cfg.dense_weight and q is not None:
             dense = self._dense(q.astype(np.float32), rows).astype(np.float64)
@@ -415,9 +453,10 @@ class EpisodicMemoryStore(ABC):
 
     def _candidates(
         self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
-    ) -> np.ndarray | None:
-        """Rows worth scoring (with their session neighbours), or None to score every row
-        that matches ``filters``.
+    ) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """Rows worth scoring (about ``n`` by each score, with their session neighbours;
+        sorted) and, if the store has them, their lexical scores over the whole scope; or
+        None to score every row that matches ``filters``.
         """
         return None
 

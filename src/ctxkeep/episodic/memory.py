@@ -1,7 +1,10 @@
-"""Episodes in process memory (``memory://``): exact search over every vector, BM25 postings.
+"""Episodes in process memory (``memory://``): BM25 postings and a vector index.
 
 Episode rows are append-only; deleting tombstones a row and rebuilds the windows and
-neighbour links of its session. Thread-safe.
+neighbour links of its session. The vectors live in an :class:`~ctxkeep.episodic.index.AutoIndex`
+keyed by row: exact below ``IndexConfig.hnsw_from`` episodes, where every filtered episode
+is scored; HNSW from there, where search scores only the candidates the two indexes return
+(see :meth:`MemoryEpisodicStore._candidates`). Thread-safe.
 """
 
 from __future__ import annotations
@@ -14,8 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from ctxkeep.episodic.base import Episode, EpisodicMemoryStore, RetrievalConfig, _to_ts, bm25
+from ctxkeep.episodic.base import (
+    Episode,
+    EpisodicMemoryStore,
+    RetrievalConfig,
+    _to_ts,
+    bm25,
+    lexical_top,
+    with_neighbours,
+)
 from ctxkeep.episodic.embedders import Embedder
+from ctxkeep.episodic.index import IndexConfig, VectorIndex, make_index
 
 
 def _match(e: Episode, filters: dict[str, Any]) -> bool:
@@ -43,9 +55,12 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
     name = "memory"
 
     def __init__(
-        self, embedder: str | Embedder = "local", config: RetrievalConfig | None = None
+        self,
+        embedder: str | Embedder = "local",
+        config: RetrievalConfig | None = None,
+        index: IndexConfig | None = None,
     ) -> None:
-        super().__init__(embedder, config)
+        super().__init__(embedder, config, index)
         self._lock = threading.RLock()
         self._eps: list[Episode | None] = []
         self._keys: dict[str, int] = {}
@@ -54,11 +69,13 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         self._docs: list[Counter[str]] = []
         self._postings: dict[str, dict[int, int]] = {}
         self._doclen: list[int] = []
+        self._doclen_arr: np.ndarray | None = None  # cached np.asarray(_doclen)
         self._sessions: dict[str, list[int]] = {}
         self._nb: list[list[int]] = []  # per row: prev1, next1, prev2, next2 (-1: none)
-        self._vec_blocks: list[np.ndarray] = []
-        self._mat: np.ndarray | None = None
+        self.vectors: VectorIndex = make_index(self.embedder.dim, self.index_config)
+        """The episodes' vectors by row."""
         self._created_arr: list[float] = []
+        self._live_rows: np.ndarray | None = None  # cached: every live row, sorted
 
     # -- indexes ---------------------------------------------------------------------------
 
@@ -74,6 +91,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             self._postings.setdefault(t, {})[row] = c
         self._docs[row] = doc
         self._doclen[row] = sum(doc.values())
+        self._doclen_arr = None
 
     def _rebuild_session(self, sid: str, start: int = 0) -> None:
         """Recompute window documents and neighbour links from position ``start`` on (and the
@@ -131,22 +149,19 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 session = self._sessions.setdefault(e.session_id, [])
                 touched.setdefault(e.session_id, len(session))
                 session.append(r)
-            self._vec_blocks.append(np.asarray(vectors, np.float32))
-            self._mat = None
+            first = len(self._eps) - len(episodes)
+            self.vectors.add(np.arange(first, len(self._eps)), vectors)
+            self._live_rows = self._doclen_arr = None
             for sid, start in touched.items():
                 self._rebuild_session(sid, start)
 
-    def _matrix(self) -> np.ndarray:
-        if self._mat is None:
-            dim = self.embedder.dim
-            self._mat = (
-                np.concatenate(self._vec_blocks) if self._vec_blocks else np.zeros((0, dim))
-            ).astype(np.float32)
-            self._vec_blocks = [self._mat]
-        return self._mat
-
     def _rows(self, filters: dict[str, Any]) -> np.ndarray:
         with self._lock:
+            if not filters:
+                if self._live_rows is None:
+                    live = [i for i, e in enumerate(self._eps) if e is not None]
+                    self._live_rows = np.asarray(live, np.int64)
+                return self._live_rows
             if "episode_id" in filters and len(filters) == 1:
                 want = filters["episode_id"]
                 hits = [
@@ -178,19 +193,42 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 pos = where[idx]
                 keep = pos >= 0
                 hits.append((qtf, pos[keep], tf[keep]))
-            doclen = np.asarray(self._doclen, np.float64)[rows]
+            if self._doclen_arr is None:
+                self._doclen_arr = np.asarray(self._doclen, np.float64)
+            doclen = self._doclen_arr[rows]
             return bm25(hits, doclen, self.config.k1, self.config.b)
 
-    def _vectors(self, rows: np.ndarray) -> np.ndarray:
+    def _candidates(
+        self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
+    ) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """With an HNSW index: the ``n`` best rows by BM25 (scored over the whole scope,
+        from the postings) and the ``n`` nearest in the graph, with their neighbours.
+        """
         with self._lock:
-            out: np.ndarray = self._matrix()[rows]
-            return out
+            if not self.vectors.approximate:
+                return None
+            scope = self._rows(filters)
+            if scope.size <= 4 * n:
+                return None
+            lex = self._lexical(terms, scope) if terms and self.config.lexical_weight else None
+            parts = [scope[lexical_top(lex, n)]] if lex is not None else []
+            if q is not None:
+                parts.append(self.vectors.search(q, n, scope if filters else None)[0])
+            cand = with_neighbours(parts, self._nb_of, scope)
+            return cand, None if lex is None else lex[np.searchsorted(scope, cand)]
+
+    def _nb_of(self, rows: np.ndarray) -> np.ndarray:
+        nb = self._nb
+        return np.asarray([nb[r] for r in rows.tolist()], np.int64).reshape(-1, 4)
+
+    def _vectors(self, rows: np.ndarray) -> np.ndarray:
+        return self.vectors.vectors(rows)
 
     def _neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         with self._lock:
             pos = np.full(len(self._eps) + 1, -1, np.int64)  # index -1 maps to "none"
             pos[rows] = np.arange(rows.size)
-            nb = np.asarray(self._nb, np.int64)[rows] if rows.size else np.zeros((0, 4), np.int64)
+            nb = self._nb_of(rows)
         own = np.arange(rows.size)
         out = []
         for c in range(4):
@@ -220,7 +258,8 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 self._keys.pop(self._row_key[r], None)
                 self._eps[r] = None
                 self._nb[r] = [-1, -1, -1, -1]
-                self._matrix()[r] = 0.0
+            self.vectors.remove(rows)
+            self._live_rows = None
             for sid in touched:
                 if not self._sessions.get(sid):
                     self._sessions.pop(sid, None)

@@ -210,7 +210,7 @@ class PostgresEpisodicStore(EpisodicMemoryStore):
 
     def _candidates(
         self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
-    ) -> np.ndarray | None:
+    ) -> tuple[np.ndarray, np.ndarray | None] | None:
         where, params = self._where(filters)
         found: set[int] = set()
         with self._pg.tx("search") as conn:
@@ -236,7 +236,7 @@ class PostgresEpisodicStore(EpisodicMemoryStore):
                     )
                 )
             if not found:
-                return np.zeros(0, np.int64)
+                return np.zeros(0, np.int64), None
             # session neighbours of the candidates, for dense smoothing
             n_where, n_params = self._where(filters, alias="n.")
             neighbours = conn.execute(
@@ -246,7 +246,7 @@ class PostgresEpisodicStore(EpisodicMemoryStore):
                 (sorted(found), *n_params),
             ).fetchall()
         found.update(r for (r,) in neighbours)
-        return np.asarray(sorted(found), np.int64)
+        return np.asarray(sorted(found), np.int64), None
 
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
         scores = np.zeros(rows.size, np.float64)

@@ -1,10 +1,17 @@
 """Episodes in one SQLite file (``sqlite:///path.db``): the embedded default.
 
-Everything is in the one file: the episodes (their JSON record, session position and vector),
-and an FTS5 index of each episode's window document (its stemmed tokens ``self_weight`` times
-plus its session neighbours'), ranked with FTS5's BM25. Vectors are read into one numpy
-matrix, cached per process and reloaded when another connection changes the file
-(``PRAGMA data_version``); search over them is exact (numpy).
+The file holds the episodes (their JSON record, session position and vector) and an FTS5
+index of each episode's window document (its stemmed tokens ``self_weight`` times plus its
+session neighbours'). Each process keeps the vectors in an
+:class:`~ctxkeep.episodic.index.AutoIndex` keyed by row, brought up to date when another
+connection changes the file (``PRAGMA data_version``: the rows it lacks are read, the gone
+removed). Below ``IndexConfig.hnsw_from`` episodes the index is exact and every filtered
+episode is scored (BM25 with the statistics of the searched scope). From there it is an
+HNSW graph, persisted beside the database as ``<file>.vidx`` (loaded if current, synced if
+only some rows changed, rebuilt if missing or built otherwise), and search scores only
+candidates: the best by FTS5's BM25 (store-wide statistics) and the nearest in the graph,
+with their session neighbours. Rows are never reused (``next_row``), so a row's vector never
+changes and a file's row fingerprint says whether it is current.
 
 The schema version is kept in ``ctxkeep_episodic_meta``; migrations are an ordered list and a
 file written by a newer ctxkeep is refused. The embedder's name is stored too: opening a file
@@ -31,8 +38,17 @@ from ctxkeep.episodic.base import (
     bm25,
     episode_from_record,
     episode_record,
+    with_neighbours,
 )
 from ctxkeep.episodic.embedders import Embedder
+from ctxkeep.episodic.index import (
+    IndexConfig,
+    VectorIndex,
+    hnsw_available,
+    make_index,
+    open_index,
+    sync_index,
+)
 from ctxkeep.errors import ConfigError, SchemaVersionError, StorageError
 from ctxkeep.sessions.records import loads
 
@@ -63,7 +79,16 @@ MIGRATIONS: list[list[str]] = [
         "UPDATE ctxkeep_episodes SET doclen = (SELECT length(body) - length(replace(body, ' ', ''))"
         " + (body != '') FROM ctxkeep_episode_fts WHERE rowid = ctxkeep_episodes.row)",
     ],
+    # 3: rows are never reused (a vector index file keyed by row stays valid)
+    [
+        "INSERT OR IGNORE INTO ctxkeep_episodic_meta VALUES ('next_row', "
+        "(SELECT coalesce(max(row), 0) + 1 FROM ctxkeep_episodes))",
+    ],
 ]
+
+SAVE_EVERY = 0.01
+"""An HNSW index file is rewritten once this fraction of its rows (at least 1,000) was added
+since it was written (and on close and forget): rows a crash loses are re-added on open."""
 
 
 class SQLiteEpisodicStore(EpisodicMemoryStore):
@@ -76,9 +101,17 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         path: str | Path,
         embedder: str | Embedder = "local",
         config: RetrievalConfig | None = None,
+        index: IndexConfig | None = None,
     ) -> None:
-        super().__init__(embedder, config)
+        super().__init__(embedder, config, index)
         self.path = Path(path)
+        self.index_path = self.path.with_name(self.path.name + ".vidx")
+        """Where the HNSW index is kept (only once the store is large enough for one)."""
+        self._vindex: VectorIndex | None = None
+        self._unsaved = 0
+        self.index_status: str | None = None
+        """What opening the vector index did (``loaded``, ``synced``, ``rebuilt`` or
+        ``built``; see :func:`~ctxkeep.episodic.index.open_index`), once it is open."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._cache_lock = threading.Lock()
@@ -156,7 +189,12 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
             )
 
     def close(self) -> None:
-        """Close this thread's connection."""
+        """Write the HNSW index file if rows were added since; close this thread's
+        connection.
+        """
+        with self._cache_lock:
+            if self._unsaved:
+                self._save_index()
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
@@ -170,15 +208,10 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
             if self._cache is not None and self._cache_version == version:
                 return self._cache
             rows = self._q(
-                "SELECT row, session_id, pos, created_at, vector FROM ctxkeep_episodes ORDER BY row"
+                "SELECT row, session_id, pos, created_at FROM ctxkeep_episodes ORDER BY row"
             )
             ids = np.asarray([r[0] for r in rows], np.int64)
-            dim = self.embedder.dim
-            mat = (
-                np.frombuffer(b"".join(r[4] for r in rows), np.float32).reshape(-1, dim)
-                if rows
-                else np.zeros((0, dim), np.float32)
-            )
+            self._sync_vectors(ids)
             index = {int(r): i for i, r in enumerate(ids)}
             at = {(r[1], r[2]): int(r[0]) for r in rows}
             nb = np.full((len(rows), 4), -1, np.int64)
@@ -188,12 +221,84 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
             self._cache = {
                 "ids": ids,
                 "index": index,
-                "matrix": mat,
                 "nb": nb,
                 "created": np.asarray([r[3] for r in rows], np.float64),
             }
             self._cache_version = version
             return self._cache
+
+    # -- the vector index --------------------------------------------------------------------
+
+    def _sync_vectors(self, ids: np.ndarray) -> None:
+        """Make the vector index hold exactly the rows ``ids`` (under the cache lock)."""
+        if self._vindex is None:
+            self._open_vectors(ids)
+        else:
+            added, removed = sync_index(self._vindex, ids, self._read_vectors)
+            self._unsaved += added
+            if removed:
+                self._save_index()  # forgotten vectors leave the file too
+        if self._vindex is not None and self._vindex.approximate and not self.index_path.exists():
+            self._save_index()  # it has just become a graph
+
+    def _open_vectors(self, ids: np.ndarray) -> None:
+        cfg = self.index_config
+        big = cfg.kind == "hnsw" or (
+            cfg.kind == "auto" and ids.size >= cfg.hnsw_from and hnsw_available()
+        )
+        if cfg.kind != "exact" and (big or self.index_path.exists()):
+            self._vindex, self.index_status = open_index(
+                self.index_path,
+                self.embedder.dim,
+                ids,
+                self._read_vectors,
+                config=cfg,
+                salt=self.embedder.name,
+            )
+            if not self._vindex.approximate:
+                self.index_path.unlink(missing_ok=True)  # small again: the database suffices
+        else:
+            self._vindex = make_index(self.embedder.dim, cfg)
+            sync_index(self._vindex, ids, self._read_vectors)
+            self.index_status = "built"
+
+    def _read_vectors(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of ``rows`` (in that order)."""
+        found: dict[int, bytes] = {}
+        ids = rows.tolist()
+        for s in range(0, len(ids), 900):
+            chunk = ids[s : s + 900]
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                self._q(f"SELECT row, vector FROM ctxkeep_episodes WHERE row IN ({marks})", chunk)
+            )
+        dim = self.embedder.dim
+        if not ids:
+            return np.zeros((0, dim), np.float32)
+        return np.frombuffer(b"".join(found[r] for r in ids), np.float32).reshape(-1, dim)
+
+    def _index_added(self, n: int) -> None:
+        """``n`` rows were added to the index: write its file when enough are unsaved."""
+        index = self._vindex
+        if index is None:
+            return
+        first_graph = index.approximate and not self.index_path.exists()
+        self._unsaved += n
+        if first_graph or self._unsaved >= max(1_000, SAVE_EVERY * len(index)):
+            self._save_index()
+
+    def _save_index(self) -> None:
+        index = self._vindex
+        if index is not None and index.approximate:
+            index.save(self.index_path, salt=self.embedder.name)
+        self._unsaved = 0
+
+    @property
+    def vectors(self) -> VectorIndex:
+        """The episodes' vectors by row (current as of the last read)."""
+        self._state()
+        assert self._vindex is not None
+        return self._vindex
 
     def _pos_of(self, rows: np.ndarray) -> np.ndarray:
         index = self._state()["index"]
@@ -242,18 +347,30 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
     ) -> None:
         vecs = np.asarray(vectors, np.float32)
         with self._tx() as conn:
+            first = int(
+                conn.execute(
+                    "SELECT value FROM ctxkeep_episodic_meta WHERE key = 'next_row'"
+                ).fetchone()[0]
+            )
+            conn.execute(
+                "UPDATE ctxkeep_episodic_meta SET value = ? WHERE key = 'next_row'",
+                (str(first + len(episodes)),),
+            )
             starts: dict[str, int] = {}
-            for e, k, v, toks in zip(episodes, keys, vecs, tokens, strict=True):
+            for row, (e, k, v, toks) in enumerate(
+                zip(episodes, keys, vecs, tokens, strict=True), first
+            ):
                 pos = conn.execute(
                     "SELECT coalesce(max(pos), -1) + 1 FROM ctxkeep_episodes WHERE session_id = ?",
                     (e.session_id,),
                 ).fetchone()[0]
                 starts.setdefault(e.session_id, pos)
                 conn.execute(
-                    "INSERT INTO ctxkeep_episodes (episode_id, content_key, session_id, task_id, "
-                    "agent_id, created_at, pos, record, tokens, vector) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO ctxkeep_episodes (row, episode_id, content_key, session_id, "
+                    "task_id, agent_id, created_at, pos, record, tokens, vector) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
+                        row,
                         e.episode_id,
                         k,
                         e.session_id,
@@ -268,7 +385,13 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 )
             for sid, start in starts.items():
                 self._rewrite_windows(conn, sid, start)
-        self._writes += 1
+        with self._cache_lock:
+            self._writes += 1
+            if self._vindex is not None:
+                self._vindex.add(np.arange(first, first + len(episodes)), vecs)
+                self._index_added(len(episodes))
+        if self._vindex is None:
+            self._state()  # index as it is written (the first write of a process opens it)
 
     def _rows(self, filters: dict[str, Any]) -> np.ndarray:
         where, params = [], []
@@ -352,8 +475,48 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         return out
 
     def _vectors(self, rows: np.ndarray) -> np.ndarray:
-        out: np.ndarray = self._state()["matrix"][self._pos_of(rows)]
-        return out
+        return self.vectors.vectors(rows)
+
+    def _candidates(
+        self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
+    ) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """With an HNSW index: the ``n`` best rows by FTS5's BM25 and the ``n`` nearest in
+        the graph, with their neighbours; their lexical scores are FTS5's.
+        """
+        st = self._state()
+        index = self._vindex
+        if index is None or not index.approximate:
+            return None
+        scope = self._rows(filters) if filters else st["ids"]
+        if scope.size <= 4 * n:
+            return None
+        parts = []
+        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms))
+        use_lex = bool(match) and bool(self.config.lexical_weight)
+        if use_lex:
+            top = self._q(
+                "SELECT rowid FROM ctxkeep_episode_fts WHERE ctxkeep_episode_fts MATCH ? "
+                "ORDER BY rank LIMIT ?",
+                (match, 4 * n if filters else n),
+            )
+            parts.append(np.asarray([r for (r,) in top], np.int64))
+        if q is not None:
+            parts.append(index.search(q, n, scope if filters else None)[0])
+        cand = with_neighbours(parts, lambda rows: st["nb"][self._pos_of(rows)], scope)
+        if not use_lex:
+            return cand, None
+        lex = np.zeros(cand.size, np.float64)
+        where = {int(r): i for i, r in enumerate(cand)}
+        ids = cand.tolist()
+        for s in range(0, len(ids), 900):
+            chunk = ids[s : s + 900]
+            for rowid, rank in self._q(
+                "SELECT rowid, rank FROM ctxkeep_episode_fts WHERE ctxkeep_episode_fts MATCH ? "
+                f"AND rowid IN ({','.join('?' * len(chunk))})",
+                (match, *chunk),
+            ):
+                lex[where[int(rowid)]] = -float(rank)  # FTS5's rank is -BM25
+        return cand, lex
 
     def _neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         st = self._state()
@@ -382,6 +545,8 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         return [episode_from_record(found[int(r)]) for r in rows]
 
     def _delete(self, rows: np.ndarray) -> None:
+        self._state()  # the index is open: what is deleted leaves it (and its file)
+        deleted: list[int] = []
         with self._tx() as conn:
             sessions: dict[str, int] = {}
             for r in rows.tolist():
@@ -392,6 +557,7 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                     continue
                 sessions[got[0]] = min(sessions.get(got[0], got[1]), got[1])
                 conn.execute("DELETE FROM ctxkeep_episodes WHERE row = ?", (r,))
+                deleted.append(r)
                 conn.execute("DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", (r,))
             for sid, start in sessions.items():
                 # close the gap in positions, then rewrite the windows from there
@@ -401,4 +567,8 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 for p, (row,) in enumerate(rest):
                     conn.execute("UPDATE ctxkeep_episodes SET pos = ? WHERE row = ?", (p, row))
                 self._rewrite_windows(conn, sid, start)
-        self._writes += 1
+        with self._cache_lock:
+            self._writes += 1
+            if self._vindex is not None and deleted:
+                self._vindex.remove(deleted)
+                self._save_index()  # forgotten vectors leave the file too

@@ -20,7 +20,14 @@ vector is gone from memory and from the next saved file even before the slot is 
 """
 
 from ctxkeep.episodic.index._base import Allowed, Ids, VectorIndex, fingerprint
-from ctxkeep.episodic.index.auto import AutoIndex, IndexConfig, make_index, open_index, read_header
+from ctxkeep.episodic.index.auto import (
+    AutoIndex,
+    IndexConfig,
+    make_index,
+    open_index,
+    read_header,
+    sync_index,
+)
 from ctxkeep.episodic.index.exact import ExactIndex
 from ctxkeep.episodic.index.hnsw import HNSWIndex, HNSWParams, hnsw_available
 
@@ -38,4 +45,5 @@ __all__ = [
     "make_index",
     "open_index",
     "read_header",
+    "sync_index",
 ]

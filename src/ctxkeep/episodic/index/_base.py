@@ -211,6 +211,11 @@ class VectorIndex(ABC):
         """Removed slots still held (HNSW keeps them until rebuilt)."""
         return 0
 
+    @property
+    def approximate(self) -> bool:
+        """Whether search may miss some of the true best (an HNSW graph is searched)."""
+        return False
+
     @abstractmethod
     def save(self, path: str | os.PathLike[str], *, salt: str = "") -> None:
         """Write the index to ``path`` atomically, with the fingerprint of its ids and

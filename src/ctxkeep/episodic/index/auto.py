@@ -131,6 +131,11 @@ class AutoIndex(VectorIndex):
         """Removed slots still held by the index inside."""
         return self.inner.tombstones
 
+    @property
+    def approximate(self) -> bool:
+        """Whether the index inside is approximate (HNSW)."""
+        return self.inner.approximate
+
     def save(self, path: str | os.PathLike[str], *, salt: str = "") -> None:
         """Save the index inside."""
         with self._lock:
@@ -240,9 +245,7 @@ def open_index(
             if header["fingerprint"] == fingerprint(want, salt):
                 return index, "loaded"
             status = "synced"
-            have = index.ids()
-            index.remove(np.setdiff1d(have, want, assume_unique=True))
-            _fill(index, np.setdiff1d(want, have, assume_unique=True), vectors)
+            sync_index(index, want, vectors)
             if index.tombstones > len(index):
                 index, status = None, "rebuilt"
     if index is None:
@@ -250,6 +253,22 @@ def open_index(
         _fill(index, want, vectors)
     index.save(path, salt=salt)
     return index, status
+
+
+def sync_index(
+    index: VectorIndex, ids: Ids, vectors: Callable[[np.ndarray], np.ndarray]
+) -> tuple[int, int]:
+    """Make ``index`` hold exactly ``ids``: the others are removed, the missing added with
+    ``vectors`` (called in chunks, only for them). Returns (added, removed).
+    """
+    want = np.unique(_as_ids(ids))
+    have = index.ids()
+    gone = np.setdiff1d(have, want, assume_unique=True)
+    missing = np.setdiff1d(want, have, assume_unique=True)
+    if gone.size:
+        index.remove(gone)
+    _fill(index, missing, vectors)
+    return int(missing.size), int(gone.size)
 
 
 def _fits(

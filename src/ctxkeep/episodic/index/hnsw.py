@@ -97,6 +97,11 @@ class HNSWIndex(_SlotIndex):
     def _build_key(self) -> dict[str, Any]:
         return self.params.build_key()
 
+    @property
+    def approximate(self) -> bool:
+        """True: the graph search is approximate."""
+        return True
+
     def _matrix(self) -> np.ndarray:
         """A writable zero-copy view of faiss's vectors (valid until the next add)."""
         n = int(self._index.ntotal)
