@@ -105,7 +105,8 @@ def test_dense_only_search_finds_the_same_text_in_the_graph(
 
 
 def test_candidates_agree_with_exact_scoring(kind: str, graph_store: Any, tmp_path: Path) -> None:
-    exact = open_store(kind, tmp_path, IndexConfig(kind="exact"))
+    # the memory store on an exact index scores every episode: the reference
+    exact = open_store("memory", tmp_path, IndexConfig(kind="exact"))
     try:
         exact.save_episodes(DATA)
         assert not exact.vectors.approximate

@@ -79,16 +79,36 @@ MIGRATIONS: list[list[str]] = [
         "UPDATE ctxkeep_episodes SET doclen = (SELECT length(body) - length(replace(body, ' ', ''))"
         " + (body != '') FROM ctxkeep_episode_fts WHERE rowid = ctxkeep_episodes.row)",
     ],
-    # 3: rows are never reused (a vector index file keyed by row stays valid)
+    # 3: rows are never reused (a vector index file keyed by row stays valid); document
+    # frequencies of the FTS5 index, for BM25 over candidates with store-wide statistics
     [
         "INSERT OR IGNORE INTO ctxkeep_episodic_meta VALUES ('next_row', "
         "(SELECT coalesce(max(row), 0) + 1 FROM ctxkeep_episodes))",
+        "CREATE VIRTUAL TABLE IF NOT EXISTS ctxkeep_episode_vocab "
+        "USING fts5vocab(ctxkeep_episode_fts, 'row')",
     ],
 ]
 
 SAVE_EVERY = 0.01
 """An HNSW index file is rewritten once this fraction of its rows (at least 1,000) was added
 since it was written (and on close and forget): rows a crash loses are re-added on open."""
+
+
+def _neighbour_rows(ids: np.ndarray, sessions: list[str], pos: list[int]) -> np.ndarray:
+    """For each row, the rows at session positions -1, +1, -2, +2 (-1 where none)."""
+    n = ids.size
+    nb = np.full((n, 4), -1, np.int64)
+    if not n:
+        return nb
+    sess = np.unique(np.asarray(sessions, dtype=object), return_inverse=True)[1]
+    p = np.asarray(pos, np.int64)
+    order = np.lexsort((p, sess))
+    s_sorted, p_sorted = sess[order], p[order]
+    for c, d in enumerate((-1, 1, -2, 2)):
+        j = np.clip(np.arange(n) + d, 0, n - 1)
+        ok = (s_sorted[j] == s_sorted) & (p_sorted[j] == p_sorted + d)
+        nb[order[ok], c] = ids[order[j[ok]]]
+    return nb
 
 
 class SQLiteEpisodicStore(EpisodicMemoryStore):
@@ -109,6 +129,8 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         """Where the HNSW index is kept (only once the store is large enough for one)."""
         self._vindex: VectorIndex | None = None
         self._unsaved = 0
+        self._df: dict[str, int] = {}  # term -> documents holding it (see _doc_freq)
+        self._df_at = 0
         self.index_status: str | None = None
         """What opening the vector index did (``loaded``, ``synced``, ``rebuilt`` or
         ``built``; see :func:`~ctxkeep.episodic.index.open_index`), once it is open."""
@@ -208,21 +230,15 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
             if self._cache is not None and self._cache_version == version:
                 return self._cache
             rows = self._q(
-                "SELECT row, session_id, pos, created_at FROM ctxkeep_episodes ORDER BY row"
+                "SELECT row, session_id, pos, created_at, doclen FROM ctxkeep_episodes ORDER BY row"
             )
             ids = np.asarray([r[0] for r in rows], np.int64)
             self._sync_vectors(ids)
-            index = {int(r): i for i, r in enumerate(ids)}
-            at = {(r[1], r[2]): int(r[0]) for r in rows}
-            nb = np.full((len(rows), 4), -1, np.int64)
-            for i, r in enumerate(rows):
-                for c, d in enumerate((-1, 1, -2, 2)):
-                    nb[i, c] = at.get((r[1], r[2] + d), -1)
             self._cache = {
                 "ids": ids,
-                "index": index,
-                "nb": nb,
+                "nb": _neighbour_rows(ids, [r[1] for r in rows], [r[2] for r in rows]),
                 "created": np.asarray([r[3] for r in rows], np.float64),
+                "doclen": np.asarray([r[4] for r in rows], np.float64),
             }
             self._cache_version = version
             return self._cache
@@ -301,8 +317,9 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         return self._vindex
 
     def _pos_of(self, rows: np.ndarray) -> np.ndarray:
-        index = self._state()["index"]
-        return np.asarray([index[int(r)] for r in rows], np.int64)
+        """Positions of (existing) rows in the cached arrays."""
+        out: np.ndarray = np.searchsorted(self._state()["ids"], rows)
+        return out
 
     # -- primitives ----------------------------------------------------------------------------
 
@@ -393,25 +410,31 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         if self._vindex is None:
             self._state()  # index as it is written (the first write of a process opens it)
 
-    def _rows(self, filters: dict[str, Any]) -> np.ndarray:
+    @staticmethod
+    def _where(filters: dict[str, Any], col_prefix: str = "") -> tuple[list[str], list[Any]]:
+        """SQL conditions for the column filters (not ``metadata``)."""
         where, params = [], []
         for col in ("episode_id", "session_id", "agent_id", "task_id"):
             if col in filters:
                 want = filters[col]
                 if isinstance(want, list | tuple | set | frozenset):
                     want = list(want)
-                    where.append(f"{col} IN ({','.join('?' * len(want))})")
+                    where.append(f"{col_prefix}{col} IN ({','.join('?' * len(want))})")
                     params.extend(want)
                 else:
-                    where.append(f"{col} = ?")
+                    where.append(f"{col_prefix}{col} = ?")
                     params.append(want)
         since, until = _to_ts(filters.get("since")), _to_ts(filters.get("until"))
         if since is not None:
-            where.append("created_at >= ?")
+            where.append(f"{col_prefix}created_at >= ?")
             params.append(since)
         if until is not None:
-            where.append("created_at <= ?")
+            where.append(f"{col_prefix}created_at <= ?")
             params.append(until)
+        return where, params
+
+    def _rows(self, filters: dict[str, Any]) -> np.ndarray:
+        where, params = self._where(filters)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         meta = filters.get("metadata")
         if meta:
@@ -424,55 +447,44 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 if all(loads(r[1])["metadata"].get(k) == v for k, v in meta.items())
             ]
             return np.asarray(keep, np.int64)
+        if not where:
+            ids: np.ndarray = self._state()["ids"]
+            return ids
         rows = self._q(f"SELECT row FROM ctxkeep_episodes {clause} ORDER BY row", params)
         return np.asarray([r[0] for r in rows], np.int64)
 
-    def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
-        """BM25 over the searched scope: FTS5 finds the documents holding each term, the
-        statistics are those of ``rows``.
-        """
+    def _term_counts(self, terms: Sequence[str], rows: np.ndarray) -> np.ndarray:
+        """How often each term occurs in each row's window document: (len(rows), len(terms))."""
+        out = np.zeros((rows.size, len(terms)), np.float64)
         if not terms or rows.size == 0:
-            return np.zeros(rows.size, np.float64)
-        where = {int(r): i for i, r in enumerate(rows)}
-        counts = Counter(terms)
-        holders: dict[str, list[int]] = {}
-        for term in counts:
-            found = self._q(
-                "SELECT rowid FROM ctxkeep_episode_fts WHERE ctxkeep_episode_fts MATCH ?",
-                ('"' + term.replace('"', '""') + '"',),
-            )
-            holders[term] = [r for (r,) in found if r in where]
-        needed = sorted({r for rs in holders.values() for r in rs})
-        bodies: dict[int, Counter[str]] = {}
-        for s in range(0, len(needed), 500):
-            chunk = needed[s : s + 500]
-            marks = ",".join("?" * len(chunk))
-            for rowid, body in self._q(
-                f"SELECT rowid, body FROM ctxkeep_episode_fts WHERE rowid IN ({marks})", chunk
-            ):
-                bodies[int(rowid)] = Counter(body.split())
-        hits = [
-            (
-                qtf,
-                np.asarray([where[r] for r in holders[term]], np.int64),
-                np.asarray([bodies[r][term] for r in holders[term]], np.float64),
-            )
-            for term, qtf in counts.items()
-        ]
-        lengths = dict(self._doclens(rows))
-        doclen = np.asarray([lengths.get(int(r), 0) for r in rows], np.float64)
-        return bm25(hits, doclen, self.config.k1, self.config.b)
-
-    def _doclens(self, rows: np.ndarray) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
+            return out
+        at = {int(r): i for i, r in enumerate(rows)}
+        padded = [f" {w} " for w in terms]
         ids = rows.tolist()
         for s in range(0, len(ids), 900):
             chunk = ids[s : s + 900]
             marks = ",".join("?" * len(chunk))
-            out.extend(
-                self._q(f"SELECT row, doclen FROM ctxkeep_episodes WHERE row IN ({marks})", chunk)
-            )
+            for rowid, body in self._q(
+                f"SELECT rowid, body FROM ctxkeep_episode_fts WHERE rowid IN ({marks})", chunk
+            ):
+                doc = f" {body} "  # tokens are space-separated words without spaces
+                out[at[int(rowid)]] = [doc.count(w) for w in padded]
         return out
+
+    def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
+        """BM25 with the statistics of the searched scope ``rows`` (small: at most a few
+        thousand rows are scored this way, their documents read).
+        """
+        if not terms or rows.size == 0:
+            return np.zeros(rows.size, np.float64)
+        counts = Counter(terms)
+        tf = self._term_counts(list(counts), rows)
+        hits = []
+        for j, qtf in enumerate(counts.values()):
+            pos = np.flatnonzero(tf[:, j])
+            hits.append((qtf, pos, tf[pos, j]))
+        doclen = self._state()["doclen"][self._pos_of(rows)]
+        return bm25(hits, doclen, self.config.k1, self.config.b)
 
     def _vectors(self, rows: np.ndarray) -> np.ndarray:
         return self.vectors.vectors(rows)
@@ -480,43 +492,79 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
     def _candidates(
         self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """With an HNSW index: the ``n`` best rows by FTS5's BM25 and the ``n`` nearest in
-        the graph, with their neighbours; their lexical scores are FTS5's.
+        """For a scope of more than ``4n`` episodes: the ``n`` best by FTS5's BM25 over the
+        informative query terms and the ``n`` nearest in the vector index, with their
+        session neighbours; their lexical scores are BM25 with store-wide statistics.
         """
         st = self._state()
-        index = self._vindex
-        if index is None or not index.approximate:
-            return None
+        index = self.vectors
         scope = self._rows(filters) if filters else st["ids"]
         if scope.size <= 4 * n:
             return None
         parts = []
-        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms))
-        use_lex = bool(match) and bool(self.config.lexical_weight)
+        counts = Counter(terms)
+        use_lex = bool(terms) and bool(self.config.lexical_weight)
+        df = self._doc_freq(list(counts), st) if use_lex else {}
         if use_lex:
-            top = self._q(
-                "SELECT rowid FROM ctxkeep_episode_fts WHERE ctxkeep_episode_fts MATCH ? "
-                "ORDER BY rank LIMIT ?",
-                (match, 4 * n if filters else n),
-            )
-            parts.append(np.asarray([r for (r,) in top], np.int64))
+            # a term in most documents would make FTS5 rank most of the store: the
+            # informative ones find the candidates, every term scores them
+            limit = max(1_000, 0.01 * st["ids"].size)
+            informative = [w for w in counts if 0 < df[w] <= limit]
+            if not informative:
+                informative = sorted((w for w in counts if df[w]), key=df.__getitem__)[:2]
+            if informative:
+                match = " OR ".join('"' + w.replace('"', '""') + '"' for w in informative)
+                where, params = self._where(filters, "e.")
+                cond = "".join(f" AND {c}" for c in where)
+                top = self._q(
+                    "SELECT e.row FROM ctxkeep_episode_fts JOIN ctxkeep_episodes e "
+                    "ON e.row = ctxkeep_episode_fts.rowid "
+                    f"WHERE ctxkeep_episode_fts MATCH ?{cond} ORDER BY rank LIMIT ?",
+                    (match, *params, 4 * n if filters.get("metadata") else n),
+                )
+                parts.append(np.asarray([r for (r,) in top], np.int64))
         if q is not None:
             parts.append(index.search(q, n, scope if filters else None)[0])
         cand = with_neighbours(parts, lambda rows: st["nb"][self._pos_of(rows)], scope)
         if not use_lex:
             return cand, None
+        tf = self._term_counts(list(counts), cand)
+        total = st["ids"].size
+        avg = max(float(st["doclen"].mean()), 1e-9)
+        k1, b = self.config.k1, self.config.b
+        norm = k1 * (1 - b + b * st["doclen"][self._pos_of(cand)] / avg)
         lex = np.zeros(cand.size, np.float64)
-        where = {int(r): i for i, r in enumerate(cand)}
-        ids = cand.tolist()
-        for s in range(0, len(ids), 900):
-            chunk = ids[s : s + 900]
-            for rowid, rank in self._q(
-                "SELECT rowid, rank FROM ctxkeep_episode_fts WHERE ctxkeep_episode_fts MATCH ? "
-                f"AND rowid IN ({','.join('?' * len(chunk))})",
-                (match, *chunk),
-            ):
-                lex[where[int(rowid)]] = -float(rank)  # FTS5's rank is -BM25
+        for j, (w, qtf) in enumerate(counts.items()):
+            if df[w]:
+                idf = np.log(1 + (total - df[w] + 0.5) / (df[w] + 0.5))
+                lex += qtf * idf * tf[:, j] * (k1 + 1) / (tf[:, j] + norm)
         return cand, lex
+
+    def _doc_freq(self, terms: list[str], st: dict[str, Any]) -> dict[str, int]:
+        """How many documents of the store hold each term.
+
+        Counting costs FTS5 a walk over the term's postings, so counts are cached per
+        process and recounted once the store's size has moved by 1% (idf barely moves).
+        """
+        n = int(st["ids"].size)
+        with self._cache_lock:
+            if abs(n - self._df_at) > 0.01 * max(n, 1):
+                self._df.clear()
+                self._df_at = n
+            missing = [w for w in terms if w not in self._df]
+        if missing:
+            marks = ",".join("?" * len(missing))
+            found = dict(
+                self._q(
+                    f"SELECT term, doc FROM ctxkeep_episode_vocab WHERE term IN ({marks})",
+                    missing,
+                )
+            )
+            with self._cache_lock:
+                for w in missing:
+                    self._df[w] = int(found.get(w, 0))
+        with self._cache_lock:
+            return {w: self._df.get(w, 0) for w in terms}
 
     def _neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         st = self._state()

@@ -1,0 +1,258 @@
+"""Episodic ingestion and store-level search at scale, through ctxkeep's own store API.
+
+Two measurements:
+
+* ``embed``: LoCoMo dialog turns saved with ``save_episodes`` (batches of ``--batch``) into
+  a fresh store with the real default embedder (e5-small, ``ctxkeep[embeddings]``):
+  episodes per second embedded, stored and indexed, beside the embedder alone on the same
+  texts in the same batches (the anchor: what is left is the store's share).
+* ``scale``: ``--episodes`` synthetic episodes (Zipf-distributed words from a 20,000-word
+  vocabulary, 12-40 words each, sessions of 50) with vectors drawn like e5-small embeddings
+  (``episodic_scale.e5like``, handed over by a table embedder so the model's speed does not
+  hide the store's) saved into a SQLite store in batches of 1,000: episodes per second
+  stored and indexed, overall and over the last tenth (when the index is an HNSW graph).
+  Then hybrid ``search`` (top 10), one query at a time: p50 / p99 with the HNSW candidates
+  (the default above 20,000 episodes), beside the same store scored exactly
+  (``IndexConfig(kind="exact")``: every episode), and the overlap of their top 10.
+  Queries are 6 words of a stored episode with that episode's vector plus noise.
+
+Usage:
+    python bench/episodic_ingest.py                      # both, 1,000 turns, 100,000 episodes
+    python bench/episodic_ingest.py --only embed --turns 2000
+    python bench/episodic_ingest.py --only scale --episodes 200000 --json bench/out/ingest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from _common import write_json
+from ctxkeep.episodic import IndexConfig, get_embedder, open_episodic
+from episodic_scale import DIM, e5like
+from locomo_recall import data_dir, turn_text
+
+K = 10
+
+
+def locomo_turns(n: int) -> list[dict[str, Any]]:
+    """The first ``n`` LoCoMo turns as episodes (as bench/locomo_recall.py saves them)."""
+    out: list[dict[str, Any]] = []
+    for ci, conv in enumerate(json.loads(data_dir().read_text())):
+        c = conv["conversation"]
+        s = 1
+        while f"session_{s}" in c:
+            date = c.get(f"session_{s}_date_time", "")
+            for turn in c[f"session_{s}"]:
+                out.append(
+                    {
+                        "session_id": f"conv{ci}:session_{s}",
+                        "task_id": f"conv{ci}",
+                        "task_goal": "",
+                        "summary": turn_text(turn["speaker"], date, turn),
+                    }
+                )
+                if len(out) == n:
+                    return out
+            s += 1
+    return out
+
+
+def embed(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    turns = locomo_turns(args.turns)
+    texts = [t["summary"] for t in turns]
+    model = get_embedder("local")
+    model.embed_documents(texts[:8])  # load the weights
+    rows: dict[str, Any] = {"turns": len(turns), "batch": args.batch, "embedder": model.name}
+    alone, stored = [], []
+    for rep in range(args.repeats):
+        t = time.perf_counter()
+        for s in range(0, len(texts), args.batch):
+            model.embed_documents(texts[s : s + args.batch])
+        alone.append(len(texts) / (time.perf_counter() - t))
+        with tempfile.TemporaryDirectory(dir=os.environ.get("CTXKEEP_BENCH_TMP")) as d:
+            store = open_episodic(f"sqlite:///{d}/episodes.db", embedder=model)
+            t = time.perf_counter()
+            for s in range(0, len(turns), args.batch):
+                store.save_episodes(turns[s : s + args.batch])
+            stored.append(len(turns) / (time.perf_counter() - t))
+            store.close()
+        console.log(f"  embed run {rep}: model {alone[-1]:.1f}/s, store {stored[-1]:.1f}/s")
+    rows["model_per_s"] = statistics.median(alone)
+    rows["store_per_s"] = statistics.median(stored)
+    rows["runs"] = {"model": alone, "store": stored}
+    return rows
+
+
+class TableEmbedder:
+    """Hands out vectors registered for texts (a benchmark stand-in for a model)."""
+
+    name = "table-e5like"
+    dim = DIM
+
+    def __init__(self) -> None:
+        self.table: dict[bytes, np.ndarray] = {}
+
+    @staticmethod
+    def _key(text: str) -> bytes:
+        return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+    def register(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+        for t, v in zip(texts, vectors, strict=True):
+            self.table[self._key(t)] = v
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self.table[self._key(t)] for t in texts])
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.table[self._key(text)]
+
+
+def synthetic(n: int, seed: int) -> tuple[list[dict[str, Any]], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    vocab = [f"w{i}" for i in range(20_000)]
+    p = 1.0 / np.arange(1, len(vocab) + 1) ** 1.07
+    p /= p.sum()
+    lengths = rng.integers(12, 41, n)
+    words = rng.choice(len(vocab), int(lengths.sum()), p=p)
+    out, at = [], 0
+    for i, ln in enumerate(lengths.tolist()):
+        text = " ".join(vocab[w] for w in words[at : at + ln])
+        at += ln
+        out.append({"session_id": f"s{i // 50}", "task_goal": "", "summary": f"e{i} {text}"})
+    return out, e5like(n, seed)
+
+
+def scale(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    n = args.episodes
+    t = time.perf_counter()
+    eps, vecs = synthetic(n, args.seed)
+    emb = TableEmbedder()
+    emb.register([e["summary"] for e in eps], vecs)
+    rng = np.random.default_rng(args.seed + 1)
+    picks = rng.choice(n, args.queries, replace=False)
+    queries = []
+    for i in picks.tolist():
+        words = eps[i]["summary"].split()[1:]
+        q = " ".join(rng.choice(words, min(6, len(words)), replace=False))
+        v = vecs[i] + rng.normal(0, 0.02, DIM).astype(np.float32)
+        queries.append(q)
+        emb.register([q], (v / np.linalg.norm(v))[None, :])
+    console.log(f"scale: {n:,} synthetic episodes in {time.perf_counter() - t:.0f}s")
+    out: dict[str, Any] = {"episodes": n, "queries": len(queries)}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("CTXKEEP_BENCH_TMP")) as d:
+        url = f"sqlite:///{d}/episodes.db"
+        store = open_episodic(url, embedder=emb)
+        batch, times = 1_000, []
+        t = time.perf_counter()
+        for s in range(0, n, batch):
+            b = time.perf_counter()
+            store.save_episodes(eps[s : s + batch])
+            times.append(time.perf_counter() - b)
+            if (s // batch) % 20 == 0:
+                console.log(f"  saved {s + batch:,} ({batch / times[-1]:.0f}/s)")
+        total = time.perf_counter() - t
+        tail = times[-max(1, len(times) // 10) :]
+        out["ingest_per_s"] = n / total
+        out["ingest_last_tenth_per_s"] = batch * len(tail) / sum(tail)
+        out["index"] = type(store.vectors).__name__, store.vectors.approximate
+        store.close()
+        files = {p.name: p.stat().st_size for p in Path(d).iterdir()}
+        out["files_bytes"] = files
+        graph = open_episodic(url, embedder=emb)
+        t = time.perf_counter()
+        graph.search(queries[0], 1)
+        out["open_s"] = time.perf_counter() - t
+        exact = open_episodic(url, embedder=emb, index=IndexConfig(kind="exact"))
+        exact.search(queries[0], 1)
+        results: dict[str, list[list[str]]] = {"hnsw": [], "exact": []}
+        lat: dict[str, list[float]] = {"hnsw": [], "exact": []}
+        for q in queries:  # interleaved: both see the same machine load
+            for name, st in (("hnsw", graph), ("exact", exact)):
+                b = time.perf_counter()
+                hits = st.search(q, K)
+                lat[name].append((time.perf_counter() - b) * 1e3)
+                results[name].append([h.episode.episode_id for h in hits])
+        for name in lat:
+            out[f"{name}_p50_ms"] = statistics.median(lat[name])
+            out[f"{name}_p99_ms"] = float(np.percentile(lat[name], 99))
+        overlap = [
+            len(set(a) & set(b)) / K for a, b in zip(results["hnsw"], results["exact"], strict=True)
+        ]
+        out["top10_overlap"] = float(np.mean(overlap))
+        found = [
+            eps[i]["summary"] in {h.episode.summary for h in graph.search(q, K)}
+            for i, q in zip(picks.tolist()[:50], queries[:50], strict=True)
+        ]
+        out["source_in_top10"] = float(np.mean(found))
+        graph.close()
+        exact.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--only", choices=["embed", "scale"])
+    ap.add_argument("--turns", type=int, default=1_000)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--episodes", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--json", help="write the results here (- for stdout)")
+    args = ap.parse_args()
+    console = Console(stderr=True)
+    payload: dict[str, Any] = {"cores": os.cpu_count(), "argv": sys.argv[1:]}
+    if args.only in (None, "embed"):
+        e = payload["embed"] = embed(args, console)
+        table = Table(title=f"Ingestion of {e['turns']:,} LoCoMo turns ({e['embedder']})")
+        for c in ("batch", "embedder alone (texts/s)", "save_episodes (episodes/s)", "ratio"):
+            table.add_column(c, justify="right")
+        table.add_row(
+            str(e["batch"]),
+            f"{e['model_per_s']:.1f}",
+            f"{e['store_per_s']:.1f}",
+            f"{e['store_per_s'] / e['model_per_s']:.2f}",
+        )
+        Console().print(table)
+    if args.only in (None, "scale"):
+        s = payload["scale"] = scale(args, console)
+        table = Table(title=f"SQLite store with {s['episodes']:,} episodes (hybrid search, top 10)")
+        for c in ("measure", "value"):
+            table.add_column(c)
+        table.add_row("ingest (stored + indexed)", f"{s['ingest_per_s']:,.0f} episodes/s")
+        table.add_row("ingest, last tenth", f"{s['ingest_last_tenth_per_s']:,.0f} episodes/s")
+        table.add_row("open + first search", f"{s['open_s']:.1f} s")
+        table.add_row(
+            "search p50 / p99, HNSW", f"{s['hnsw_p50_ms']:.1f} / {s['hnsw_p99_ms']:.1f} ms"
+        )
+        table.add_row(
+            "search p50 / p99, exact", f"{s['exact_p50_ms']:.1f} / {s['exact_p99_ms']:.1f} ms"
+        )
+        table.add_row("top-10 overlap with exact", f"{s['top10_overlap']:.3f}")
+        table.add_row("source episode in top 10", f"{s['source_in_top10']:.2f}")
+        table.add_row(
+            "files", ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in s["files_bytes"].items())
+        )
+        Console().print(table)
+    if args.json:
+        write_json(payload, args.json)
+
+
+if __name__ == "__main__":
+    main()
