@@ -230,3 +230,17 @@ def test_a_small_store_is_exact_and_keeps_no_file(tmp_path: Path) -> None:
     assert not s.vectors.approximate
     s.close()
     assert not (tmp_path / "episodes.db.vidx").exists()
+
+
+def test_sqlite_counts_repeated_tokens_like_the_memory_store(tmp_path: Path) -> None:
+    texts = ["alpha alpha alpha beta", "alpha beta beta", "gamma alpha", "beta beta beta beta"]
+    stores = [open_store(k, tmp_path, IndexConfig(kind="exact")) for k in ("memory", "sqlite")]
+    for s in stores:
+        s.save_episodes([{"session_id": "s", "task_goal": "", "summary": t} for t in texts])
+    memory, sqlite = (
+        [(h.episode.summary, h.lexical) for h in s.search("alpha", 4)] for s in stores
+    )
+    assert [x for x, _ in memory] == [x for x, _ in sqlite]
+    assert [y for _, y in memory] == pytest.approx([y for _, y in sqlite])
+    for s in stores:
+        s.close()

@@ -467,7 +467,9 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
             for rowid, body in self._q(
                 f"SELECT rowid, body FROM ctxkeep_episode_fts WHERE rowid IN ({marks})", chunk
             ):
-                doc = f" {body} "  # tokens are space-separated words without spaces
+                # tokens are words without spaces, one space apart: doubling the spaces
+                # lets " w " match every occurrence (a repeated token shares its spaces)
+                doc = f" {body.replace(' ', '  ')} "
                 out[at[int(rowid)]] = [doc.count(w) for w in padded]
         return out
 
