@@ -41,8 +41,8 @@ class IndexConfig:
     """``auto``: exact below ``hnsw_from`` vectors, HNSW from there (exact if faiss is
     missing); ``exact``; ``hnsw`` (faiss required)."""
     hnsw_from: int = 20_000
-    """``auto`` switches to HNSW at this many vectors: there exact search took 7.8 ms and
-    HNSW 1.7 ms (recall@10 0.993); at 5,000 exact took 0.2 ms (BENCHMARKS.md)."""
+    """``auto`` switches to HNSW at this many vectors: there exact search took 3.9 ms and
+    HNSW 1.3 ms (recall@10 0.996); at 10,000 exact took 0.7 ms, HNSW 0.9 ms (BENCHMARKS.md)."""
     hnsw: HNSWParams = field(default_factory=HNSWParams)
     """The HNSW knobs."""
 
