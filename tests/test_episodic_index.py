@@ -244,3 +244,24 @@ def test_sqlite_counts_repeated_tokens_like_the_memory_store(tmp_path: Path) -> 
     assert [y for _, y in memory] == pytest.approx([y for _, y in sqlite])
     for s in stores:
         s.close()
+
+
+def test_neighbour_rows_match_session_positions() -> None:
+    from ctxkeep.episodic.sqlite import _neighbour_rows
+
+    rng = np.random.default_rng(5)
+    sessions, pos, ids = [], [], []
+    counter: dict[str, int] = {}
+    for row in rng.permutation(np.arange(10, 400)).tolist():
+        s = f"s{int(rng.integers(0, 12))}"
+        sessions.append(s)
+        pos.append(counter.setdefault(s, 0))
+        counter[s] += 1
+        ids.append(row)
+    order = np.argsort(ids)  # the store passes rows sorted
+    ids_arr = np.asarray(ids)[order]
+    sess = [sessions[i] for i in order]
+    p = [pos[i] for i in order]
+    at = {(s, q): r for s, q, r in zip(sess, p, ids_arr.tolist(), strict=True)}
+    want = [[at.get((s, q + d), -1) for d in (-1, 1, -2, 2)] for s, q in zip(sess, p, strict=True)]
+    assert _neighbour_rows(ids_arr, sess, p).tolist() == want
