@@ -49,6 +49,15 @@ def _match(e: Episode, filters: dict[str, Any]) -> bool:
     return not meta or all(e.metadata.get(k) == v for k, v in meta.items())
 
 
+def _inside(rows: np.ndarray, scope: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` are in the sorted array ``scope`` (a boolean mask)."""
+    if not scope.size:
+        return np.zeros(rows.size, bool)
+    at = np.minimum(np.searchsorted(scope, rows), scope.size - 1)
+    out: np.ndarray = scope[at] == rows
+    return out
+
+
 class MemoryEpisodicStore(EpisodicMemoryStore):
     """All episodes in memory; exact hybrid search."""
 
@@ -201,8 +210,11 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
     def _candidates(
         self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """With an HNSW index: the ``n`` best rows by BM25 (scored over the whole scope,
-        from the postings) and the ``n`` nearest in the graph, with their neighbours.
+        """With an HNSW index and a scope of more than ``4n`` episodes: the ``n`` best by
+        BM25 over the informative query terms (those in at most 1% of the episodes; a term in
+        most would make every posting a candidate) and the ``n`` nearest in the graph, with
+        their session neighbours. Their lexical scores are BM25 over every query term with
+        the statistics of the whole store, as in the SQLite store.
         """
         with self._lock:
             if not self.vectors.approximate:
@@ -210,12 +222,48 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             scope = self._rows(filters)
             if scope.size <= 4 * n:
                 return None
-            lex = self._lexical(terms, scope) if terms and self.config.lexical_weight else None
-            parts = [scope[lexical_top(lex, n)]] if lex is not None else []
+            counts = Counter(terms)
+            use_lex = bool(terms) and bool(self.config.lexical_weight)
+            df = {w: len(self._postings.get(w, ())) for w in counts}
+            parts = []
+            if use_lex:
+                limit = max(1_000, 0.01 * self._rows({}).size)
+                informative = [w for w in counts if 0 < df[w] <= limit]
+                if not informative:
+                    informative = sorted((w for w in counts if df[w]), key=df.__getitem__)[:2]
+                if informative:
+                    found = np.unique(
+                        np.concatenate(
+                            [np.fromiter(self._postings[w], np.int64) for w in informative]
+                        )
+                    )
+                    found = found[_inside(found, scope)]
+                    scores = self._store_bm25({w: counts[w] for w in informative}, df, found)
+                    parts.append(found[lexical_top(scores, n)])
             if q is not None:
                 parts.append(self.vectors.search(q, n, scope if filters else None)[0])
             cand = with_neighbours(parts, self._nb_of, scope)
-            return cand, None if lex is None else lex[np.searchsorted(scope, cand)]
+            return cand, self._store_bm25(counts, df, cand) if use_lex else None
+
+    def _store_bm25(
+        self, counts: dict[str, int], df: dict[str, int], rows: np.ndarray
+    ) -> np.ndarray:
+        """BM25 of ``rows`` for the query terms ``counts``, store-wide statistics."""
+        live = self._rows({})
+        if self._doclen_arr is None:
+            self._doclen_arr = np.asarray(self._doclen, np.float64)
+        avg = max(float(self._doclen_arr[live].mean()), 1e-9) if live.size else 1.0
+        k1, b = self.config.k1, self.config.b
+        norm = k1 * (1 - b + b * self._doclen_arr[rows] / avg)
+        out = np.zeros(rows.size, np.float64)
+        ids = rows.tolist()
+        for w, qtf in counts.items():
+            if not df[w]:
+                continue
+            idf = np.log(1 + (live.size - df[w] + 0.5) / (df[w] + 0.5))
+            tf = np.fromiter((self._docs[r].get(w, 0) for r in ids), np.float64, len(ids))
+            out += qtf * idf * tf * (k1 + 1) / (tf + norm)
+        return out
 
     def _nb_of(self, rows: np.ndarray) -> np.ndarray:
         nb = self._nb
