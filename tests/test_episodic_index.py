@@ -265,3 +265,37 @@ def test_neighbour_rows_match_session_positions() -> None:
     at = {(s, q): r for s, q, r in zip(sess, p, ids_arr.tolist(), strict=True)}
     want = [[at.get((s, q + d), -1) for d in (-1, 1, -2, 2)] for s, q in zip(sess, p, strict=True)]
     assert _neighbour_rows(ids_arr, sess, p).tolist() == want
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_the_cache_kept_up_through_own_writes_equals_a_fresh_read(
+    tmp_path: Path, window: int
+) -> None:
+    config = RetrievalConfig(window=window)
+    s = sqlite_store(tmp_path, index=IndexConfig(kind="exact"), config=config)
+    applied = []
+    apply = s._apply_insert
+    s._apply_insert = lambda *a: applied.append(1) or apply(*a)
+    rng = np.random.default_rng(window)
+    for b in range(12):
+        batch = [
+            {
+                "session_id": f"s{int(rng.integers(0, 5))}",
+                "task_goal": "",
+                "summary": f"batch {b} item {i} " + " ".join(rng.choice(WORDS, 4)),
+            }
+            for i in range(int(rng.integers(1, 30)))
+        ]
+        s.save_episodes(batch)
+        if b == 6:
+            s.forget(session_id="s1")  # a full reload in between
+        kept = s._state()
+        reads = s._writes
+        fresh = sqlite_store(tmp_path, index=IndexConfig(kind="exact"), config=config)
+        want = fresh._state()
+        for key in ("ids", "nb", "created", "doclen"):
+            assert kept[key].tolist() == want[key].tolist(), (b, key)
+        assert s._writes == reads and s._cache is kept  # no reload happened
+        fresh.close()
+    assert len(applied) >= 10  # all but the first write and the one after forget
+    s.close()

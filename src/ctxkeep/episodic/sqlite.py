@@ -86,6 +86,9 @@ MIGRATIONS: list[list[str]] = [
         "(SELECT coalesce(max(row), 0) + 1 FROM ctxkeep_episodes))",
         "CREATE VIRTUAL TABLE IF NOT EXISTS ctxkeep_episode_vocab "
         "USING fts5vocab(ctxkeep_episode_fts, 'row')",
+        # what each process reloads after a write, without reading the vectors' pages
+        "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_scan "
+        "ON ctxkeep_episodes (row, session_id, pos, created_at, doclen)",
     ],
 ]
 
@@ -139,7 +142,7 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         self._local = threading.local()
         self._cache_lock = threading.Lock()
         self._cache: dict[str, Any] | None = None
-        self._cache_version: tuple[int, int] | None = None
+        self._cache_writes = -1  # the _writes the cache reflects
         self._writes = 0
         self._migrate()
 
@@ -199,6 +202,8 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                     f"{self.path} holds vectors of embedder {stored!r}, not "
                     f"{self.embedder.name!r}: open it with the same embedder"
                 )
+            if version == len(MIGRATIONS) and stored:
+                return  # current: write nothing (a commit would make other processes reload)
             for i in range(version, len(MIGRATIONS)):
                 for stmt in MIGRATIONS[i]:
                     conn.execute(stmt)
@@ -222,13 +227,27 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         if conn is not None:
             conn.close()
             self._local.conn = None
+            self._local.dv = None
 
     # -- the in-process cache of vectors and neighbour positions -------------------------------
 
+    def _current(self, data_version: int) -> bool:
+        """Whether the cache holds what this thread's connection sees (under the lock).
+
+        ``PRAGMA data_version`` changes when another connection commits; its values are
+        per connection, so each thread remembers the one it last checked the cache at.
+        """
+        return (
+            self._cache is not None
+            and getattr(self._local, "dv", None) == data_version
+            and self._cache_writes == self._writes
+        )
+
     def _state(self) -> dict[str, Any]:
-        version = (int(self._q("PRAGMA data_version")[0][0]), self._writes)
+        dv = int(self._q("PRAGMA data_version")[0][0])
         with self._cache_lock:
-            if self._cache is not None and self._cache_version == version:
+            if self._current(dv):
+                assert self._cache is not None
                 return self._cache
             rows = self._q(
                 "SELECT row, session_id, pos, created_at, doclen FROM ctxkeep_episodes ORDER BY row"
@@ -241,8 +260,42 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 "created": np.asarray([r[3] for r in rows], np.float64),
                 "doclen": np.asarray([r[4] for r in rows], np.float64),
             }
-            self._cache_version = version
+            self._cache_writes = self._writes
+            self._local.dv = dv
             return self._cache
+
+    def _apply_insert(self, first: int, tail: list[tuple[Any, ...]]) -> None:
+        """Bring the cache up to date with this thread's insert of rows ``first`` on.
+
+        ``tail``: (row, session, pos, created_at, doclen) of every row of the touched
+        sessions from ``lo`` (two positions before the first rewritten window) on, read in
+        the inserting transaction; rows from ``lo + 2`` on get new links and lengths.
+        """
+        cache = self._cache
+        assert cache is not None
+        ids = np.asarray([r[0] for r in tail], np.int64)
+        order = np.argsort(ids)
+        ids = ids[order]
+        sessions = [tail[i][1] for i in order]
+        pos = np.asarray([tail[i][2] for i in order], np.int64)
+        nb = _neighbour_rows(ids, sessions, pos.tolist())
+        lo: dict[str, int] = {}
+        for s, p in zip(sessions, pos.tolist(), strict=True):
+            lo[s] = min(lo.get(s, p), p)
+        update = np.asarray(
+            [p >= lo[s] + 2 or lo[s] == 0 for s, p in zip(sessions, pos.tolist(), strict=True)]
+        )
+        doclen = np.asarray([tail[i][4] for i in order], np.float64)
+        old = update & (ids < first)
+        at = np.searchsorted(cache["ids"], ids[old])
+        cache["nb"][at] = nb[old]
+        cache["doclen"][at] = doclen[old]
+        new = ids >= first
+        cache["ids"] = np.concatenate([cache["ids"], ids[new]])
+        cache["nb"] = np.concatenate([cache["nb"], nb[new]])
+        cache["doclen"] = np.concatenate([cache["doclen"], doclen[new]])
+        created = np.asarray([tail[i][3] for i in order], np.float64)
+        cache["created"] = np.concatenate([cache["created"], created[new]])
 
     # -- the vector index --------------------------------------------------------------------
 
@@ -365,6 +418,10 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
     ) -> None:
         vecs = np.asarray(vectors, np.float32)
         with self._tx() as conn:
+            dv = int(conn.execute("PRAGMA data_version").fetchone()[0])
+            with self._cache_lock:  # nobody else commits now: is the cache what we see?
+                cache = self._cache if self._current(dv) else None
+                writes = self._writes
             first = int(
                 conn.execute(
                     "SELECT value FROM ctxkeep_episodic_meta WHERE key = 'next_row'"
@@ -403,8 +460,20 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 )
             for sid, start in starts.items():
                 self._rewrite_windows(conn, sid, start)
+            tail: list[tuple[Any, ...]] = []
+            if cache is not None:
+                back = max(self.config.window, 2) + 2
+                for sid, start in starts.items():
+                    tail += conn.execute(
+                        "SELECT row, session_id, pos, created_at, doclen FROM ctxkeep_episodes "
+                        "WHERE session_id = ? AND pos >= ?",
+                        (sid, max(0, start - back)),
+                    ).fetchall()
         with self._cache_lock:
             self._writes += 1
+            if cache is not None and self._cache is cache and self._cache_writes == writes:
+                self._apply_insert(first, tail)  # no reload of every row after our own write
+                self._cache_writes = self._writes
             if self._vindex is not None:
                 self._vindex.add(np.arange(first, first + len(episodes)), vecs)
                 self._index_added(len(episodes))
