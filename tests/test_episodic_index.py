@@ -299,3 +299,19 @@ def test_the_cache_kept_up_through_own_writes_equals_a_fresh_read(
         fresh.close()
     assert len(applied) >= 10  # all but the first write and the one after forget
     s.close()
+
+
+def test_closing_after_another_process_forgot_does_not_write_the_vectors_back(
+    tmp_path: Path,
+) -> None:
+    a = sqlite_store(tmp_path, config=DENSE)
+    a.save_episodes(DATA)
+    a.close()
+    a = sqlite_store(tmp_path, config=DENSE)
+    a.save_episode("late", "", "one more (opens a's index, which writes the file)")
+    a.save_episode("late", "", "and another, unsaved in the file")
+    b = sqlite_store(tmp_path, config=DENSE)
+    assert b.forget(session_id="s3") == TURNS
+    b.close()
+    a.close()  # a still held s3's vectors in memory when b forgot them
+    assert read_header(tmp_path / "episodes.db.vidx")["count"] == len(DATA) - TURNS + 2

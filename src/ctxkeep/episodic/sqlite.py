@@ -220,9 +220,11 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         """Write the HNSW index file if rows were added since; close this thread's
         connection.
         """
-        with self._cache_lock:
-            if self._unsaved:
-                self._save_index()
+        if self._unsaved:
+            self._state()  # first drop what others forgot: it must not go back to the file
+            with self._cache_lock:
+                if self._unsaved:
+                    self._save_index()
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
