@@ -45,7 +45,7 @@ from rich.table import Table
 from _common import write_json
 from ctxkeep.episodic import E5SmallEmbedder, IndexConfig, open_episodic
 from episodic_scale import DIM, e5like
-from locomo_recall import data_dir, turn_text
+from locomo_recall import conversation_episodes, data_dir
 
 K = 10
 
@@ -54,23 +54,8 @@ def locomo_turns(n: int) -> list[dict[str, Any]]:
     """The first ``n`` LoCoMo turns as episodes (as bench/locomo_recall.py saves them)."""
     out: list[dict[str, Any]] = []
     for ci, conv in enumerate(json.loads(data_dir().read_text())):
-        c = conv["conversation"]
-        s = 1
-        while f"session_{s}" in c:
-            date = c.get(f"session_{s}_date_time", "")
-            for turn in c[f"session_{s}"]:
-                out.append(
-                    {
-                        "session_id": f"conv{ci}:session_{s}",
-                        "task_id": f"conv{ci}",
-                        "task_goal": "",
-                        "summary": turn_text(turn["speaker"], date, turn),
-                    }
-                )
-                if len(out) == n:
-                    return out
-            s += 1
-    return out
+        out += conversation_episodes(ci, conv)
+    return out[:n]
 
 
 def embed(args: argparse.Namespace, console: Console) -> dict[str, Any]:

@@ -86,6 +86,27 @@ def turn_text(speaker: str, date: str, turn: dict[str, Any]) -> str:
     return text
 
 
+def conversation_episodes(ci: int, conv: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every dialog turn of conversation ``ci`` as an episode, sessions in order."""
+    c = conv["conversation"]
+    out = []
+    n = 1
+    while f"session_{n}" in c:
+        date = c.get(f"session_{n}_date_time", "")
+        for turn in c[f"session_{n}"]:
+            out.append(
+                {
+                    "session_id": f"conv{ci}:session_{n}",
+                    "task_id": f"conv{ci}",
+                    "task_goal": "",
+                    "summary": turn_text(turn["speaker"], date, turn),
+                    "metadata": {"dia_id": turn["dia_id"]},
+                }
+            )
+        n += 1
+    return out
+
+
 def evidence_ids(qa: dict[str, Any]) -> list[str]:
     out = []
     for ev in qa.get("evidence") or []:
@@ -113,22 +134,7 @@ def main() -> None:
     t0 = time.perf_counter()
     n_turns = 0
     for ci, conv in enumerate(convs):
-        c = conv["conversation"]
-        batch = []
-        n = 1
-        while f"session_{n}" in c:
-            date = c.get(f"session_{n}_date_time", "")
-            for turn in c[f"session_{n}"]:
-                batch.append(
-                    {
-                        "session_id": f"conv{ci}:session_{n}",
-                        "task_id": f"conv{ci}",
-                        "task_goal": "",
-                        "summary": turn_text(turn["speaker"], date, turn),
-                        "metadata": {"dia_id": turn["dia_id"]},
-                    }
-                )
-            n += 1
+        batch = conversation_episodes(ci, conv)
         store.save_episodes(batch)
         n_turns += len(batch)
     ingest_s = time.perf_counter() - t0

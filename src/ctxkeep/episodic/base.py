@@ -169,12 +169,67 @@ def bm25(
         return scores
     avg = max(float(doclen.mean()), 1e-9)
     for qtf, pos, tf in hits:
-        if pos.size == 0:
-            continue
-        df = pos.size
-        idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
-        scores[pos] += qtf * idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * doclen[pos] / avg))
+        if pos.size:
+            scores[pos] += _bm25_term(qtf, pos.size, n, tf, doclen[pos], avg, k1, b)
     return scores
+
+
+def _bm25_term(
+    qtf: int, df: int, n: int, tf: np.ndarray, doclen: np.ndarray, avg: float, k1: float, b: float
+) -> np.ndarray:
+    """One query term's BM25 contribution to documents with counts ``tf`` and ``doclen``."""
+    idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+    out: np.ndarray = qtf * idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * doclen / avg))
+    return out
+
+
+def store_bm25(
+    counts: Mapping[str, int],
+    df: Mapping[str, int],
+    tf: np.ndarray,
+    doclen: np.ndarray,
+    all_doclen: np.ndarray,
+    k1: float,
+    b: float,
+) -> np.ndarray:
+    """BM25 of some documents of a store with the statistics of the whole store.
+
+    Args:
+        counts: query term -> times in the query.
+        df: query term -> documents of the store holding it.
+        tf: the documents' counts of each term of ``counts`` (in that order), (docs, terms).
+        doclen: the documents' lengths.
+        all_doclen: the length of every document of the store.
+        k1: term saturation.
+        b: length normalisation.
+
+    """
+    out = np.zeros(doclen.size, np.float64)
+    n = all_doclen.size
+    avg = max(float(all_doclen.mean()), 1e-9) if n else 1.0
+    for j, (w, qtf) in enumerate(counts.items()):
+        if df[w]:
+            out += _bm25_term(qtf, df[w], n, tf[:, j], doclen, avg, k1, b)
+    return out
+
+
+def informative_terms(counts: Mapping[str, int], df: Mapping[str, int], n: int) -> list[str]:
+    """The query terms that find lexical candidates in a store of ``n`` documents: those in
+    at most 1% of them (at least 1,000), else the two rarest present. A term in most
+    documents would make most of the store a candidate; every term still scores them.
+    """
+    limit = max(1_000, 0.01 * n)
+    found = [w for w in counts if 0 < df[w] <= limit]
+    return found or sorted((w for w in counts if df[w]), key=df.__getitem__)[:2]
+
+
+def in_sorted(rows: np.ndarray, scope: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` are in the sorted array ``scope`` (a boolean mask)."""
+    if not scope.size:
+        return np.zeros(rows.size, bool)
+    at = np.minimum(np.searchsorted(scope, rows), scope.size - 1)
+    out: np.ndarray = scope[at] == rows
+    return out
 
 
 def lexical_top(scores: np.ndarray, n: int) -> np.ndarray:
@@ -200,8 +255,7 @@ def with_neighbours(
     if cand.size:
         nb = neighbours(cand).ravel()
         cand = np.union1d(cand, nb[nb >= 0])
-    at = np.minimum(np.searchsorted(scope, cand), max(scope.size - 1, 0))
-    out: np.ndarray = cand[scope[at] == cand] if scope.size else cand[:0]
+    out: np.ndarray = cand[in_sorted(cand, scope)]
     return out.astype(np.int64, copy=False)
 
 

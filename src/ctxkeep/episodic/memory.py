@@ -23,7 +23,10 @@ from ctxkeep.episodic.base import (
     RetrievalConfig,
     _to_ts,
     bm25,
+    in_sorted,
+    informative_terms,
     lexical_top,
+    store_bm25,
     with_neighbours,
 )
 from ctxkeep.episodic.embedders import Embedder
@@ -47,15 +50,6 @@ def _match(e: Episode, filters: dict[str, Any]) -> bool:
         return False
     meta = filters.get("metadata")
     return not meta or all(e.metadata.get(k) == v for k, v in meta.items())
-
-
-def _inside(rows: np.ndarray, scope: np.ndarray) -> np.ndarray:
-    """Which of ``rows`` are in the sorted array ``scope`` (a boolean mask)."""
-    if not scope.size:
-        return np.zeros(rows.size, bool)
-    at = np.minimum(np.searchsorted(scope, rows), scope.size - 1)
-    out: np.ndarray = scope[at] == rows
-    return out
 
 
 class MemoryEpisodicStore(EpisodicMemoryStore):
@@ -202,9 +196,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 pos = where[idx]
                 keep = pos >= 0
                 hits.append((qtf, pos[keep], tf[keep]))
-            if self._doclen_arr is None:
-                self._doclen_arr = np.asarray(self._doclen, np.float64)
-            doclen = self._doclen_arr[rows]
+            doclen = self._doclens()[rows]
             return bm25(hits, doclen, self.config.k1, self.config.b)
 
     def _candidates(
@@ -226,20 +218,14 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             use_lex = bool(terms) and bool(self.config.lexical_weight)
             df = {w: len(self._postings.get(w, ())) for w in counts}
             parts = []
-            if use_lex:
-                limit = max(1_000, 0.01 * self._rows({}).size)
-                informative = [w for w in counts if 0 < df[w] <= limit]
-                if not informative:
-                    informative = sorted((w for w in counts if df[w]), key=df.__getitem__)[:2]
-                if informative:
-                    found = np.unique(
-                        np.concatenate(
-                            [np.fromiter(self._postings[w], np.int64) for w in informative]
-                        )
-                    )
-                    found = found[_inside(found, scope)]
-                    scores = self._store_bm25({w: counts[w] for w in informative}, df, found)
-                    parts.append(found[lexical_top(scores, n)])
+            informative = informative_terms(counts, df, self._rows({}).size) if use_lex else []
+            if informative:
+                found = np.unique(
+                    np.concatenate([np.fromiter(self._postings[w], np.int64) for w in informative])
+                )
+                found = found[in_sorted(found, scope)]
+                scores = self._store_bm25({w: counts[w] for w in informative}, df, found)
+                parts.append(found[lexical_top(scores, n)])
             if q is not None:
                 parts.append(self.vectors.search(q, n, scope if filters else None)[0])
             cand = with_neighbours(parts, self._nb_of, scope)
@@ -249,21 +235,24 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         self, counts: dict[str, int], df: dict[str, int], rows: np.ndarray
     ) -> np.ndarray:
         """BM25 of ``rows`` for the query terms ``counts``, store-wide statistics."""
-        live = self._rows({})
+        docs = [self._docs[r] for r in rows.tolist()]
+        tf = np.asarray([[d.get(w, 0) for w in counts] for d in docs], np.float64)
+        doclen = self._doclens()
+        return store_bm25(
+            counts,
+            df,
+            tf.reshape(rows.size, len(counts)),
+            doclen[rows],
+            doclen[self._rows({})],
+            self.config.k1,
+            self.config.b,
+        )
+
+    def _doclens(self) -> np.ndarray:
+        """Every row's window document length (0 for forgotten rows), cached."""
         if self._doclen_arr is None:
             self._doclen_arr = np.asarray(self._doclen, np.float64)
-        avg = max(float(self._doclen_arr[live].mean()), 1e-9) if live.size else 1.0
-        k1, b = self.config.k1, self.config.b
-        norm = k1 * (1 - b + b * self._doclen_arr[rows] / avg)
-        out = np.zeros(rows.size, np.float64)
-        ids = rows.tolist()
-        for w, qtf in counts.items():
-            if not df[w]:
-                continue
-            idf = np.log(1 + (live.size - df[w] + 0.5) / (df[w] + 0.5))
-            tf = np.fromiter((self._docs[r].get(w, 0) for r in ids), np.float64, len(ids))
-            out += qtf * idf * tf * (k1 + 1) / (tf + norm)
-        return out
+        return self._doclen_arr
 
     def _nb_of(self, rows: np.ndarray) -> np.ndarray:
         nb = self._nb

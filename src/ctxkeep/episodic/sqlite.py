@@ -38,6 +38,8 @@ from ctxkeep.episodic.base import (
     bm25,
     episode_from_record,
     episode_record,
+    informative_terms,
+    store_bm25,
     with_neighbours,
 )
 from ctxkeep.episodic.embedders import Embedder
@@ -572,46 +574,35 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         """
         st = self._state()
         index = self.vectors
-        scope = self._rows(filters) if filters else st["ids"]
+        scope = self._rows(filters)
         if scope.size <= 4 * n:
             return None
         parts = []
         counts = Counter(terms)
         use_lex = bool(terms) and bool(self.config.lexical_weight)
         df = self._doc_freq(list(counts), st) if use_lex else {}
-        if use_lex:
-            # a term in most documents would make FTS5 rank most of the store: the
-            # informative ones find the candidates, every term scores them
-            limit = max(1_000, 0.01 * st["ids"].size)
-            informative = [w for w in counts if 0 < df[w] <= limit]
-            if not informative:
-                informative = sorted((w for w in counts if df[w]), key=df.__getitem__)[:2]
-            if informative:
-                match = " OR ".join('"' + w.replace('"', '""') + '"' for w in informative)
-                where, params = self._where(filters, "e.")
-                cond = "".join(f" AND {c}" for c in where)
-                top = self._q(
-                    "SELECT e.row FROM ctxkeep_episode_fts JOIN ctxkeep_episodes e "
-                    "ON e.row = ctxkeep_episode_fts.rowid "
-                    f"WHERE ctxkeep_episode_fts MATCH ?{cond} ORDER BY rank LIMIT ?",
-                    (match, *params, 4 * n if filters.get("metadata") else n),
-                )
-                parts.append(np.asarray([r for (r,) in top], np.int64))
+        informative = informative_terms(counts, df, st["ids"].size) if use_lex else []
+        if informative:
+            match = " OR ".join('"' + w.replace('"', '""') + '"' for w in informative)
+            where, params = self._where(filters, "e.")
+            cond = "".join(f" AND {c}" for c in where)
+            top = self._q(
+                "SELECT e.row FROM ctxkeep_episode_fts JOIN ctxkeep_episodes e "
+                "ON e.row = ctxkeep_episode_fts.rowid "
+                f"WHERE ctxkeep_episode_fts MATCH ?{cond} ORDER BY rank LIMIT ?",
+                (match, *params, 4 * n if filters.get("metadata") else n),
+            )
+            parts.append(np.asarray([r for (r,) in top], np.int64))
         if q is not None:
             parts.append(index.search(q, n, scope if filters else None)[0])
         cand = with_neighbours(parts, lambda rows: st["nb"][self._pos_of(rows)], scope)
         if not use_lex:
             return cand, None
         tf = self._term_counts(list(counts), cand)
-        total = st["ids"].size
-        avg = max(float(st["doclen"].mean()), 1e-9)
-        k1, b = self.config.k1, self.config.b
-        norm = k1 * (1 - b + b * st["doclen"][self._pos_of(cand)] / avg)
-        lex = np.zeros(cand.size, np.float64)
-        for j, (w, qtf) in enumerate(counts.items()):
-            if df[w]:
-                idf = np.log(1 + (total - df[w] + 0.5) / (df[w] + 0.5))
-                lex += qtf * idf * tf[:, j] * (k1 + 1) / (tf[:, j] + norm)
+        doclen = st["doclen"]
+        lex = store_bm25(
+            counts, df, tf, doclen[self._pos_of(cand)], doclen, self.config.k1, self.config.b
+        )
         return cand, lex
 
     def _doc_freq(self, terms: list[str], st: dict[str, Any]) -> dict[str, int]:
