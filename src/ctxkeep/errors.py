@@ -5,6 +5,8 @@ Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueEr
 
     CtxkeepError
     ├── ConfigError (ValueError)                  a bad setting or config file
+    │   └── InvalidFilterError                    a search filter with an unknown key or bad value
+    ├── InvalidTypeError (TypeError)              an argument of the wrong type
     ├── MessageError (ValueError)                 a message ctxkeep cannot accept
     │   ├── InvalidMessageError                   malformed fields, wrong types, bad JSON
     │   │   └── UnknownRoleError                  a role no provider knows
@@ -20,7 +22,10 @@ Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueEr
     ├── ArtifactNotFoundError (LookupError)       no artifact under that ref
     ├── StorageError                              a backend failed (driver errors wrapped here)
     │   ├── SessionNotFoundError (LookupError)    no session with that id
+    │   ├── SessionExistsError (ValueError)       a session with that id already exists
     │   ├── CheckpointNotFoundError (LookupError) no checkpoint with that id
+    │   ├── EpisodeNotFoundError (LookupError)    no episode with that id
+    │   ├── CorruptRecordError (ValueError)       a stored or encoded value that cannot be decoded
     │   └── SchemaVersionError                    a stored record of an unknown version
     │       └── CognitiveStateSchemaVersionError  a CognitiveState newer than this ctxkeep
     └── MissingDependencyError (ImportError)      an optional extra is not installed
@@ -38,6 +43,14 @@ class CtxkeepError(Exception):
 
 class ConfigError(CtxkeepError, ValueError):
     """A setting (argument, environment variable or config file) is invalid."""
+
+
+class InvalidFilterError(ConfigError):
+    """A search filter names an unknown key or holds a value of the wrong kind."""
+
+
+class InvalidTypeError(CtxkeepError, TypeError):
+    """An argument has the wrong type; the message names the parameter and what it takes."""
 
 
 class MessageError(CtxkeepError, ValueError):
@@ -182,8 +195,20 @@ class SessionNotFoundError(StorageError, LookupError):
     """No session with the given id."""
 
 
+class SessionExistsError(StorageError, ValueError):
+    """A session with the given id already exists (pick another id, or delete it first)."""
+
+
 class CheckpointNotFoundError(StorageError, LookupError):
     """No checkpoint with the given id."""
+
+
+class EpisodeNotFoundError(StorageError, LookupError):
+    """No episode with the given id (or id prefix)."""
+
+
+class CorruptRecordError(StorageError, ValueError):
+    """A stored or encoded value is corrupt: it is refused, never decoded into another value."""
 
 
 class SchemaVersionError(StorageError):
