@@ -221,6 +221,9 @@ class MemoryManager:
         now = self._clock()
         info = SessionInfo(sid, agent_id, task_id, meta, created_at=now, accessed_at=now)
         self.backend.create(info, self.config.session_ttl)
+        # A new session has no history yet, whatever an earlier session of this id left in
+        # the cache (a store may drop sessions silently: its own LRU, Redis key expiry).
+        self._prompt_cache.pop(sid, None)
         self._enforce_max_sessions(keep=sid)
         return sid
 
@@ -406,6 +409,7 @@ class MemoryManager:
             self._evict(session_id, "ttl")
             info = None
         if info is None:
+            self._prompt_cache.pop(session_id, None)
             raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
         if touch:
             info = self.backend.info(session_id, touch=now, ttl=ttl) or info
