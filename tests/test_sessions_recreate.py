@@ -59,3 +59,16 @@ def test_prompt_after_store_silently_drops_a_session_shows_only_the_new_history(
         assert _contents(mem.build_prompt_messages("x")) == ["new"]
     finally:
         mem.close()
+
+
+def test_duplicate_session_id_is_a_typed_error(tmp_path: Path) -> None:
+    import pytest
+
+    for url in ("memory://", f"sqlite:///{tmp_path}/d.db"):
+        mem = ctxkeep.open_memory(url)
+        try:
+            mem.create_session("a", session_id="dup")
+            with pytest.raises(ctxkeep.SessionExistsError, match="already exists"):
+                mem.create_session("a", session_id="dup")
+        finally:
+            mem.close()

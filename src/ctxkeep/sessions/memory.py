@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ctxkeep.errors import ConfigError, SessionNotFoundError
+from ctxkeep.errors import ConfigError, SessionExistsError, SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import Backend, Check, Evicted, page
 from ctxkeep.sessions.records import SessionInfo, dumps, loads, record_to_message
@@ -124,7 +124,9 @@ class SessionMemory(Backend):
         """Store a new session, evicting the least recently accessed beyond ``max_size``."""
         with self._lock:
             if info.session_id in self._sessions:
-                raise ConfigError(f"session {info.session_id!r} already exists")
+                raise SessionExistsError(
+                    f"session {info.session_id!r} already exists; use another id"
+                )
             self._sessions[info.session_id] = _Session(copy.deepcopy(info))
             if self.max_size is not None:
                 while len(self._sessions) > self.max_size:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxkeep._pg import PgClient
 from ctxkeep.errors import (
-    ConfigError,
+    SessionExistsError,
     SessionNotFoundError,
 )
 from ctxkeep.messages import Message
@@ -160,7 +160,9 @@ class PostgresBackend(Backend):
                 ),
             )
             if cur.rowcount == 0:
-                raise ConfigError(f"session {info.session_id!r} already exists")
+                raise SessionExistsError(
+                    f"session {info.session_id!r} already exists; use another id"
+                )
 
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None

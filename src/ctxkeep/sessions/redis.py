@@ -60,6 +60,7 @@ from ctxkeep.errors import (
     ConfigError,
     MissingDependencyError,
     SchemaVersionError,
+    SessionExistsError,
     SessionNotFoundError,
     StorageError,
 )
@@ -431,7 +432,7 @@ class RedisBackend(Backend):
 
         def body(pipe: Pipeline) -> None:
             if pipe.exists(keys.session(sid)):
-                raise ConfigError(f"session {sid!r} already exists")
+                raise SessionExistsError(f"session {sid!r} already exists; use another id")
             pipe.multi()
             pipe.hset(keys.session(sid), mapping=session_fields(info))
             pipe.zadd(keys.created, {sid: info.created_at})

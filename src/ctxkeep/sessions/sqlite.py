@@ -23,7 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ctxkeep.errors import ConfigError, SchemaVersionError, SessionNotFoundError, StorageError
+from ctxkeep.errors import (
+    ConfigError,
+    SchemaVersionError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StorageError,
+)
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import Backend, Check, Evicted
 from ctxkeep.sessions.records import SessionInfo, dumps, dumps_record, loads, record_to_message
@@ -169,27 +175,27 @@ class SQLiteBackend(Backend):
     # -- primitives --------------------------------------------------------------------
 
     def create(self, info: SessionInfo, ttl: float | None) -> None:
-        """Insert the session row."""
-        try:
-            with self._tx() as conn:
-                conn.execute(
-                    f"INSERT INTO ctxkeep_sessions ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (
-                        info.session_id,
-                        info.agent_id,
-                        info.task_id,
-                        json.dumps(info.metadata),
-                        info.created_at,
-                        info.accessed_at,
-                        0,
-                        1,
-                        "[]",
-                    ),
+        """Insert the session row; an id in use is a SessionExistsError."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                f"INSERT INTO ctxkeep_sessions ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (session_id) DO NOTHING",
+                (
+                    info.session_id,
+                    info.agent_id,
+                    info.task_id,
+                    json.dumps(info.metadata),
+                    info.created_at,
+                    info.accessed_at,
+                    0,
+                    1,
+                    "[]",
+                ),
+            )
+            if cur.rowcount == 0:
+                raise SessionExistsError(
+                    f"session {info.session_id!r} already exists; use another id"
                 )
-        except sqlite3.IntegrityError as exc:
-            raise ConfigError(f"session {info.session_id!r} already exists") from exc
-        except sqlite3.Error as exc:
-            raise StorageError(f"{self.path}: {exc}") from exc
 
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None
