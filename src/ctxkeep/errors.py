@@ -196,7 +196,16 @@ class SessionNotFoundError(StorageError, LookupError):
 
 
 class SessionExistsError(StorageError, ValueError):
-    """A session with the given id already exists (pick another id, or delete it first)."""
+    """A session with the given id already exists (pick another id, or delete it first).
+
+    Attributes:
+        session_id: the id in use.
+
+    """
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"session {session_id!r} already exists; use another id")
 
 
 class CheckpointNotFoundError(StorageError, LookupError):

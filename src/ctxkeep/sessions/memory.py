@@ -124,9 +124,7 @@ class SessionMemory(Backend):
         """Store a new session, evicting the least recently accessed beyond ``max_size``."""
         with self._lock:
             if info.session_id in self._sessions:
-                raise SessionExistsError(
-                    f"session {info.session_id!r} already exists; use another id"
-                )
+                raise SessionExistsError(info.session_id)
             self._sessions[info.session_id] = _Session(copy.deepcopy(info))
             if self.max_size is not None:
                 while len(self._sessions) > self.max_size:

@@ -432,7 +432,7 @@ class RedisBackend(Backend):
 
         def body(pipe: Pipeline) -> None:
             if pipe.exists(keys.session(sid)):
-                raise SessionExistsError(f"session {sid!r} already exists; use another id")
+                raise SessionExistsError(sid)
             pipe.multi()
             pipe.hset(keys.session(sid), mapping=session_fields(info))
             pipe.zadd(keys.created, {sid: info.created_at})

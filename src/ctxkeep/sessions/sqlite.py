@@ -193,9 +193,7 @@ class SQLiteBackend(Backend):
                 ),
             )
             if cur.rowcount == 0:
-                raise SessionExistsError(
-                    f"session {info.session_id!r} already exists; use another id"
-                )
+                raise SessionExistsError(info.session_id)
 
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None
