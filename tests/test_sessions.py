@@ -27,18 +27,16 @@ from ctxkeep.sessions.sqlite import SQLiteBackend
 def test_session_memory_sweeper_reclaims_idle_sessions() -> None:
     evicted = []
     store = SessionMemory(max_size=None, ttl=0.2, on_evict=evicted.append)
-    mem = open_memory("memory://", MemoryConfig(session_ttl=None, max_sessions=None))
-    mem.backend.close()
-    mem.backend = store
     try:
-        sid = mem.create_session("a")
-        mem.add_message(sid, "user", "soon gone")
+        sid = store.create_session("a")
+        store.add_message(sid, "user", "soon gone")
         deadline = time.time() + 5
         while store.count() and time.time() < deadline:
             time.sleep(0.05)
         assert store.count() == 0
         assert evicted and evicted[0].reason == "ttl"
         assert evicted[0].messages[0].content == "soon gone"
+        assert [m.content for m in store.archived_messages(sid)] == ["soon gone"]
     finally:
         store.close()
     assert not store.sweeper_running
@@ -46,28 +44,53 @@ def test_session_memory_sweeper_reclaims_idle_sessions() -> None:
 
 def test_session_memory_evicts_least_recently_accessed_beyond_max_size() -> None:
     store = SessionMemory(max_size=2)
-    mem = open_memory("memory://", MemoryConfig(session_ttl=None, max_sessions=None))
-    mem.backend = store
-    a = mem.create_session("a")
+    a = store.create_session("a")
     time.sleep(0.01)
-    b = mem.create_session("b")
+    b = store.create_session("b")
     time.sleep(0.01)
-    mem.get_messages(a)
+    store.get_messages(a)
     time.sleep(0.01)
-    mem.create_session("c")
-    assert mem.has_session(a) and not mem.has_session(b)
+    store.create_session("c")
+    assert store.has_session(a) and not store.has_session(b)
+    assert len(store) == 2
 
 
 def test_session_memory_get_returns_copies() -> None:
     store = SessionMemory()
-    mem = open_memory("memory://")
-    mem.backend = store
-    sid = mem.create_session("a")
-    mem.add_message(sid, "user", "x", metadata={"k": [1]})
+    sid = store.create_session("a")
+    store.add_message(sid, "user", "x", metadata={"k": [1]})
     got = store.get_messages(sid)
     got[0].metadata["k"].append(2)  # type: ignore[attr-defined]
     assert store.get_messages(sid)[0].metadata == {"k": [1]}
     assert store.get(sid).message_count == 1
+
+
+def test_open_memory_memory_url_is_a_session_memory_with_the_config_bounds() -> None:
+    config = MemoryConfig(max_history=5, session_ttl=30, max_sessions=7)
+    with open_memory("memory://", config) as mem:
+        assert isinstance(mem, SessionMemory)
+        assert mem.config == config and mem.sweeper_running
+    assert not mem.sweeper_running
+
+
+def test_session_memory_takes_config_or_bounds_not_both() -> None:
+    with pytest.raises(ConfigError):
+        SessionMemory(max_size=3, config=MemoryConfig())
+
+
+def test_unreferenced_session_memory_is_collected_and_its_sweeper_stops() -> None:
+    import gc
+    import weakref
+
+    store = SessionMemory(ttl=0.05)
+    ref = weakref.ref(store)
+    thread = store._sweeper
+    del store
+    gc.collect()
+    assert ref() is None
+    assert thread is not None
+    thread.join(timeout=5)
+    assert not thread.is_alive()
 
 
 def test_session_memory_sweeper_stops_at_interpreter_exit() -> None:
@@ -119,9 +142,29 @@ def test_sqlite_written_by_a_newer_ctxkeep_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     SQLiteBackend(path).close()
     with sqlite3.connect(path) as conn:
-        conn.execute("PRAGMA user_version=99")
+        conn.execute("UPDATE ctxkeep_meta SET value = '99' WHERE key = 'sessions'")
     with pytest.raises(SchemaVersionError, match="newer ctxkeep"):
         SQLiteBackend(path)
+
+
+def test_sqlite_file_of_the_first_release_is_upgraded_with_its_sessions(tmp_path: Path) -> None:
+    from ctxkeep.sessions.sqlite import MIGRATIONS
+
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:  # the first release's layout, as it wrote it
+        conn.executescript(MIGRATIONS[0])
+        conn.execute(  # seqs 1 and 2 were trimmed: seq 3 is the oldest held
+            "INSERT INTO ctxkeep_sessions VALUES ('s1', 'a', NULL, '{}', 1.0, 2.0, 1, 4, '[]')"
+        )
+        record = json.dumps(message_to_record(Message("user", "kept")))
+        conn.execute("INSERT INTO ctxkeep_messages VALUES ('s1', 3, ?)", (record,))
+        conn.execute("PRAGMA user_version=1")
+    with open_memory(f"sqlite:///{path}", MemoryConfig(session_ttl=None)) as mem:
+        info = mem.get_session("s1")
+        assert info.first_seq == 3 and len(info.generation) == 32
+        assert [m.content for m in mem.get_messages("s1")] == ["kept"]
+        mem.add_message("s1", "user", "new")
+        assert [m.content for m in mem.build_prompt_messages("s1")] == ["kept", "new"]
 
 
 def test_sqlite_schema_setup_is_idempotent(tmp_path: Path) -> None:

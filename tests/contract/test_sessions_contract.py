@@ -14,22 +14,16 @@ import redis
 
 from ctxkeep.errors import SchemaVersionError, StorageError
 from ctxkeep.messages import Message
-from ctxkeep.sessions import open_backend, open_memory
+from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
-from ctxkeep.sessions.memory import SessionMemory
 from ctxkeep.sessions.postgres import PostgresBackend
 from ctxkeep.sessions.redis import RedisBackend, RedisKeys, split_url
 from ctxkeep.testing.contract import MakeMemory, SessionContract
 
 
-def _manager(url: str, config: MemoryConfig, clock: object = None) -> MemoryManager:
-    backend = open_backend(url, config)
-    if isinstance(backend, SessionMemory):
-        # The store's own sweeper runs on wall-clock time; tests drive the manager's clock.
-        backend.close()
-        backend = SessionMemory(max_size=None, ttl=None)
-    kwargs = {"clock": clock} if clock is not None else {}
-    return MemoryManager(backend, config, **kwargs)  # type: ignore[arg-type]
+def _manager(url: str, config: MemoryConfig, clock: Any = None) -> MemoryManager:
+    # Exactly as a user gets one: the URL's store with the config's limits.
+    return open_memory(url, config, clock=clock)
 
 
 class TestMemoryBackend(SessionContract):

@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from ctxkeep.errors import ConfigError
@@ -20,7 +22,7 @@ from ctxkeep.sessions.base import (
     MemoryManager,
     default_memory_config,
 )
-from ctxkeep.sessions.memory import SessionMemory
+from ctxkeep.sessions.memory import MemoryBackend, SessionMemory
 from ctxkeep.sessions.records import SessionInfo
 
 
@@ -41,8 +43,9 @@ def default_url() -> str:
     return f"sqlite:///{default_db_path()}"
 
 
-def open_backend(url: str | None, config: MemoryConfig) -> Backend:
-    """The backend for a URL (``None``: the embedded default).
+def open_backend(url: str | None, config: MemoryConfig | None = None) -> Backend:
+    """The storage primitives for a URL (``None``: the embedded default), without policy:
+    use :func:`open_memory` for sessions with TTL, LRU and ``max_history``.
 
     Raises:
         ConfigError: an unsupported URL.
@@ -51,7 +54,7 @@ def open_backend(url: str | None, config: MemoryConfig) -> Backend:
     """
     url = url or default_url()
     if url == "memory://":
-        return SessionMemory(max_size=config.max_sessions, ttl=config.session_ttl)
+        return MemoryBackend()
     parsed = urlparse(url)
     if parsed.scheme == "sqlite":
         from ctxkeep.sessions.sqlite import SQLiteBackend
@@ -80,14 +83,18 @@ def open_memory(
     config: MemoryConfig | None = None,
     *,
     on_evict: EvictHook | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> MemoryManager:
-    """A :class:`MemoryManager` for ``url`` (default: the embedded SQLite file)."""
+    """A :class:`MemoryManager` for ``url`` (default: the embedded SQLite file).
+
+    ``memory://`` gives a :class:`SessionMemory` (the same manager, with a TTL sweeper
+    thread). ``clock`` replaces ``time.time`` for TTL and LRU decisions (tests, simulations).
+    """
     config = config or default_memory_config()
-    backend = open_backend(url, config)
-    manager = MemoryManager(backend, config, on_evict=on_evict)
-    if isinstance(backend, SessionMemory):
-        backend.on_evict = manager._emit  # the sweeper's evictions are archived and hooked too
-    return manager
+    kwargs: dict[str, Any] = {"clock": clock} if clock is not None else {}
+    if (url or default_url()) == "memory://":
+        return SessionMemory(config=config, on_evict=on_evict, **kwargs)
+    return MemoryManager(open_backend(url, config), config, on_evict=on_evict, **kwargs)
 
 
 def open_async_memory(
@@ -95,9 +102,10 @@ def open_async_memory(
     config: MemoryConfig | None = None,
     *,
     on_evict: EvictHook | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> AsyncMemoryManager:
     """The async twin of :func:`open_memory`."""
-    return AsyncMemoryManager(open_memory(url, config, on_evict=on_evict))
+    return AsyncMemoryManager(open_memory(url, config, on_evict=on_evict, clock=clock))
 
 
 __all__ = [
@@ -105,6 +113,7 @@ __all__ = [
     "Backend",
     "EvictHook",
     "Evicted",
+    "MemoryBackend",
     "MemoryConfig",
     "MemoryManager",
     "SessionInfo",

@@ -8,21 +8,37 @@ memory, SQLite, Redis and PostgreSQL backends live beside this module.
 Appends are atomic: :meth:`Backend.append` runs the caller's check (which tool calls are
 still waiting) inside the backend's transaction, so concurrent writers cannot interleave a
 tool result with another message, and sequence numbers stay gapless.
+
+Identity: every session gets a random ``generation`` when it is created. The prompt cache is
+keyed by it and every read comes with the session's info from the same instant
+(:meth:`Backend.read`), so a prompt never shows history its session no longer holds, whether
+the session was trimmed, deleted, expired or evicted and created again, by this process or
+another.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Self, TypeAlias
 
 from ctxkeep.errors import ConfigError, InvalidMessageError, SessionNotFoundError
 from ctxkeep.messages import Message, coerce_message
-from ctxkeep.sessions.records import SessionInfo, advance_pending, message_to_record, trim_point
+from ctxkeep.sessions.records import (
+    Append,
+    SessionInfo,
+    advance_pending,
+    message_to_record,
+    new_generation,
+    record_to_message,
+    trim_point,
+)
 
 EvictReason: TypeAlias = Literal["max_history", "ttl", "lru", "deleted"]
 
@@ -69,58 +85,69 @@ class Evicted:
 
 EvictHook: TypeAlias = Callable[[Evicted], None]
 Check: TypeAlias = Callable[[SessionInfo], tuple[str, ...]]
+Row: TypeAlias = tuple[int, dict[str, Any]]
+"""A stored message: ``(seq, record)``."""
+Snapshot: TypeAlias = tuple[SessionInfo, list[Row]]
+"""A session and some of its messages, read at one instant."""
 
 
 class Backend(ABC):
-    """Storage primitives a session backend implements. All methods are thread-safe."""
+    """Storage primitives a session backend implements. All methods are thread-safe.
+
+    A backend stores; it decides nothing. TTL, LRU, ``max_history``, archiving and the
+    prompt cache belong to :class:`MemoryManager`. A backend that can expire idle sessions by
+    itself declares :attr:`supports_native_ttl`; only then does the manager pass it a TTL.
+    """
 
     supports_native_ttl: bool = False
-    """True if the store expires idle sessions itself (Redis key TTL)."""
+    """True if the store expires idle sessions itself (Redis key TTL): the manager then passes
+    ``ttl`` to :meth:`create`, :meth:`info` and :meth:`append`, and expects a session to vanish
+    without an eviction of its own (the contract checks both)."""
     name: str = "backend"
 
     @abstractmethod
     def create(self, info: SessionInfo, ttl: float | None) -> None:
-        """Store a new session (its id is unique)."""
+        """Store a new session.
+
+        Raises:
+            SessionExistsError: the id is in use.
+
+        """
 
     @abstractmethod
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None
     ) -> SessionInfo | None:
-        """The session, or None; with ``touch``, set its ``accessed_at`` first."""
+        """The session, or None; with ``touch``, move its ``accessed_at`` forward first."""
 
     @abstractmethod
-    def append(
-        self,
-        session_id: str,
-        records: list[dict[str, Any]],
-        check: Check,
-        now: float,
-        ttl: float | None,
-    ) -> list[int]:
-        """Atomically: run ``check(info)`` (returns the new pending ids, or raises), store
-        ``records`` with the next sequence numbers, update count/next_seq/pending/accessed_at.
+    def append(self, session_id: str, batch: Append) -> list[int]:
+        """Atomically: run ``batch.check(info)`` (the new pending ids, or it raises), store
+        ``batch.records`` under the next sequence numbers, update count, next_seq, pending and
+        accessed_at. Returns the sequence numbers given.
 
-        Returns the sequence numbers given. Raises SessionNotFoundError for an unknown id.
+        Raises:
+            SessionNotFoundError: an unknown id.
+
         """
 
     @abstractmethod
-    def messages(self, session_id: str) -> list[tuple[int, dict[str, Any]]]:
-        """``(seq, record)`` of every stored message, oldest first."""
-
-    def messages_after(self, session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
-        """``(seq, record)`` of the messages with ``seq > after_seq``, oldest first.
-
-        Backends override this with an indexed read; the default filters :meth:`messages`.
+    def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
+        """The session and its messages with ``seq > after_seq`` (oldest first), read at one
+        instant (no write lands between the two); None for an unknown id.
         """
-        return [row for row in self.messages(session_id) if row[0] > after_seq]
 
     @abstractmethod
-    def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
-        """Remove and return messages with ``seq <= upto_seq`` (atomically)."""
+    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
+        """Atomically remove the messages with ``seq <= upto_seq`` and move ``first_seq`` past
+        them, if the session still has ``generation``.
+        """
 
     @abstractmethod
-    def delete(self, session_id: str) -> bool:
-        """Delete a session and its messages; False if it did not exist."""
+    def delete(self, session_id: str, generation: str | None = None) -> bool:
+        """Delete a session and its messages (only if it has ``generation``, when given);
+        False if nothing was deleted.
+        """
 
     @abstractmethod
     def list_sessions(
@@ -154,15 +181,46 @@ class Backend(ABC):
     def close(self) -> None:  # noqa: B027 - optional primitive
         """Release connections."""
 
+    def messages(self, session_id: str) -> list[Row]:
+        """Every stored message of a session, oldest first.
+
+        Raises:
+            SessionNotFoundError: an unknown id.
+
+        """
+        snap = self.read(session_id)
+        if snap is None:
+            raise SessionNotFoundError(f"no session {session_id!r}")
+        return snap[1]
+
 
 def _now() -> float:
     return time.time()
 
 
+@dataclass
+class _Cached:
+    """A session's decoded history, as the prompt cache keeps it."""
+
+    generation: str
+    seqs: list[int]
+    messages: list[Message]
+
+
 class MemoryManager:
     """Sessions of messages over one backend, bounded by a :class:`MemoryConfig`.
 
-    Use :func:`ctxkeep.open_memory` to get one for a URL. It is a context manager.
+    The manager is the one owner of session policy: TTL (checked on every access and by
+    :meth:`sweep`), LRU beyond ``max_sessions``, ``max_history`` in whole tool units,
+    archiving and eviction hooks, and the prompt cache. Use :func:`ctxkeep.open_memory` to
+    get one for a URL. It is a context manager.
+
+    Args:
+        backend: the storage primitives.
+        config: the bounds (default: :func:`default_memory_config`).
+        on_evict: called with every batch of trimmed or evicted messages.
+        clock: the time source for TTL and LRU (tests and simulations pass their own).
+
     """
 
     def __init__(
@@ -177,8 +235,11 @@ class MemoryManager:
         self.config = config or default_memory_config()
         self._hooks: list[EvictHook] = [on_evict] if on_evict else []
         self._clock = clock
-        # session id -> (decoded history, its last seq); most recently used last
-        self._prompt_cache: dict[str, tuple[list[Message], int]] = {}
+        # A TTL is handed to a backend only if it expires sessions by itself.
+        self._native_ttl = self.config.session_ttl if backend.supports_native_ttl else None
+        # session id -> its decoded history, keyed by generation; most recently used last.
+        self._prompt_cache: dict[str, _Cached] = {}
+        self._cache_lock = threading.Lock()
         self.prompt_cache_sessions = 64
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -187,7 +248,7 @@ class MemoryManager:
         """Close the backend."""
         self.backend.close()
 
-    def __enter__(self) -> MemoryManager:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -210,20 +271,34 @@ class MemoryManager:
         """Start a session for ``agent_id``; returns its id.
 
         Beyond ``max_sessions``, the least recently accessed sessions are evicted.
+
+        Raises:
+            SessionExistsError: ``session_id`` is in use.
+            InvalidMessageError: a bad agent id, task id or metadata.
+
         """
         if not isinstance(agent_id, str) or not agent_id:
             raise InvalidMessageError(f"agent_id must be a non-empty string, got {agent_id!r}")
         if task_id is not None and not isinstance(task_id, str):
             raise InvalidMessageError(f"task_id must be a string, got {task_id!r}")
+        if session_id is not None and (not isinstance(session_id, str) or not session_id):
+            raise InvalidMessageError(f"session_id must be a non-empty string, got {session_id!r}")
         meta = dict(metadata or {})
         message_to_record(Message("user", "", metadata=meta))  # JSON check
+        if session_id is not None:
+            self.has_session(session_id)  # an expired session under this id is reclaimed first
         sid = session_id or uuid.uuid4().hex
         now = self._clock()
-        info = SessionInfo(sid, agent_id, task_id, meta, created_at=now, accessed_at=now)
-        self.backend.create(info, self.config.session_ttl)
-        # A new session has no history yet, whatever an earlier session of this id left in
-        # the cache (a store may drop sessions silently: its own LRU, Redis key expiry).
-        self._prompt_cache.pop(sid, None)
+        info = SessionInfo(
+            session_id=sid,
+            agent_id=agent_id,
+            task_id=task_id,
+            metadata=meta,
+            created_at=now,
+            accessed_at=now,
+            generation=new_generation(),
+        )
+        self.backend.create(info, self._native_ttl)
         self._enforce_max_sessions(keep=sid)
         return sid
 
@@ -262,8 +337,8 @@ class MemoryManager:
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session; False if there was none. Its messages are not archived."""
-        self._prompt_cache.pop(session_id, None)
-        return self.backend.delete(session_id)
+        self._forget(session_id)
+        return self.backend.delete(check_session_id(session_id))
 
     def get_latest_session_for_agent(self, agent_id: str) -> str | None:
         """The agent's most recently created live session, or None."""
@@ -271,6 +346,10 @@ class MemoryManager:
         if sid is not None and not self.has_session(sid):
             return None
         return sid
+
+    def session_count(self) -> int:
+        """How many sessions the store holds (idle ones not yet reclaimed included)."""
+        return self.backend.count()
 
     # -- messages ----------------------------------------------------------------------
 
@@ -314,17 +393,16 @@ class MemoryManager:
         def check(info: SessionInfo) -> tuple[str, ...]:
             return advance_pending(info.pending, stamped)
 
-        self.backend.append(session_id, records, check, now, self.config.session_ttl)
+        batch = Append(records=records, check=check, now=now, ttl=self._native_ttl)
+        self.backend.append(session_id, batch)
         if self.config.max_history is not None:
             self._trim(session_id)
         return [m.copy() for m in stamped]
 
     def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
         """The session's messages, oldest first (copies); the newest ``limit`` if given."""
-        from ctxkeep.sessions.records import record_to_message
-
         self._live(session_id, touch=True)
-        rows = self.backend.messages(session_id)
+        rows = self._read(session_id)[1]
         if limit is not None:
             rows = rows[-limit:] if limit > 0 else []
         return [record_to_message(r) for _, r in rows]
@@ -343,12 +421,13 @@ class MemoryManager:
         """The session as a prompt: ``system`` first, then the history, pruned if a
         :class:`~ctxkeep.TokenPruner` is given. Calls still waiting for results are left out.
 
-        The decoded history of recently used sessions is cached in this manager (records are
-        append-only), so a turn reads and decodes only the messages added since the last
-        one, and the pruner's per-message token counts carry over between turns.
+        The decoded history of recently used sessions is cached in this manager, keyed by the
+        session's generation (so a session created again under the same id never shows the
+        earlier one's messages), and a turn reads and decodes only the messages added since
+        the last one; the pruner's per-message token counts carry over between turns.
         """
-        info = self._live(session_id, touch=True)
-        history = self._history(session_id, info)
+        self._live(session_id, touch=True)
+        info, history = self._history(session_id)
         prefix: list[Message] = []
         if system is not None:
             prefix = [system if isinstance(system, Message) else Message("system", system)]
@@ -361,30 +440,38 @@ class MemoryManager:
             return list(pruner.prune(msgs))
         return [m.copy() for m in msgs]
 
-    def _history(self, session_id: str, info: SessionInfo) -> list[Message]:
-        """The session's messages, from the cache plus what was appended since."""
-        from ctxkeep.sessions.records import record_to_message
+    def _read(self, session_id: str, after_seq: int = 0) -> Snapshot:
+        snap = self.backend.read(session_id, after_seq)
+        if snap is None:
+            self._forget(session_id)
+            raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
+        return snap
 
-        cached = self._prompt_cache.pop(session_id, None)
-        if cached is not None:
-            msgs, last_seq = cached
-            fresh = self.backend.messages_after(session_id, last_seq)
-            # A trim (or a delete and re-create) since: the counts no longer add up.
-            if len(msgs) + len(fresh) != info.message_count + sum(
-                1 for s, _ in fresh if s >= info.next_seq
-            ):
-                cached = None
-            else:
-                msgs = msgs + [record_to_message(r) for _, r in fresh]
-                last_seq = fresh[-1][0] if fresh else last_seq
+    def _history(self, session_id: str) -> tuple[SessionInfo, list[Message]]:
+        """The session's info and messages at one instant: the cached decoded messages of
+        the same generation that are still held, plus those appended since.
+        """
+        with self._cache_lock:
+            cached = self._prompt_cache.pop(session_id, None)
+        info, rows = self._read(session_id, cached.seqs[-1] if cached and cached.seqs else 0)
+        if cached is not None and cached.generation != info.generation:
+            cached = None  # another session under this id: nothing of the old one is used
+            info, rows = self._read(session_id)
         if cached is None:
-            rows = self.backend.messages(session_id)
-            msgs = [record_to_message(r) for _, r in rows]
-            last_seq = rows[-1][0] if rows else 0
-        self._prompt_cache[session_id] = (msgs, last_seq)
-        while len(self._prompt_cache) > self.prompt_cache_sessions:
-            self._prompt_cache.pop(next(iter(self._prompt_cache)))
-        return list(msgs)
+            cached = _Cached(info.generation, [], [])
+        # Trimmed since: drop what the session no longer holds.
+        keep = bisect_left(cached.seqs, info.first_seq)
+        seqs = cached.seqs[keep:] + [seq for seq, _ in rows]
+        msgs = cached.messages[keep:] + [record_to_message(r) for _, r in rows]
+        with self._cache_lock:
+            self._prompt_cache[session_id] = _Cached(info.generation, seqs, msgs)
+            while len(self._prompt_cache) > self.prompt_cache_sessions:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+        return info, list(msgs)
+
+    def _forget(self, session_id: str) -> None:
+        with self._cache_lock:
+            self._prompt_cache.pop(session_id, None)
 
     # -- policy ------------------------------------------------------------------------
 
@@ -393,38 +480,45 @@ class MemoryManager:
         ttl = self.config.session_ttl
         if ttl is None:
             return 0
-        n = 0
-        for sid in self.backend.idle_since(self._clock() - ttl):
-            if self._evict(sid, "ttl"):
-                n += 1
-        return n
+        cutoff = self._clock() - ttl
+        return sum(
+            self._evict(sid, "ttl", idle_before=cutoff) for sid in self.backend.idle_since(cutoff)
+        )
 
     def _live(self, session_id: str, *, touch: bool) -> SessionInfo:
-        if not isinstance(session_id, str):
-            raise SessionNotFoundError(f"no session {session_id!r}")
+        session_id = check_session_id(session_id)
         now = self._clock()
         info = self.backend.info(session_id, touch=None, ttl=None)
         ttl = self.config.session_ttl
         if info is not None and ttl is not None and info.accessed_at < now - ttl:
-            self._evict(session_id, "ttl")
-            info = None
+            self._evict(session_id, "ttl", idle_before=now - ttl)
+            # Gone now, unless it was touched (or created again) meanwhile.
+            info = self.backend.info(session_id, touch=None, ttl=None)
+            if info is not None and info.accessed_at < now - ttl:
+                info = None
         if info is None:
-            self._prompt_cache.pop(session_id, None)
+            self._forget(session_id)
             raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
         if touch:
-            info = self.backend.info(session_id, touch=now, ttl=ttl) or info
+            info = self.backend.info(session_id, touch=now, ttl=self._native_ttl) or info
         return info
 
-    def _evict(self, session_id: str, reason: EvictReason) -> bool:
-        info = self.backend.info(session_id, touch=None, ttl=None)
-        if info is None:
+    def _evict(
+        self, session_id: str, reason: EvictReason, idle_before: float | None = None
+    ) -> bool:
+        """Archive and hook a session's messages, then delete it (if it is still the same
+        session and, for a TTL eviction, still idle).
+        """
+        snap = self.backend.read(session_id)
+        self._forget(session_id)
+        if snap is None:
             return False
-        from ctxkeep.sessions.records import record_to_message
-
-        msgs = [record_to_message(r) for _, r in self.backend.messages(session_id)]
+        info, rows = snap
+        if idle_before is not None and info.accessed_at >= idle_before:
+            return False  # touched meanwhile
+        msgs = [record_to_message(r) for _, r in rows]
         self._emit(Evicted(session_id, info.agent_id, reason, msgs))  # stored before deleted
-        self._prompt_cache.pop(session_id, None)
-        return self.backend.delete(session_id)
+        return self.backend.delete(session_id, info.generation)
 
     def _emit(self, evicted: Evicted) -> None:
         if not evicted.messages:
@@ -448,15 +542,14 @@ class MemoryManager:
                 over -= 1
 
     def _trim(self, session_id: str) -> None:
-        from ctxkeep.sessions.records import record_to_message
-
         assert self.config.max_history is not None
-        info = self.backend.info(session_id, touch=None, ttl=None)
-        if info is None or info.message_count <= self.config.max_history:
+        snap = self.backend.read(session_id)
+        if snap is None:
             return
-        rows = self.backend.messages(session_id)
-        roles = [r["role"] for _, r in rows]
-        cut = trim_point(roles, self.config.max_history)
+        info, rows = snap
+        if len(rows) <= self.config.max_history:
+            return
+        cut = trim_point([r["role"] for _, r in rows], self.config.max_history)
         if info.pending:
             # Never trim the call that still waits for results.
             last_call = max(i for i, (_, r) in enumerate(rows) if r.get("tool_calls"))
@@ -472,7 +565,7 @@ class MemoryManager:
                 [record_to_message(r) for _, r in rows[:cut]],
             )
         )
-        self.backend.remove_oldest(session_id, rows[cut - 1][0])
+        self.backend.remove_oldest(session_id, rows[cut - 1][0], info.generation)
 
 
 def check_session_id(session_id: Any) -> str:

@@ -1,17 +1,21 @@
-"""The in-process session store (``memory://``): :class:`SessionMemory`.
+"""In-process sessions (``memory://``): the :class:`MemoryBackend` primitives and
+:class:`SessionMemory`, the in-process store with its TTL sweeper.
 
-Sessions live in a dict guarded by one lock. Beyond ``max_size`` sessions the one with the
-oldest ``accessed_at`` is evicted; a daemon sweeper thread wakes every ``ttl / 2`` seconds and
-reclaims sessions idle longer than ``ttl``. It stops on :meth:`SessionMemory.close` and at
-interpreter exit. Everything handed out is a copy.
+:class:`MemoryBackend` only stores: sessions in a dict guarded by one lock, records kept as
+JSON text so that everything handed out is a fresh copy. It evicts nothing by itself.
+
+:class:`SessionMemory` is a :class:`~ctxkeep.sessions.base.MemoryManager` over a
+:class:`MemoryBackend` (so LRU beyond ``max_size`` and TTL have one owner, the manager) plus a
+daemon sweeper thread that wakes every ``ttl / 2`` seconds and reclaims sessions idle longer
+than ``ttl`` through :meth:`MemoryManager.sweep` (archived and hooked like every eviction).
+The sweeper stops on :meth:`SessionMemory.close`, when the store is garbage-collected, and at
+interpreter exit.
 """
 
 from __future__ import annotations
 
 import atexit
-import copy
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -19,8 +23,17 @@ from typing import Any
 
 from ctxkeep.errors import ConfigError, SessionExistsError, SessionNotFoundError
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import Backend, Check, Evicted, page
-from ctxkeep.sessions.records import SessionInfo, dumps, loads, record_to_message
+from ctxkeep.sessions.base import (
+    Backend,
+    Evicted,
+    EvictHook,
+    MemoryConfig,
+    MemoryManager,
+    Row,
+    Snapshot,
+    page,
+)
+from ctxkeep.sessions.records import Append, SessionInfo, dumps, loads
 
 
 @dataclass
@@ -29,114 +42,24 @@ class _Session:
     rows: list[tuple[int, str]] = field(default_factory=list)  # (seq, record JSON)
 
 
-_LIVE: weakref.WeakSet[SessionMemory] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for store in list(_LIVE):
-        store.close()
-
-
-class SessionMemory(Backend):
-    """In-process sessions: thread-safe, LRU-bounded, swept by TTL.
-
-    Args:
-        max_size: sessions kept; beyond it the least recently accessed is evicted
-            (``None``: unbounded).
-        ttl: seconds a session may stay idle; a sweeper runs every ``ttl / 2``
-            (``None``: never expire).
-        on_evict: called with what the store evicts by itself (LRU, TTL).
-
-    """
+class MemoryBackend(Backend):
+    """Session storage in a dict, for one process. Thread-safe; evicts nothing by itself."""
 
     name = "memory"
 
-    def __init__(
-        self,
-        max_size: int | None = None,
-        ttl: float | None = None,
-        *,
-        on_evict: Callable[[Evicted], None] | None = None,
-    ) -> None:
-        if max_size is not None and max_size < 1:
-            raise ConfigError(f"max_size must be >= 1, got {max_size}")
-        if ttl is not None and ttl <= 0:
-            raise ConfigError(f"ttl must be > 0, got {ttl}")
-        self.max_size = max_size
-        self.ttl = ttl
-        self.on_evict = on_evict
+    def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
         self._archive: dict[str, list[Message]] = {}
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._sweeper: threading.Thread | None = None
-        if ttl is not None:
-            self._sweeper = threading.Thread(
-                target=self._sweep_loop, name="ctxkeep-session-sweeper", daemon=True
-            )
-            self._sweeper.start()
-        _LIVE.add(self)
-
-    # -- the sweeper -------------------------------------------------------------------
-
-    def _sweep_loop(self) -> None:
-        assert self.ttl is not None
-        while not self._stop.wait(self.ttl / 2):
-            self.sweep_expired()
-
-    def sweep_expired(self, now: float | None = None) -> list[str]:
-        """Remove sessions idle longer than ``ttl``; returns their ids."""
-        if self.ttl is None:
-            return []
-        cutoff = (now if now is not None else time.time()) - self.ttl
-        gone = []
-        for sid in self.idle_since(cutoff):
-            self._evict(sid, "ttl")
-            gone.append(sid)
-        return gone
-
-    def _evict(self, sid: str, reason: Any) -> None:
-        with self._lock:
-            s = self._sessions.get(sid)
-            if s is None:
-                return
-            msgs = [record_to_message(r) for _, r in s.rows]  # parses the JSON text
-            if self.on_evict is not None and msgs:
-                self.on_evict(Evicted(sid, s.info.agent_id, reason, msgs))
-            del self._sessions[sid]
-
-    def close(self) -> None:
-        """Stop the sweeper (idempotent). The data stays readable."""
-        self._stop.set()
-        t = self._sweeper
-        if t is not None and t.is_alive() and t is not threading.current_thread():
-            t.join(timeout=5)
-
-    @property
-    def sweeper_running(self) -> bool:
-        """True while the sweeper thread runs."""
-        return self._sweeper is not None and self._sweeper.is_alive()
-
-    # -- primitives --------------------------------------------------------------------
 
     def create(self, info: SessionInfo, ttl: float | None) -> None:
-        """Store a new session, evicting the least recently accessed beyond ``max_size``."""
+        """Store a new session."""
         with self._lock:
             if info.session_id in self._sessions:
                 raise SessionExistsError(info.session_id)
-            self._sessions[info.session_id] = _Session(copy.deepcopy(info))
-            if self.max_size is not None:
-                while len(self._sessions) > self.max_size:
-                    victim = min(
-                        (
-                            s
-                            for s in self._sessions.values()
-                            if s.info.session_id != info.session_id
-                        ),
-                        key=lambda s: s.info.accessed_at,
-                    )
-                    self._evict(victim.info.session_id, "lru")
+            self._sessions[info.session_id] = _Session(
+                replace(info, metadata=loads(dumps(info.metadata)))
+            )
 
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None
@@ -146,69 +69,62 @@ class SessionMemory(Backend):
             s = self._sessions.get(session_id)
             if s is None:
                 return None
-            if touch is not None:
+            if touch is not None and touch > s.info.accessed_at:
                 s.info = replace(s.info, accessed_at=touch)
-            return copy.deepcopy(s.info)
+            return _copy(s.info)
 
-    def append(
-        self,
-        session_id: str,
-        records: list[dict[str, Any]],
-        check: Check,
-        now: float,
-        ttl: float | None,
-    ) -> list[int]:
+    def append(self, session_id: str, batch: Append) -> list[int]:
         """Append under the lock."""
+        texts = [dumps(r) for r in batch.records]
         with self._lock:
             s = self._sessions.get(session_id)
             if s is None:
                 raise SessionNotFoundError(f"no session {session_id!r}")
-            pending = check(s.info)
+            pending = batch.check(s.info)
             start = s.info.next_seq
-            seqs = list(range(start, start + len(records)))
-            s.rows.extend(zip(seqs, (dumps(r) for r in records), strict=True))
+            seqs = list(range(start, start + len(texts)))
+            s.rows.extend(zip(seqs, texts, strict=True))
             s.info = replace(
                 s.info,
-                next_seq=start + len(records),
+                next_seq=start + len(texts),
                 message_count=len(s.rows),
                 pending=pending,
-                accessed_at=now,
+                accessed_at=max(s.info.accessed_at, batch.now),
             )
             return seqs
 
-    def messages(self, session_id: str) -> list[tuple[int, dict[str, Any]]]:
-        """Copies of the stored rows."""
+    def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
+        """The session and its rows after ``after_seq`` (copies), under the lock."""
         with self._lock:
             s = self._sessions.get(session_id)
             if s is None:
-                raise SessionNotFoundError(f"no session {session_id!r}")
-            rows = list(s.rows)
-        return [(seq, loads(text)) for seq, text in rows]
+                return None
+            info = _copy(s.info)
+            rows = s.rows if after_seq < info.first_seq else [r for r in s.rows if r[0] > after_seq]
+        out: list[Row] = [(seq, loads(text)) for seq, text in rows]
+        return info, out
 
-    def messages_after(self, session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
-        """Rows with ``seq > after_seq`` (copies)."""
-        with self._lock:
-            s = self._sessions.get(session_id)
-            if s is None:
-                raise SessionNotFoundError(f"no session {session_id!r}")
-            rows = [r for r in s.rows if r[0] > after_seq]
-        return [(seq, loads(text)) for seq, text in rows]
-
-    def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
+    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
         """Drop rows up to ``upto_seq``."""
         with self._lock:
             s = self._sessions.get(session_id)
-            if s is None:
-                return []
-            gone = [(seq, loads(t)) for seq, t in s.rows if seq <= upto_seq]
+            if s is None or s.info.generation != generation:
+                return
             s.rows = [r for r in s.rows if r[0] > upto_seq]
-            s.info = replace(s.info, message_count=len(s.rows))
-            return gone
+            s.info = replace(
+                s.info,
+                message_count=len(s.rows),
+                first_seq=max(s.info.first_seq, upto_seq + 1),
+            )
 
-    def delete(self, session_id: str) -> bool:
+    def delete(self, session_id: str, generation: str | None = None) -> bool:
         """Forget a session."""
         with self._lock:
-            return self._sessions.pop(session_id, None) is not None
+            s = self._sessions.get(session_id)
+            if s is None or (generation is not None and s.info.generation != generation):
+                return False
+            del self._sessions[session_id]
+            return True
 
     def list_sessions(
         self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
@@ -216,7 +132,7 @@ class SessionMemory(Backend):
         """One page, newest first."""
         with self._lock:
             infos = [
-                copy.deepcopy(s.info)
+                _copy(s.info)
                 for s in self._sessions.values()
                 if (agent_id is None or s.info.agent_id == agent_id)
                 and (task_id is None or s.info.task_id == task_id)
@@ -234,9 +150,11 @@ class SessionMemory(Backend):
             return len(self._sessions)
 
     def least_recent(self, n: int) -> list[str]:
-        """Oldest-accessed ids."""
+        """Oldest-accessed ids (ties by id)."""
         with self._lock:
-            ordered = sorted(self._sessions.values(), key=lambda s: s.info.accessed_at)
+            ordered = sorted(
+                self._sessions.values(), key=lambda s: (s.info.accessed_at, s.info.session_id)
+            )
             return [s.info.session_id for s in ordered[:n]]
 
     def idle_since(self, cutoff: float) -> list[str]:
@@ -245,30 +163,124 @@ class SessionMemory(Backend):
             return [sid for sid, s in self._sessions.items() if s.info.accessed_at < cutoff]
 
     def archive(self, evicted: Evicted) -> None:
-        """Keep evicted messages in memory."""
+        """Keep evicted messages in memory (once per message id)."""
         with self._lock:
-            self._archive.setdefault(evicted.session_id, []).extend(
-                m.copy() for m in evicted.messages
-            )
+            kept = self._archive.setdefault(evicted.session_id, [])
+            known = {m.id for m in kept if m.id}
+            kept.extend(m.copy() for m in evicted.messages if not (m.id and m.id in known))
 
     def archived(self, session_id: str) -> list[Message]:
         """Copies of a session's archived messages."""
         with self._lock:
             return [m.copy() for m in self._archive.get(session_id, [])]
 
-    # -- conveniences for direct use ---------------------------------------------------
+
+def _copy(info: SessionInfo) -> SessionInfo:
+    return replace(info, metadata=loads(dumps(info.metadata)))
+
+
+_LIVE: weakref.WeakSet[SessionMemory] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for store in list(_LIVE):
+        store.close()
+
+
+def _sweep_loop(ref: weakref.ref[SessionMemory], stop: threading.Event, every: float) -> None:
+    # Holds the store only while sweeping, so an unreferenced store can be collected.
+    while not stop.wait(every):
+        store = ref()
+        if store is None:
+            return
+        store.sweep()
+        del store
+
+
+class SessionMemory(MemoryManager):
+    """In-process sessions: thread-safe, LRU-bounded, swept by TTL.
+
+    A :class:`~ctxkeep.sessions.base.MemoryManager` (the whole session API) over a
+    :class:`MemoryBackend`, with a sweeper thread. ``open_memory("memory://", config)``
+    returns one.
+
+    Args:
+        max_size: sessions kept; beyond it the least recently accessed is evicted
+            (``None``: unbounded).
+        ttl: seconds a session may stay idle; a sweeper runs every ``ttl / 2``
+            (``None``: never expire).
+        config: every bound at once (instead of ``max_size`` and ``ttl``); ``max_history`` is
+            unbounded when only ``max_size`` and ``ttl`` are given.
+        on_evict: called with what is trimmed or evicted (LRU, TTL, ``max_history``).
+        clock: the time source for TTL and LRU.
+
+    Raises:
+        ConfigError: bad bounds, or both ``config`` and ``max_size``/``ttl``.
+
+    """
+
+    def __init__(
+        self,
+        max_size: int | None = None,
+        ttl: float | None = None,
+        *,
+        config: MemoryConfig | None = None,
+        on_evict: EvictHook | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if config is None:
+            config = MemoryConfig(max_history=None, session_ttl=ttl, max_sessions=max_size)
+        elif max_size is not None or ttl is not None:
+            raise ConfigError("pass either config or max_size/ttl, not both")
+        kwargs: dict[str, Any] = {"clock": clock} if clock is not None else {}
+        super().__init__(MemoryBackend(), config, on_evict=on_evict, **kwargs)
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+        if config.session_ttl is not None:
+            self._sweeper = threading.Thread(
+                target=_sweep_loop,
+                args=(weakref.ref(self), self._stop, config.session_ttl / 2),
+                name="ctxkeep-session-sweeper",
+                daemon=True,
+            )
+            self._sweeper.start()
+        _LIVE.add(self)
+
+    @property
+    def max_size(self) -> int | None:
+        """Sessions kept at most."""
+        return self.config.max_sessions
+
+    @property
+    def ttl(self) -> float | None:
+        """Seconds a session may stay idle."""
+        return self.config.session_ttl
+
+    def close(self) -> None:
+        """Stop the sweeper (idempotent). The data stays readable."""
+        self._stop.set()
+        t = self._sweeper
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join(timeout=5)
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+    @property
+    def sweeper_running(self) -> bool:
+        """True while the sweeper thread runs."""
+        return self._sweeper is not None and self._sweeper.is_alive()
 
     def get(self, session_id: str) -> SessionInfo:
-        """The session's info (a copy; counts as an access)."""
-        info = self.info(session_id, touch=time.time(), ttl=self.ttl)
-        if info is None:
-            raise SessionNotFoundError(f"no session {session_id!r}")
-        return info
+        """The session's info (counts as an access); see :meth:`get_session`."""
+        return self.get_session(session_id)
 
-    def get_messages(self, session_id: str) -> list[Message]:
-        """The session's messages (copies; counts as an access)."""
-        self.get(session_id)
-        return [record_to_message(r) for _, r in self.messages(session_id)]
+    def count(self) -> int:
+        """Sessions held."""
+        return self.session_count()
 
     def __len__(self) -> int:
-        return self.count()
+        return self.session_count()

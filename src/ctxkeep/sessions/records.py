@@ -14,8 +14,9 @@ tool units.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -176,7 +177,7 @@ def record_to_message(record: dict[str, Any] | str) -> Message:
         raise InvalidMessageError(f"corrupt stored message: {type(exc).__name__}: {exc}") from exc
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SessionInfo:
     """What a store knows about a session, besides its messages."""
 
@@ -198,20 +199,39 @@ class SessionInfo:
     """The sequence number the next appended message gets (gapless per session)."""
     pending: tuple[str, ...] = ()
     """Tool call ids still waiting for their results."""
+    generation: str = ""
+    """A random stamp set when the session is created: a session deleted (or expired, or
+    evicted) and created again under the same id has another one, so every cache is keyed by
+    ``(session_id, generation)`` and never shows an earlier session's history."""
+    first_seq: int = 1
+    """The sequence number of the oldest message held (moved forward by trimming)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {
-            "session_id": self.session_id,
-            "agent_id": self.agent_id,
-            "task_id": self.task_id,
-            "metadata": dict(self.metadata),
-            "created_at": self.created_at,
-            "accessed_at": self.accessed_at,
-            "message_count": self.message_count,
-            "next_seq": self.next_seq,
-            "pending": list(self.pending),
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["metadata"] = dict(self.metadata)
+        out["pending"] = list(self.pending)
+        return out
+
+
+def new_generation() -> str:
+    """A fresh session generation stamp (128 random bits, hex)."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Append:
+    """One atomic append, as the manager hands it to :meth:`Backend.append`."""
+
+    records: list[dict[str, Any]]
+    """The messages' records, oldest first."""
+    check: Callable[[SessionInfo], tuple[str, ...]]
+    """Run inside the backend's transaction on the session as stored: returns the tool call ids
+    still waiting after the append, or raises (then nothing is stored)."""
+    now: float
+    """The append's time (the session's new ``accessed_at``, if later)."""
+    ttl: float | None
+    """The native expiry to set, for backends that declare ``supports_native_ttl``."""
 
 
 def advance_pending(pending: Sequence[str], messages: Sequence[Message]) -> tuple[str, ...]:

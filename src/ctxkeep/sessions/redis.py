@@ -65,8 +65,16 @@ from ctxkeep.errors import (
     StorageError,
 )
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import Backend, Check, Evicted
-from ctxkeep.sessions.records import SessionInfo, dumps, dumps_record, loads, record_to_message
+from ctxkeep.sessions.base import Backend, Evicted, Row, Snapshot
+from ctxkeep.sessions.records import (
+    Append,
+    SessionInfo,
+    dumps,
+    dumps_record,
+    loads,
+    new_generation,
+    record_to_message,
+)
 
 try:
     import redis
@@ -80,10 +88,25 @@ T = TypeVar("T")
 
 DEFAULT_PREFIX = "ctxkeep:"
 
+
 # Position i brings a key space from layout version i to i + 1. Version 1 is the layout in
 # the module docstring; its keys are created as sessions are, so there is nothing to do.
+def _identify_sessions(client: redis.Redis, keys: RedisKeys) -> None:
+    """Migration 2: give every stored session a generation and its ``first_seq``."""
+    for key in client.scan_iter(match=keys.session("*"), count=_SCAN_CHUNK):
+        sid = cast(str, key)[len(keys.session("")) :]
+        oldest = cast(
+            "list[tuple[str, float]]", client.zrange(keys.messages(sid), 0, 0, withscores=True)
+        )
+        next_seq = cast("str | None", client.hget(key, "next_seq")) or "1"
+        first = int(oldest[0][1]) if oldest else int(next_seq)
+        client.hsetnx(key, "generation", new_generation())
+        client.hsetnx(key, "first_seq", str(first))
+
+
 MIGRATIONS: list[Callable[[redis.Redis, RedisKeys], None]] = [
     lambda client, keys: None,
+    _identify_sessions,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -175,6 +198,8 @@ def session_fields(info: SessionInfo) -> dict[FieldT, EncodableT]:
         "message_count": str(info.message_count),
         "next_seq": str(info.next_seq),
         "pending": dumps(list(info.pending)),
+        "generation": info.generation,
+        "first_seq": str(info.first_seq),
     }
     if info.task_id is not None:
         fields["task_id"] = info.task_id
@@ -199,6 +224,8 @@ def session_from_fields(session_id: str, fields: dict[str, str]) -> SessionInfo:
             message_count=int(fields["message_count"]),
             next_seq=int(fields["next_seq"]),
             pending=tuple(loads(fields["pending"])),
+            generation=fields["generation"],
+            first_seq=int(fields["first_seq"]),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageError(f"corrupt Redis session hash for {session_id!r}: {exc!r}") from exc
@@ -339,9 +366,10 @@ class RedisBackend(Backend):
     def _hash(self, client: redis.Redis, session_id: str) -> dict[str, str]:
         return cast("dict[str, str]", client.hgetall(self.keys.session(session_id)))
 
-    def _drop(self, session_id: str, *, only_if_gone: bool) -> bool:
-        """Delete a session's keys and index entries; with ``only_if_gone``, only prune the
-        index entries of a session whose keys are already gone. True if the hash existed.
+    def _drop(self, session_id: str, *, only_if_gone: bool, generation: str | None = None) -> bool:
+        """Delete a session's keys and index entries (only if it has ``generation``, when
+        given); with ``only_if_gone``, only prune the index entries of a session whose keys
+        are already gone. True if the hash existed (and was deleted, unless only_if_gone).
         """
         keys = self.keys
 
@@ -349,6 +377,10 @@ class RedisBackend(Backend):
             existed = bool(pipe.exists(keys.session(session_id)))
             if existed and only_if_gone:
                 return True
+            if generation is not None and (
+                pipe.hget(keys.session(session_id), "generation") != generation
+            ):
+                return False
             owner = cast("str | None", pipe.hget(keys.owners, session_id))
             pipe.multi()
             pipe.delete(*keys.own(session_id))
@@ -469,18 +501,12 @@ class RedisBackend(Backend):
         return self._atomic([self.keys.session(session_id)], body)
 
     @_translated
-    def append(
-        self,
-        session_id: str,
-        records: list[dict[str, Any]],
-        check: Check,
-        now: float,
-        ttl: float | None,
-    ) -> list[int]:
+    def append(self, session_id: str, batch: Append) -> list[int]:
         """WATCH the session, check, then write everything in one MULTI/EXEC (retried if
         another writer got there first).
         """
         keys = self.keys
+        records, check, now, ttl = batch.records, batch.check, batch.now, batch.ttl
 
         def body(pipe: Pipeline) -> list[int]:
             fields = self._hash(pipe, session_id)
@@ -511,44 +537,46 @@ class RedisBackend(Backend):
         return self._atomic([keys.session(session_id)], body)
 
     @_translated
-    def messages(self, session_id: str) -> list[tuple[int, dict[str, Any]]]:
-        """Every stored message, by seq."""
-        members = cast("list[str]", self._client.zrange(self.keys.messages(session_id), 0, -1))
-        return [parse_member(m) for m in members]
+    def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
+        """The hash and the messages after ``after_seq``, in one MULTI/EXEC (atomic)."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hgetall(self.keys.session(session_id))
+        pipe.zrangebyscore(self.keys.messages(session_id), f"({after_seq}", "+inf")
+        fields, members = pipe.execute()
+        if not fields:
+            return None
+        rows: list[Row] = [parse_member(m) for m in members]
+        return session_from_fields(session_id, fields), rows
 
     @_translated
-    def messages_after(self, session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
-        """Messages with ``seq > after_seq`` (a score range read)."""
-        members = cast(
-            "list[str]",
-            self._client.zrangebyscore(self.keys.messages(session_id), f"({after_seq}", "+inf"),
-        )
-        return [parse_member(m) for m in members]
-
-    @_translated
-    def remove_oldest(self, session_id: str, upto_seq: int) -> list[tuple[int, dict[str, Any]]]:
-        """Remove messages up to ``upto_seq`` and fix the count, in one transaction."""
+    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
+        """Remove messages up to ``upto_seq``, fix the count and ``first_seq``, in one
+        transaction.
+        """
         keys = self.keys
 
-        def body(pipe: Pipeline) -> list[tuple[int, dict[str, Any]]]:
-            count = pipe.hget(keys.session(session_id), "message_count")
-            members = cast(
-                "list[str]", pipe.zrangebyscore(keys.messages(session_id), "-inf", upto_seq)
-            )
-            if count is None or not members:
-                return []
+        def body(pipe: Pipeline) -> None:
+            fields = self._hash(pipe, session_id)
+            if not fields or fields.get("generation") != generation:
+                return
+            info = session_from_fields(session_id, fields)
+            gone = int(pipe.zcount(keys.messages(session_id), "-inf", upto_seq))
             pipe.multi()
             pipe.zremrangebyscore(keys.messages(session_id), "-inf", upto_seq)
-            left = max(int(cast(str, count)) - len(members), 0)
-            pipe.hset(keys.session(session_id), "message_count", str(left))
-            return [parse_member(m) for m in members]
+            pipe.hset(
+                keys.session(session_id),
+                mapping={
+                    "message_count": str(max(info.message_count - gone, 0)),
+                    "first_seq": str(max(info.first_seq, upto_seq + 1)),
+                },
+            )
 
-        return self._atomic([keys.session(session_id)], body)
+        self._atomic([keys.session(session_id)], body)
 
     @_translated
-    def delete(self, session_id: str) -> bool:
+    def delete(self, session_id: str, generation: str | None = None) -> bool:
         """Delete the session's keys and index entries."""
-        return self._drop(session_id, only_if_gone=False)
+        return self._drop(session_id, only_if_gone=False, generation=generation)
 
     @_translated
     def latest_for_agent(self, agent_id: str) -> str | None:

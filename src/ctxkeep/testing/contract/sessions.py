@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,12 +14,17 @@ from ctxkeep.errors import (
     InvalidMessageError,
     MissingToolResultError,
     OrphanToolResultError,
+    SessionExistsError,
     SessionNotFoundError,
 )
 from ctxkeep.messages import Message, ToolCall, validate_sequence
 from ctxkeep.sessions.aio import AsyncMemoryManager
-from ctxkeep.sessions.base import Evicted, MemoryConfig, MemoryManager
+from ctxkeep.sessions.base import Evicted, MemoryConfig, MemoryManager, default_memory_config
 from ctxkeep.testing.contract._common import Clock, MakeMemory, full_message, tool_unit
+
+
+def _texts(messages: list[Message]) -> list[Any]:
+    return [m.content for m in messages]
 
 
 class SessionContract:
@@ -30,7 +36,7 @@ class SessionContract:
 
     @pytest.fixture
     def memory(self, make_memory: MakeMemory) -> Any:
-        mem = make_memory(MemoryConfig(max_history=None, session_ttl=None, max_sessions=None))
+        mem = make_memory(default_memory_config())  # the limits a user gets by default
         yield mem
         mem.close()
 
@@ -116,6 +122,126 @@ class SessionContract:
             memory.add_messages(sid, batch)
         assert [m.content for m in memory.get_messages(sid)] == ["go"]
         assert memory.get_session(sid).next_seq == 2
+
+    # -- identity: a prompt never shows history its session no longer holds ---------------
+
+    def test_prompt_after_lru_eviction_and_recreate_shows_only_the_new_history(
+        self, make_memory: MakeMemory
+    ) -> None:
+        clock = Clock()
+        mem = make_memory(MemoryConfig(max_sessions=1), clock=clock)
+        try:
+            mem.create_session("a", session_id="x")
+            mem.add_message("x", "user", "old secret")
+            mem.build_prompt_messages("x")
+            clock.advance(1)
+            mem.create_session("b")  # evicts x
+            assert not mem.has_session("x")
+            mem.create_session("a", session_id="x")
+            mem.add_message("x", "user", "new")
+            assert _texts(mem.build_prompt_messages("x")) == ["new"]
+            assert _texts(mem.get_messages("x")) == ["new"]
+        finally:
+            mem.close()
+
+    @pytest.mark.parametrize("swept", [True, False])
+    def test_prompt_after_ttl_expiry_and_recreate_shows_only_the_new_history(
+        self, make_memory: MakeMemory, swept: bool
+    ) -> None:
+        clock = Clock()
+        mem = make_memory(MemoryConfig(session_ttl=60), clock=clock)
+        try:
+            mem.create_session("a", session_id="x")
+            mem.add_message("x", "user", "old secret")
+            mem.build_prompt_messages("x")
+            clock.advance(120)
+            if swept:
+                assert mem.sweep() == 1
+            mem.create_session("a", session_id="x")  # expired: the id is free again
+            mem.add_message("x", "user", "new")
+            assert _texts(mem.build_prompt_messages("x")) == ["new"]
+        finally:
+            mem.close()
+
+    def test_prompt_after_delete_and_recreate_shows_only_the_new_history(
+        self, memory: MemoryManager
+    ) -> None:
+        memory.create_session("a", session_id="x")
+        memory.add_message("x", "user", "old secret")
+        memory.build_prompt_messages("x")
+        assert memory.delete_session("x")
+        memory.create_session("a", session_id="x")
+        memory.add_message("x", "user", "new")
+        assert _texts(memory.build_prompt_messages("x")) == ["new"]
+
+    def test_prompt_after_the_store_drops_a_session_silently_shows_only_the_new_history(
+        self, memory: MemoryManager
+    ) -> None:
+        memory.create_session("a", session_id="x")
+        memory.add_message("x", "user", "old secret")
+        memory.build_prompt_messages("x")
+        memory.backend.delete("x")  # as native expiry does, behind the manager's back
+        memory.create_session("a", session_id="x")
+        memory.add_message("x", "user", "new")
+        assert _texts(memory.build_prompt_messages("x")) == ["new"]
+
+    def test_prompt_after_another_manager_recreates_the_session_shows_only_the_new_history(
+        self, memory: MemoryManager
+    ) -> None:
+        other = MemoryManager(memory.backend, memory.config)  # another process, same store
+        memory.create_session("a", session_id="x")
+        memory.add_message("x", "user", "old secret")
+        memory.build_prompt_messages("x")
+        other.delete_session("x")
+        other.create_session("a", session_id="x")
+        other.add_message("x", "user", "new")
+        assert _texts(memory.build_prompt_messages("x")) == ["new"]
+
+    def test_prompt_after_another_manager_trims_shows_what_the_session_holds(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("a")
+        for i in range(4):
+            memory.add_message(sid, "user", f"m{i}")
+        assert len(memory.build_prompt_messages(sid)) == 4
+        other = MemoryManager(memory.backend, MemoryConfig(max_history=2))
+        other.add_message(sid, "user", "m4")  # trims m0..m2 away
+        assert _texts(memory.build_prompt_messages(sid)) == ["m3", "m4"]
+        assert _texts(memory.get_messages(sid)) == ["m3", "m4"]
+
+    def test_generation_changes_when_a_session_is_created_again(
+        self, memory: MemoryManager
+    ) -> None:
+        memory.create_session("a", session_id="x")
+        first = memory.get_session("x").generation
+        memory.delete_session("x")
+        memory.create_session("a", session_id="x")
+        assert first and memory.get_session("x").generation not in ("", first)
+
+    def test_duplicate_session_id_is_a_typed_error(self, memory: MemoryManager) -> None:
+        memory.create_session("a", session_id="dup")
+        memory.add_message("dup", "user", "kept")
+        with pytest.raises(SessionExistsError, match="already exists"):
+            memory.create_session("b", session_id="dup")
+        assert _texts(memory.get_messages("dup")) == ["kept"]
+        assert memory.get_session("dup").agent_id == "a"
+
+    def test_native_ttl_reclaims_idle_sessions_without_a_sweep(
+        self, make_memory: MakeMemory
+    ) -> None:
+        mem = make_memory(MemoryConfig(session_ttl=0.2))
+        try:
+            if not mem.backend.supports_native_ttl:
+                pytest.skip(f"{mem.backend.name} does not declare supports_native_ttl")
+            sid = mem.create_session("a")
+            mem.add_message(sid, "user", "soon gone")
+            deadline = time.monotonic() + 10
+            while mem.backend.info(sid, touch=None, ttl=None) is not None:
+                assert time.monotonic() < deadline, "the store never expired the session"
+                time.sleep(0.05)
+            assert not mem.has_session(sid)
+        finally:
+            mem.close()
 
     def test_tool_results_may_arrive_later(self, memory: MemoryManager) -> None:
         sid = memory.create_session("agent-later")

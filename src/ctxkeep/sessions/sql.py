@@ -1,0 +1,340 @@
+"""The session primitives over SQL, written once for SQLite and PostgreSQL.
+
+:class:`SQLBackend` implements every :class:`~ctxkeep.sessions.base.Backend` primitive with
+the same statements on both engines; a subclass supplies the engine client (``ctxkeep._sqlite``
+or ``ctxkeep._pg``: connections, transactions, driver-error translation, schema migrations) and
+the few words the dialects spell differently (:class:`Dialect`). SQL here is written with ``?``
+placeholders; PostgreSQL's ``%s`` are substituted once per statement.
+
+Tables (created by each backend's migrations): ``ctxkeep_sessions`` (one row per session),
+``ctxkeep_messages`` (``session_id, seq, record``: a message's JSON text, never rewritten) and
+``ctxkeep_archive`` (trimmed and evicted messages, once per message id).
+
+An append is one write transaction: the session row is read (and locked, where the engine
+locks rows), the manager's tool-call check runs, the messages are inserted under the next
+sequence numbers and the row is updated; concurrent writers queue, so sequence numbers stay
+gapless. A read of a session and its messages is one snapshot transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ctxkeep.errors import SessionExistsError, SessionNotFoundError
+from ctxkeep.messages import Message
+from ctxkeep.sessions.base import Backend, Evicted, Row, Snapshot
+from ctxkeep.sessions.records import (
+    Append,
+    SessionInfo,
+    dumps,
+    dumps_record,
+    loads,
+    record_to_message,
+)
+
+COLUMNS = (
+    "session_id, agent_id, task_id, metadata, created_at, accessed_at, message_count, "
+    "next_seq, pending, generation, first_seq"
+)
+
+
+class Database(Protocol):
+    """What :class:`SQLBackend` needs of an engine client (``SQLiteClient``, ``PgClient``)."""
+
+    def tx(self, doing: str) -> AbstractContextManager[Any]:
+        """A connection inside one write transaction."""
+        ...
+
+    def q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of one statement run outside a transaction."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The words SQLite and PostgreSQL spell differently."""
+
+    param: str
+    """The placeholder: ``?`` or ``%s``."""
+    greatest: str
+    """The two-argument maximum: ``max`` or ``GREATEST``."""
+    for_update: str
+    """Row locking for a read inside a write transaction (SQLite locks the whole file)."""
+    archive_order: str
+    """The column that orders the archive by insertion."""
+
+
+def row_to_info(row: Sequence[Any]) -> SessionInfo:
+    """The session a ``SELECT {COLUMNS}`` row describes."""
+    return SessionInfo(
+        session_id=row[0],
+        agent_id=row[1],
+        task_id=row[2],
+        metadata=loads(row[3]),
+        created_at=row[4],
+        accessed_at=row[5],
+        message_count=row[6],
+        next_seq=row[7],
+        pending=tuple(loads(row[8])),
+        generation=row[9],
+        first_seq=row[10],
+    )
+
+
+class SQLBackend(Backend):
+    """Sessions in SQL tables; see the module docstring. Subclasses set :attr:`db` and
+    :attr:`dialect` and implement :meth:`snapshot`.
+    """
+
+    db: Database
+    dialect: Dialect
+
+    def _sql(self, text: str) -> str:
+        return _placeholders(text, self.dialect.param)
+
+    def _q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return self.db.q(doing, self._sql(sql), params)
+
+    def snapshot(self, doing: str) -> AbstractContextManager[Any]:
+        """A connection inside a read transaction that sees one instant of the database."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the engine's connections."""
+        self.db.close()
+
+    # -- primitives --------------------------------------------------------------------
+
+    def create(self, info: SessionInfo, ttl: float | None) -> None:
+        """Insert the session row; an id in use is a SessionExistsError."""
+        with self.db.tx("create a session") as conn:
+            cur = conn.execute(
+                self._sql(
+                    f"INSERT INTO ctxkeep_sessions ({COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, 0, 1, '[]', ?, 1) "
+                    "ON CONFLICT (session_id) DO NOTHING"
+                ),
+                (
+                    info.session_id,
+                    info.agent_id,
+                    info.task_id,
+                    dumps(info.metadata),
+                    info.created_at,
+                    info.accessed_at,
+                    info.generation,
+                ),
+            )
+            if cur.rowcount == 0:
+                raise SessionExistsError(info.session_id)
+
+    def info(
+        self, session_id: str, *, touch: float | None, ttl: float | None
+    ) -> SessionInfo | None:
+        """Read (and touch) a session row."""
+        if touch is None:
+            rows = self._q(
+                "read a session",
+                f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?",
+                (session_id,),
+            )
+        else:
+            rows = self._q(
+                "touch a session",
+                f"UPDATE ctxkeep_sessions SET accessed_at = {self.dialect.greatest}"
+                f"(accessed_at, ?) WHERE session_id = ? RETURNING {COLUMNS}",
+                (touch, session_id),
+            )
+        return row_to_info(rows[0]) if rows else None
+
+    def append(self, session_id: str, batch: Append) -> list[int]:
+        """One write transaction: read the row, check, insert, update."""
+        texts = [dumps(r) for r in batch.records]
+        with self.db.tx("append") as conn:
+            row = conn.execute(
+                self._sql(
+                    f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"
+                    + self.dialect.for_update
+                ),
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(f"no session {session_id!r}")
+            info = row_to_info(row)
+            pending = batch.check(info)
+            seqs = list(range(info.next_seq, info.next_seq + len(texts)))
+            _many(
+                conn,
+                self._sql(
+                    "INSERT INTO ctxkeep_messages (session_id, seq, record) VALUES (?, ?, ?)"
+                ),
+                [(session_id, s, t) for s, t in zip(seqs, texts, strict=True)],
+            )
+            conn.execute(
+                self._sql(
+                    "UPDATE ctxkeep_sessions SET next_seq = ?, message_count = message_count + ?,"
+                    f" pending = ?, accessed_at = {self.dialect.greatest}(accessed_at, ?)"
+                    " WHERE session_id = ?"
+                ),
+                (
+                    info.next_seq + len(texts),
+                    len(texts),
+                    dumps(list(pending)),
+                    batch.now,
+                    session_id,
+                ),
+            )
+            return seqs
+
+    def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
+        """The row and the messages after ``after_seq``, in one snapshot."""
+        with self.snapshot("read a session") as conn:
+            row = conn.execute(
+                self._sql(f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"),
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            rows = conn.execute(
+                self._sql(
+                    "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? AND seq > ? "
+                    "ORDER BY seq"
+                ),
+                (session_id, after_seq),
+            ).fetchall()
+        out: list[Row] = [(seq, loads(rec)) for seq, rec in rows]
+        return row_to_info(row), out
+
+    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
+        """Delete rows up to ``upto_seq`` and move ``first_seq``, in one write transaction."""
+        with self.db.tx("trim messages") as conn:
+            found = conn.execute(
+                self._sql(
+                    "SELECT 1 FROM ctxkeep_sessions WHERE session_id = ? AND generation = ?"
+                    + self.dialect.for_update
+                ),
+                (session_id, generation),
+            ).fetchone()
+            if found is None:
+                return
+            gone = conn.execute(
+                self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq <= ?"),
+                (session_id, upto_seq),
+            ).rowcount
+            conn.execute(
+                self._sql(
+                    "UPDATE ctxkeep_sessions SET message_count = message_count - ?, "
+                    f"first_seq = {self.dialect.greatest}(first_seq, ?) WHERE session_id = ?"
+                ),
+                (gone, upto_seq + 1, session_id),
+            )
+
+    def delete(self, session_id: str, generation: str | None = None) -> bool:
+        """Delete the session and its messages in one transaction."""
+        with self.db.tx("delete a session") as conn:
+            where = "session_id = ?" + (" AND generation = ?" if generation is not None else "")
+            params = (session_id,) if generation is None else (session_id, generation)
+            cur = conn.execute(self._sql(f"DELETE FROM ctxkeep_sessions WHERE {where}"), params)
+            if cur.rowcount == 0:
+                return False
+            conn.execute(
+                self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ?"), (session_id,)
+            )
+            return True
+
+    def list_sessions(
+        self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
+    ) -> list[SessionInfo]:
+        """A page, newest first (ties by id)."""
+        where, params = [], []
+        for column, value in (("agent_id", agent_id), ("task_id", task_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._q(
+            "list sessions",
+            f"SELECT {COLUMNS} FROM ctxkeep_sessions {clause} "
+            "ORDER BY created_at DESC, session_id LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
+        return [row_to_info(r) for r in rows]
+
+    def latest_for_agent(self, agent_id: str) -> str | None:
+        """The agent's newest session id."""
+        found = self.list_sessions(agent_id=agent_id, task_id=None, limit=1, offset=0)
+        return found[0].session_id if found else None
+
+    def count(self) -> int:
+        """Sessions stored."""
+        return int(self._q("count sessions", "SELECT count(*) FROM ctxkeep_sessions")[0][0])
+
+    def least_recent(self, n: int) -> list[str]:
+        """Oldest-accessed ids (ties by id)."""
+        rows = self._q(
+            "find least recent sessions",
+            "SELECT session_id FROM ctxkeep_sessions ORDER BY accessed_at, session_id LIMIT ?",
+            (n,),
+        )
+        return [r[0] for r in rows]
+
+    def idle_since(self, cutoff: float) -> list[str]:
+        """Ids idle since before ``cutoff``."""
+        rows = self._q(
+            "find idle sessions",
+            "SELECT session_id FROM ctxkeep_sessions WHERE accessed_at < ?",
+            (cutoff,),
+        )
+        return [r[0] for r in rows]
+
+    def archive(self, evicted: Evicted) -> None:
+        """Keep evicted messages in ``ctxkeep_archive`` (idempotent per message id)."""
+        with self.db.tx("archive messages") as conn:
+            _many(
+                conn,
+                self._sql(
+                    "INSERT INTO ctxkeep_archive (session_id, message_id, agent_id, reason, "
+                    "record) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+                ),
+                [
+                    (
+                        evicted.session_id,
+                        m.id or "",
+                        evicted.agent_id,
+                        evicted.reason,
+                        dumps_record(m),
+                    )
+                    for m in evicted.messages
+                ],
+            )
+
+    def archived(self, session_id: str) -> list[Message]:
+        """A session's archived messages, in archive order."""
+        rows = self._q(
+            "read the archive",
+            "SELECT record FROM ctxkeep_archive WHERE session_id = ? "
+            f"ORDER BY {self.dialect.archive_order}",
+            (session_id,),
+        )
+        return [record_to_message(r[0]) for r in rows]
+
+
+def _many(conn: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    """``executemany`` on a cursor of ``conn`` (psycopg connections have none of their own)."""
+    cur = conn.cursor()
+    try:
+        cur.executemany(sql, rows)
+    finally:
+        cur.close()
+
+
+@functools.lru_cache(maxsize=256)
+def _placeholders(text: str, param: str) -> str:
+    return text if param == "?" else text.replace("?", param)
