@@ -336,9 +336,13 @@ class MemoryManager:
         )
 
     def delete_session(self, session_id: str) -> bool:
-        """Delete a session; False if there was none. Its messages are not archived."""
+        """Delete a session; False if there was none (an expired session is none: it is
+        reclaimed as by :meth:`sweep`). Its messages are not archived.
+        """
         self._forget(session_id)
-        return self.backend.delete(check_session_id(session_id))
+        if not self.has_session(session_id):
+            return False
+        return self.backend.delete(session_id)
 
     def get_latest_session_for_agent(self, agent_id: str) -> str | None:
         """The agent's most recently created live session, or None."""
