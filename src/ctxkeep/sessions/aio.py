@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import MemoryManager
+from ctxkeep.sessions.base import EvictHook, MemoryManager
 from ctxkeep.sessions.records import SessionInfo
 
 
@@ -87,6 +87,22 @@ class AsyncMemoryManager:
     async def get_latest_session_for_agent(self, agent_id: str) -> str | None:
         """See :meth:`MemoryManager.get_latest_session_for_agent`."""
         return await asyncio.to_thread(self.sync.get_latest_session_for_agent, agent_id)
+
+    async def has_session(self, session_id: str) -> bool:
+        """See :meth:`MemoryManager.has_session`."""
+        return await asyncio.to_thread(self.sync.has_session, session_id)
+
+    async def archived_messages(self, session_id: str) -> list[Message]:
+        """See :meth:`MemoryManager.archived_messages`."""
+        return await asyncio.to_thread(self.sync.archived_messages, session_id)
+
+    async def session_count(self) -> int:
+        """See :meth:`MemoryManager.session_count`."""
+        return await asyncio.to_thread(self.sync.session_count)
+
+    def add_evict_hook(self, hook: EvictHook) -> None:
+        """See :meth:`MemoryManager.add_evict_hook` (no I/O: not a coroutine)."""
+        self.sync.add_evict_hook(hook)
 
     async def sweep(self) -> int:
         """See :meth:`MemoryManager.sweep`."""
