@@ -26,62 +26,15 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ctxkeep._pg import PgClient
-from ctxkeep.sessions.sql import Dialect, SQLBackend
+from ctxkeep.sessions.sql import POSTGRES, SQLBackend, migrations
 
 if TYPE_CHECKING:
     import psycopg
 
 META_KEY = "sessions"
 
-# Position i brings a database from version i to i + 1.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE IF NOT EXISTS ctxkeep_sessions (
-        session_id TEXT PRIMARY KEY,
-        agent_id TEXT NOT NULL,
-        task_id TEXT,
-        metadata TEXT NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL,
-        accessed_at DOUBLE PRECISION NOT NULL,
-        message_count INTEGER NOT NULL DEFAULT 0,
-        next_seq BIGINT NOT NULL DEFAULT 1,
-        pending TEXT NOT NULL DEFAULT '[]'
-    );
-    CREATE INDEX IF NOT EXISTS ctxkeep_sessions_agent
-        ON ctxkeep_sessions (agent_id, created_at);
-    CREATE INDEX IF NOT EXISTS ctxkeep_sessions_task ON ctxkeep_sessions (task_id, created_at);
-    CREATE INDEX IF NOT EXISTS ctxkeep_sessions_created ON ctxkeep_sessions (created_at);
-    CREATE INDEX IF NOT EXISTS ctxkeep_sessions_accessed ON ctxkeep_sessions (accessed_at);
-    CREATE TABLE IF NOT EXISTS ctxkeep_messages (
-        session_id TEXT NOT NULL REFERENCES ctxkeep_sessions ON DELETE CASCADE,
-        seq BIGINT NOT NULL,
-        record TEXT NOT NULL,
-        PRIMARY KEY (session_id, seq)
-    );
-    CREATE TABLE IF NOT EXISTS ctxkeep_archive (
-        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        session_id TEXT NOT NULL,
-        message_id TEXT NOT NULL,
-        agent_id TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        record TEXT NOT NULL,
-        archived_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-        UNIQUE (session_id, message_id)
-    );
-    """,
-    # 2: session identity (a generation per creation) and the oldest seq held.
-    """
-    ALTER TABLE ctxkeep_sessions ADD COLUMN IF NOT EXISTS generation TEXT NOT NULL DEFAULT '';
-    ALTER TABLE ctxkeep_sessions ADD COLUMN IF NOT EXISTS first_seq BIGINT NOT NULL DEFAULT 1;
-    UPDATE ctxkeep_sessions s SET generation = md5(random()::text || s.session_id),
-        first_seq = coalesce(
-            (SELECT min(seq) FROM ctxkeep_messages m WHERE m.session_id = s.session_id),
-            s.next_seq);
-    """,
-]
+MIGRATIONS = migrations(POSTGRES)
 SCHEMA_VERSION = len(MIGRATIONS)
-
-POSTGRES = Dialect(param="%s", greatest="GREATEST", for_update=" FOR UPDATE", archive_order="id")
 
 
 class PostgresBackend(SQLBackend):

@@ -58,7 +58,7 @@ class Database(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Dialect:
     """The words SQLite and PostgreSQL spell differently."""
 
@@ -70,6 +70,100 @@ class Dialect:
     """Row locking for a read inside a write transaction (SQLite locks the whole file)."""
     archive_order: str
     """The column that orders the archive by insertion."""
+    real: str
+    """The type of Unix times."""
+    bigint: str
+    """The type of sequence numbers."""
+    messages_session: str
+    """What follows ``session_id TEXT NOT NULL`` in ``ctxkeep_messages`` (a foreign key)."""
+    messages_options: str
+    """Table options of ``ctxkeep_messages``."""
+    archive_id: str
+    """The archive's insertion-order column, if the engine has no implicit one."""
+    archived_at: str
+    """The archive's timestamp column."""
+    random_hex: str
+    """A random hex text per row (a generation for sessions stored before generations)."""
+
+
+SQLITE = Dialect(
+    param="?",
+    greatest="max",
+    for_update="",
+    archive_order="rowid",
+    real="REAL",
+    bigint="INTEGER",
+    messages_session="",
+    messages_options=" WITHOUT ROWID",
+    archive_id="",
+    archived_at="REAL NOT NULL DEFAULT (julianday('now'))",
+    random_hex="lower(hex(randomblob(16)))",
+)
+
+POSTGRES = Dialect(
+    param="%s",
+    greatest="GREATEST",
+    for_update=" FOR UPDATE",
+    archive_order="id",
+    real="DOUBLE PRECISION",
+    bigint="BIGINT",
+    messages_session=" REFERENCES ctxkeep_sessions ON DELETE CASCADE",
+    messages_options="",
+    archive_id="id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, ",
+    archived_at="TIMESTAMPTZ NOT NULL DEFAULT now()",
+    random_hex="md5(random()::text || session_id)",
+)
+
+
+def migrations(d: Dialect) -> list[str]:
+    """The session tables' migrations in ``d``: position ``i`` brings version ``i`` to
+    ``i + 1``.
+    """
+    return [
+        f"""
+        CREATE TABLE IF NOT EXISTS ctxkeep_sessions (
+            session_id TEXT PRIMARY KEY,
+            agent_id TEXT NOT NULL,
+            task_id TEXT,
+            metadata TEXT NOT NULL,
+            created_at {d.real} NOT NULL,
+            accessed_at {d.real} NOT NULL,
+            message_count INTEGER NOT NULL DEFAULT 0,
+            next_seq {d.bigint} NOT NULL DEFAULT 1,
+            pending TEXT NOT NULL DEFAULT '[]'
+        );
+        CREATE INDEX IF NOT EXISTS ctxkeep_sessions_agent
+            ON ctxkeep_sessions (agent_id, created_at);
+        CREATE INDEX IF NOT EXISTS ctxkeep_sessions_task ON ctxkeep_sessions (task_id, created_at);
+        CREATE INDEX IF NOT EXISTS ctxkeep_sessions_created ON ctxkeep_sessions (created_at);
+        CREATE INDEX IF NOT EXISTS ctxkeep_sessions_accessed ON ctxkeep_sessions (accessed_at);
+        CREATE TABLE IF NOT EXISTS ctxkeep_messages (
+            session_id TEXT NOT NULL{d.messages_session},
+            seq {d.bigint} NOT NULL,
+            record TEXT NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        ){d.messages_options};
+        CREATE TABLE IF NOT EXISTS ctxkeep_archive (
+            {d.archive_id}session_id TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            agent_id TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            record TEXT NOT NULL,
+            archived_at {d.archived_at},
+            UNIQUE (session_id, message_id)
+        );
+        """,
+        # 2: session identity (a generation per creation) and the oldest seq held.
+        f"""
+        ALTER TABLE ctxkeep_sessions ADD COLUMN generation TEXT NOT NULL DEFAULT '';
+        ALTER TABLE ctxkeep_sessions ADD COLUMN first_seq {d.bigint} NOT NULL DEFAULT 1;
+        UPDATE ctxkeep_sessions SET generation = {d.random_hex},
+            first_seq = coalesce(
+                (SELECT min(seq) FROM ctxkeep_messages m
+                 WHERE m.session_id = ctxkeep_sessions.session_id),
+                next_seq);
+        """,
+    ]
 
 
 def row_to_info(row: Sequence[Any]) -> SessionInfo:

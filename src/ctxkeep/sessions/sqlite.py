@@ -23,56 +23,10 @@ from pathlib import Path
 
 from ctxkeep._sqlite import SQLiteClient
 from ctxkeep.errors import ConfigError
-from ctxkeep.sessions.sql import Dialect, SQLBackend
+from ctxkeep.sessions.sql import SQLITE, SQLBackend, migrations
 
-# Position i brings a database from version i to i + 1.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE IF NOT EXISTS ctxkeep_sessions (
-        session_id TEXT PRIMARY KEY,
-        agent_id TEXT NOT NULL,
-        task_id TEXT,
-        metadata TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        accessed_at REAL NOT NULL,
-        message_count INTEGER NOT NULL DEFAULT 0,
-        next_seq INTEGER NOT NULL DEFAULT 1,
-        pending TEXT NOT NULL DEFAULT '[]'
-    );
-    CREATE INDEX IF NOT EXISTS ctxkeep_sessions_agent
-        ON ctxkeep_sessions (agent_id, created_at);
-    CREATE INDEX IF NOT EXISTS ctxkeep_sessions_task ON ctxkeep_sessions (task_id, created_at);
-    CREATE INDEX IF NOT EXISTS ctxkeep_sessions_accessed ON ctxkeep_sessions (accessed_at);
-    CREATE TABLE IF NOT EXISTS ctxkeep_messages (
-        session_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        record TEXT NOT NULL,
-        PRIMARY KEY (session_id, seq)
-    ) WITHOUT ROWID;
-    CREATE TABLE IF NOT EXISTS ctxkeep_archive (
-        session_id TEXT NOT NULL,
-        message_id TEXT NOT NULL,
-        agent_id TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        record TEXT NOT NULL,
-        archived_at REAL NOT NULL DEFAULT (julianday('now')),
-        PRIMARY KEY (session_id, message_id)
-    );
-    """,
-    # 2: session identity (a generation per creation) and the oldest seq held.
-    """
-    ALTER TABLE ctxkeep_sessions ADD COLUMN generation TEXT NOT NULL DEFAULT '';
-    ALTER TABLE ctxkeep_sessions ADD COLUMN first_seq INTEGER NOT NULL DEFAULT 1;
-    UPDATE ctxkeep_sessions SET generation = lower(hex(randomblob(16))),
-        first_seq = coalesce(
-            (SELECT min(seq) FROM ctxkeep_messages m
-             WHERE m.session_id = ctxkeep_sessions.session_id),
-            next_seq);
-    """,
-]
+MIGRATIONS = migrations(SQLITE)
 SCHEMA_VERSION = len(MIGRATIONS)
-
-SQLITE = Dialect(param="?", greatest="max", for_update="", archive_order="rowid")
 
 
 def _legacy_version(conn: sqlite3.Connection) -> int:
