@@ -1,10 +1,9 @@
-"""The context fabric: task-shared state, private layers that never leak, the bus."""
+"""The context fabric: task-shared state, private layers that never leak, messages."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -144,58 +143,20 @@ def test_checkpoint_and_restore_through_a_store(tmp_path: Path) -> None:
     assert not fresh.restore_checkpoint("nobody", store)
 
 
-# -- bus -------------------------------------------------------------------------------------
+# -- messages ---------------------------------------------------------------------------------
+# The delivery rules of the bus are the contract's (tests/contract/test_bus_contract.py).
 
 
-def _fabric_with(*agents: tuple[str, str]) -> ContextFabric:
-    fabric = ContextFabric()
-    for agent, task in agents:
-        fabric.set_task_context(agent, {}, task_id=task)
-    return fabric
-
-
-def test_direct_messages_reach_their_recipient_across_tasks() -> None:
-    fabric = _fabric_with(("a", "t1"), ("b", "t2"))
-    fabric.send("a", {"hello": "b"}, recipient="b")
-    got = fabric.bus.receive("b")
-    assert [m.payload for m in got] == [{"hello": "b"}]
-
-
-def test_topic_messages_stay_inside_their_task() -> None:
-    fabric = _fabric_with(("a", "t1"), ("b", "t1"), ("c", "t2"))
-    for agent in ("a", "b", "c"):
-        fabric.bus.subscribe(agent, "progress")
-    fabric.send("a", {"done": 1}, topic="progress")
-    assert [m.payload for m in fabric.bus.receive("b")] == [{"done": 1}]
-    assert fabric.bus.receive("a") == []  # not to the sender
-    assert fabric.bus.receive("c") == []  # not to another task
-
-
-def test_payloads_are_copied_and_must_be_json() -> None:
-    fabric = _fabric_with(("a", "t"), ("b", "t"))
-    payload: dict[str, Any] = {"items": [1]}
-    fabric.send("a", payload, recipient="b")
-    payload["items"].append(2)
-    msg = fabric.bus.receive("b")[0]
-    assert msg.payload == {"items": [1]}
+def test_an_ipc_message_needs_exactly_one_of_recipient_or_topic() -> None:
     with pytest.raises(InvalidMessageError):
-        fabric.send("a", {"bad": object()}, recipient="b")
+        IPCMessage(sender="a", payload=1)
     with pytest.raises(InvalidMessageError):
-        IPCMessage(sender="a", payload=1)  # neither recipient nor topic
+        IPCMessage(sender="a", payload=1, recipient="b", topic="news", task_id="t")
 
 
-def test_unacked_messages_are_redelivered_and_handled_once() -> None:
-    fabric = _fabric_with(("a", "t"), ("b", "t"))
-    bus = fabric.bus
-    fabric.send("a", {"n": 1}, recipient="b")
-    first = bus.receive("b")
-    assert len(first) == 1  # received, but the agent "crashes" before acking
-    assert bus.recover("b") == 1  # type: ignore[attr-defined]
-    handled: list[Any] = []
-    assert bus.handle("b", lambda m: handled.append(m.payload)) == 1
-    bus.recover("b")  # type: ignore[attr-defined]
-    assert bus.handle("b", lambda m: handled.append(m.payload)) == 0
-    assert handled == [{"n": 1}]
+def test_a_topic_message_needs_a_task() -> None:
+    with pytest.raises(InvalidMessageError):
+        IPCMessage(sender="a", payload=1, topic="news")
 
 
 # -- the state machine: private never leaks --------------------------------------------------

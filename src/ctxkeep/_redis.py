@@ -1,5 +1,25 @@
 """What every Redis-backed part shares: URL handling, the connection, optimistic transactions,
-and the one place redis-py's errors become :class:`~ctxkeep.errors.StorageError`.
+schema versions, and the one place redis-py's errors become
+:class:`~ctxkeep.errors.StorageError`.
+
+:class:`RedisClient` is the client a store holds (checkpoints, the bus, the fabric's task state;
+sessions next); the module functions below it (:func:`split_url`, :func:`describe_url`,
+:func:`connect`, :func:`atomic`, :func:`translated`) are its parts, kept for the stores that
+use them directly.
+
+URLs. ``?prefix=`` is ctxkeep's (the key prefix, ``ctxkeep:`` by default); a store may claim
+more query parameters of its own (``params``), which the client takes out and hands back in
+:attr:`RedisClient.params`; the rest goes to redis-py.
+
+Schema versions. Every store keeps its version in one hash, ``{prefix}meta``, one field per
+store (``checkpoints``, ``bus``, ``fabric``, ``sessions``...), and passes an ordered list of
+migrations: position ``i`` brings the store's keys from version ``i`` to ``i + 1``. A store
+already at the newest version is opened with one read and no write; a newer version is refused
+with :class:`~ctxkeep.errors.SchemaVersionError`. Before the meta hash, checkpoints and
+sessions kept their version in a string key of their own, ``{prefix}schema:{store}``: a store
+that did (``legacy_schema_key=True``) adopts that version when the hash has no field for it,
+and keeps the old key in step, because an older ctxkeep reads only that key and must refuse a
+layout it cannot read.
 
 Importing this module without redis-py installed raises an ``ImportError`` naming the extra.
 """
@@ -7,11 +27,12 @@ Importing this module without redis-py installed raises an ``ImportError`` namin
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from typing import ParamSpec, TypeAlias, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
-from ctxkeep.errors import ConfigError, MissingDependencyError, StorageError
+from ctxkeep.errors import ConfigError, MissingDependencyError, SchemaVersionError, StorageError
 
 try:
     import redis
@@ -24,16 +45,41 @@ T = TypeVar("T")
 
 DEFAULT_PREFIX = "ctxkeep:"
 
+Migration: TypeAlias = "Callable[[RedisClient], None]"
+"""One step of a store's migrations, run with the store's client (it may run twice when two
+processes open an old key space at once: keep it idempotent).
+"""
+
 __all__ = [
     "DEFAULT_PREFIX",
+    "Migration",
     "Pipeline",
+    "RedisClient",
     "atomic",
     "connect",
     "describe_url",
     "redis",
     "split_url",
+    "storage_error",
+    "take_params",
     "translated",
 ]
+
+
+# -- the parts ----------------------------------------------------------------------------------
+
+
+def take_params(url: str, names: Collection[str]) -> tuple[str, dict[str, str]]:
+    """``(url without the named query parameters, {name: its last value})``.
+
+    A store's own URL parameters (such as the session store's ``?ttl_grace=``) come out here,
+    before the URL reaches redis-py, which refuses parameters it does not know.
+    """
+    parsed = urlparse(url)
+    query = parse_qsl(parsed.query, keep_blank_values=True)
+    taken = {k: v for k, v in query if k in names}
+    rest = urlencode([(k, v) for k, v in query if k not in names])
+    return urlunparse(parsed._replace(query=rest)), taken
 
 
 def split_url(url: str, prefix: str | None = None) -> tuple[str, str]:
@@ -47,29 +93,37 @@ def split_url(url: str, prefix: str | None = None) -> tuple[str, str]:
         ConfigError: an empty prefix, or the URL and ``prefix`` disagree.
 
     """
-    parsed = urlparse(url)
-    query = parse_qsl(parsed.query, keep_blank_values=True)
-    in_url = [v for k, v in query if k == "prefix"]
-    if in_url and prefix is not None and in_url[-1] != prefix:
-        raise ConfigError(
-            f"two key prefixes given: {in_url[-1]!r} in the URL and {prefix!r}; pass one"
-        )
-    chosen = prefix if prefix is not None else (in_url[-1] if in_url else DEFAULT_PREFIX)
+    rest, taken = take_params(url, ("prefix",))
+    in_url = taken.get("prefix")
+    if in_url is not None and prefix is not None and in_url != prefix:
+        raise ConfigError(f"two key prefixes given: {in_url!r} in the URL and {prefix!r}; pass one")
+    chosen = prefix if prefix is not None else (in_url if in_url is not None else DEFAULT_PREFIX)
     if not chosen:
         raise ConfigError("the Redis key prefix must not be empty (?prefix=...)")
-    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
-    return urlunparse(parsed._replace(query=rest)), chosen
+    return rest, chosen
 
 
 def describe_url(url: str) -> str:
-    """Where a Redis URL points, without its password (for error messages)."""
+    """Where a Redis URL points, without its password (for error messages):
+    ``host:port/db``, or the socket's path.
+    """
     parsed = urlparse(url)
-    return f"{parsed.hostname or parsed.path}:{parsed.port or ''}{parsed.path}"
+    if not parsed.hostname:
+        return parsed.path
+    return f"{parsed.hostname}:{parsed.port or 6379}{parsed.path}"
 
 
 def connect(url: str) -> redis.Redis:
-    """A client for a URL without ctxkeep's parameters (strings in, strings out)."""
-    return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5)
+    """A client for a URL without ctxkeep's parameters (strings in, strings out).
+
+    Raises:
+        ConfigError: a URL redis-py cannot read.
+
+    """
+    try:
+        return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5)
+    except ValueError as exc:
+        raise ConfigError(f"invalid Redis URL: {exc}") from exc
 
 
 def atomic(client: redis.Redis, watch: list[str], body: Callable[[Pipeline], T]) -> T:
@@ -93,6 +147,11 @@ def atomic(client: redis.Redis, watch: list[str], body: Callable[[Pipeline], T])
                 continue
 
 
+def storage_error(where: str, exc: redis.RedisError) -> StorageError:
+    """The StorageError a redis-py error becomes: the one wording, naming the server."""
+    return StorageError(f"Redis at {where}: {exc}")
+
+
 def translated(method: Callable[P, T]) -> Callable[P, T]:
     """Wrap redis-py's errors in StorageError, naming the server (the method's object has a
     ``where`` attribute).
@@ -103,7 +162,169 @@ def translated(method: Callable[P, T]) -> Callable[P, T]:
         try:
             return method(*args, **kwargs)
         except redis.RedisError as exc:
-            where = getattr(args[0], "where", "?")
-            raise StorageError(f"Redis at {where}: {exc}") from exc
+            raise storage_error(getattr(args[0], "where", "?"), exc) from exc
 
     return wrapper
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+
+class RedisClient:
+    """One store's view of a Redis server: its key prefix, the connection, transactions, error
+    translation and the store's schema version (see the module docstring).
+
+    Args:
+        url: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS,
+            ``unix:///path.sock``), optionally with ``?prefix=...`` for the keys.
+        meta_key: the store's field in ``{prefix}meta`` (``"checkpoints"``, ``"bus"``...).
+        migrations: the store's ordered migrations; their number is the newest version.
+        prefix: the key prefix asked for in code (default: the URL's ``?prefix=``, else
+            ``ctxkeep:``).
+        legacy_schema_key: the store kept its version in ``{prefix}schema:{meta_key}`` before
+            the meta hash: adopt it, and keep it in step.
+        params: query parameters of the store's own, taken out of the URL into
+            :attr:`params`.
+
+    Raises:
+        ConfigError: a bad URL or prefix.
+        StorageError: Redis does not answer.
+        SchemaVersionError: the prefix holds the store's keys written by a newer ctxkeep.
+
+    """
+
+    prefix: str
+    """The key prefix."""
+    where: str
+    """Where the server is, without the password (for messages)."""
+    params: dict[str, str]
+    """The store's own query parameters found in the URL (the last value of each)."""
+    meta_key: str
+    """The store's field in :attr:`meta`."""
+    version: int
+    """The newest version of the store's keys this ctxkeep knows."""
+    conn: redis.Redis
+    """The redis-py client (thread-safe, strings in and out)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        meta_key: str,
+        migrations: Sequence[Migration],
+        prefix: str | None = None,
+        legacy_schema_key: bool = False,
+        params: Collection[str] = (),
+    ) -> None:
+        rest, self.params = take_params(url, params)
+        client_url, self.prefix = split_url(rest, prefix)
+        self.where = describe_url(client_url)
+        self.meta_key = meta_key
+        self.legacy_schema_key = legacy_schema_key
+        self.conn = connect(client_url)
+        try:
+            self.migrate(migrations)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    @property
+    def meta(self) -> str:
+        """The hash of every store's schema version under this prefix."""
+        return f"{self.prefix}meta"
+
+    @property
+    def legacy_key(self) -> str:
+        """Where the store kept its version before :attr:`meta`."""
+        return f"{self.prefix}schema:{self.meta_key}"
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.conn.close()
+
+    def __enter__(self) -> RedisClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- errors and transactions ---------------------------------------------------------
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        """Translate redis-py errors raised inside the block into StorageError."""
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise storage_error(self.where, exc) from exc
+
+    def atomic(self, watch: list[str], body: Callable[[Pipeline], T]) -> T:
+        """An optimistic transaction over ``watch`` (see :func:`atomic`); redis-py errors
+        become StorageError, an exception of ``body`` propagates as it is.
+        """
+        with self.errors():
+            return atomic(self.conn, watch, body)
+
+    # -- schema versions -----------------------------------------------------------------
+
+    def stored_version(self) -> int | None:
+        """The store's recorded version under this prefix (``None``: none yet)."""
+        with self.errors():
+            return self._stored(self.conn)[1]
+
+    def migrate(self, migrations: Sequence[Migration]) -> None:
+        """Bring the store's keys to the newest version, ``len(migrations)`` (see the module
+        docstring).
+
+        Raises:
+            SchemaVersionError: a version newer than that, or not a number.
+            StorageError: Redis failed.
+
+        """
+        newest = self.version = len(migrations)
+        with self.errors():
+            raw = cast("str | None", self.conn.hget(self.meta, self.meta_key))
+        if raw is not None and self._checked(raw) == newest:
+            return  # current: one read, no write
+
+        def body(pipe: Pipeline) -> None:
+            in_meta, version = self._stored(pipe)
+            version = version or 0
+            if version > newest:
+                raise self._newer(version, newest)
+            if in_meta and version == newest:
+                return  # another process finished the migration meanwhile
+            for step in migrations[version:]:
+                step(self)
+            pipe.multi()
+            pipe.hset(self.meta, self.meta_key, str(newest))
+            if self.legacy_schema_key:
+                pipe.set(self.legacy_key, str(newest))
+
+        self.atomic([self.meta, self.legacy_key], body)
+
+    def _stored(self, client: redis.Redis | Pipeline) -> tuple[bool, int | None]:
+        """``(whether the meta hash has it, the recorded version)``: the meta field, else (for
+        a store that had one) the legacy key.
+        """
+        raw = cast("str | None", client.hget(self.meta, self.meta_key))
+        if raw is not None:
+            return True, self._checked(raw)
+        if self.legacy_schema_key:
+            raw = cast("str | None", client.get(self.legacy_key))
+        return False, None if raw is None else self._checked(raw)
+
+    def _checked(self, raw: str) -> int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise SchemaVersionError(
+                f"Redis keys under {self.prefix!r}: {self.meta_key} has an invalid schema "
+                f"version {raw!r}; it was not written by ctxkeep"
+            ) from None
+
+    def _newer(self, version: int, newest: int) -> SchemaVersionError:
+        return SchemaVersionError(
+            f"Redis keys under {self.prefix!r} hold {self.meta_key} of a newer ctxkeep "
+            f"(schema {version}; this one reads up to {newest}); upgrade ctxkeep"
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,12 +13,13 @@ import psycopg
 import pytest
 import redis
 
+from ctxkeep._redis import split_url
 from ctxkeep.errors import SchemaVersionError, StorageError
 from ctxkeep.messages import Message
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 from ctxkeep.sessions.postgres import PostgresBackend
-from ctxkeep.sessions.redis import RedisBackend, RedisKeys, split_url
+from ctxkeep.sessions.redis import RedisBackend
 from ctxkeep.testing.contract import MakeMemory, SessionContract
 
 
@@ -151,11 +153,36 @@ class TestRedisBackend(SessionContract):
         prefix = split_url(url)[1]
         client = redis.Redis.from_url(_redis_url_of(url))
         try:
-            client.set(RedisKeys(prefix).schema, 99)
+            client.hset(f"{prefix}meta", "sessions", 99)
         finally:
             client.close()
         with pytest.raises(SchemaVersionError, match="newer ctxkeep"):
             RedisBackend(url)
+
+    def test_keys_of_the_first_release_are_adopted_and_identified(self, url: str) -> None:
+        prefix = split_url(url)[1]
+        with open_memory(url, MemoryConfig(session_ttl=None)) as mem:
+            sid = mem.create_session("agent-old")
+            for text in ("a", "b", "c"):
+                mem.add_message(sid, "user", text)
+        client = redis.Redis.from_url(_redis_url_of(url), decode_responses=True)
+        try:  # back to the first release's layout: version key, no generation, seq 1 trimmed
+            client.delete(f"{prefix}meta")
+            client.set(f"{prefix}schema:sessions", 1)
+            client.hdel(f"{prefix}session:{sid}", "generation", "first_seq")
+            client.zremrangebyscore(f"{prefix}messages:{sid}", 1, 1)
+        finally:
+            client.close()
+        with open_memory(url, MemoryConfig(session_ttl=None)) as mem:
+            info = mem.get_session(sid)
+            assert info.first_seq == 2 and len(info.generation) == 32
+            assert [m.content for m in mem.build_prompt_messages(sid)] == ["b", "c"]
+        client = redis.Redis.from_url(_redis_url_of(url), decode_responses=True)
+        try:
+            assert client.hget(f"{prefix}meta", "sessions") == "2"
+            assert client.get(f"{prefix}schema:sessions") == "2"  # older releases refuse it
+        finally:
+            client.close()
 
     def test_message_json_survives_byte_for_byte(self, url: str) -> None:
         _assert_exact_json(url)
@@ -211,6 +238,25 @@ class TestPostgresBackend(SessionContract):
             conn.execute("UPDATE ctxkeep_meta SET value = '99' WHERE key = 'sessions'")
         with pytest.raises(SchemaVersionError, match="newer ctxkeep"):
             PostgresBackend(url)
+
+    def test_tables_of_the_first_release_are_upgraded_with_their_sessions(self, url: str) -> None:
+        from ctxkeep.sessions.postgres import MIGRATIONS
+        from ctxkeep.sessions.records import message_to_record
+
+        record = json.dumps(message_to_record(Message("user", "kept")))
+        with psycopg.connect(url, autocommit=True) as conn:  # as the first release left it
+            conn.execute(MIGRATIONS[0])
+            conn.execute("CREATE TABLE ctxkeep_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            conn.execute("INSERT INTO ctxkeep_meta VALUES ('sessions', '1')")
+            conn.execute(
+                "INSERT INTO ctxkeep_sessions VALUES ('s1', 'a', NULL, '{}', 1, 2, 1, 4, '[]')"
+            )
+            conn.execute("INSERT INTO ctxkeep_messages VALUES ('s1', 3, %s)", (record,))
+        with open_memory(url, MemoryConfig(session_ttl=None)) as mem:
+            info = mem.get_session("s1")
+            assert info.first_seq == 3 and len(info.generation) == 32
+            mem.add_message("s1", "user", "new")
+            assert [m.content for m in mem.build_prompt_messages("s1")] == ["kept", "new"]
 
     def test_message_json_survives_byte_for_byte(self, url: str) -> None:
         _assert_exact_json(url)

@@ -7,7 +7,9 @@ schema version (``v``); state and private values are encoded faithfully
 (:func:`~ctxkeep.cognition.encode_value`) or refused.
 
 :class:`CheckpointStore` does encoding, validation and copying; a backend implements
-``_put``, ``_get``, ``_latest`` and ``_history`` over JSON text.
+``_put``, ``_get``, ``_latest`` and ``_history`` over JSON text. :class:`SQLCheckpointStore`
+implements them once over the ``ctxkeep_checkpoints`` table for the SQL engines (SQLite and
+PostgreSQL), which supply their engine client and placeholder.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Protocol
 
 from ctxkeep.cognition import (
     CognitiveState,
@@ -206,3 +209,100 @@ class CheckpointStore(ABC):
     @abstractmethod
     def _history(self, agent_id: str, limit: int) -> list[str]:
         """The agent's stored JSONs, highest seq first."""
+
+
+class Database(Protocol):
+    """What :class:`SQLCheckpointStore` needs of an engine client (``SQLiteClient``,
+    ``PgClient``).
+    """
+
+    def tx(self, doing: str) -> AbstractContextManager[Any]:
+        """A connection inside one write transaction."""
+        ...
+
+    def q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of one statement run outside a transaction."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+class SQLCheckpointStore(CheckpointStore):
+    """The checkpoint primitives over one SQL table.
+
+    The table, ``ctxkeep_checkpoints``::
+
+        checkpoint_id TEXT PRIMARY KEY, agent_id TEXT, seq INTEGER, session_id TEXT,
+        record TEXT (the JSON of the checkpoint), UNIQUE (agent_id, seq)
+
+    A subclass supplies the engine client (``ctxkeep._sqlite`` or ``ctxkeep._pg``) and its
+    placeholder. A save reads the agent's highest ``seq`` and inserts the next one in one
+    transaction, which the backend makes exclusive for the agent (``_lock_agent``).
+    """
+
+    param: ClassVar[str]
+    """The driver's placeholder: ``?`` or ``%s``."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def _lock_agent(self, conn: Any, agent_id: str) -> None:
+        """Serialise the saves of ``agent_id`` inside the transaction (if the engine's write
+        transaction does not already).
+        """
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", self.param)  # the statements hold no other "?"
+
+    def _put(self, cp: Checkpoint) -> str:
+        with self._db.tx("save a checkpoint") as conn:
+            self._lock_agent(conn, cp.agent_id)
+            seq = conn.execute(
+                self._sql(
+                    "SELECT coalesce(max(seq), 0) + 1 FROM ctxkeep_checkpoints WHERE agent_id = ?"
+                ),
+                (cp.agent_id,),
+            ).fetchone()[0]
+            conn.execute(
+                self._sql(
+                    "INSERT INTO ctxkeep_checkpoints "
+                    "(checkpoint_id, agent_id, seq, session_id, record) VALUES (?, ?, ?, ?, ?)"
+                ),
+                (
+                    cp.checkpoint_id,
+                    cp.agent_id,
+                    seq,
+                    cp.session_id,
+                    encode_checkpoint(replace(cp, seq=seq)),
+                ),
+            )
+        return cp.checkpoint_id
+
+    def _get(self, checkpoint_id: str) -> str | None:
+        rows = self._db.q(
+            "read a checkpoint",
+            self._sql("SELECT record FROM ctxkeep_checkpoints WHERE checkpoint_id = ?"),
+            (checkpoint_id,),
+        )
+        return str(rows[0][0]) if rows else None
+
+    def _latest(self, agent_id: str) -> str | None:
+        texts = self._history(agent_id, 1)
+        return texts[0] if texts else None
+
+    def _history(self, agent_id: str, limit: int) -> list[str]:
+        rows = self._db.q(
+            "read checkpoints",
+            self._sql(
+                "SELECT record FROM ctxkeep_checkpoints WHERE agent_id = ? "
+                "ORDER BY seq DESC LIMIT ?"
+            ),
+            (agent_id, limit),
+        )
+        return [str(r[0]) for r in rows]
+
+    def close(self) -> None:
+        """Release the engine's connections."""
+        self._db.close()

@@ -10,8 +10,11 @@ key                           type    holds
 ``checkpoint:{id}``           string  the checkpoint's record (JSON, see ``base.py``)
 ``checkpoints:{agent_id}``    zset    the agent's checkpoint ids scored by seq
 ``checkpoint-seq:{agent_id}`` string  the agent's highest seq
-``schema:checkpoints``        string  the layout's schema version
+``meta``                      hash    field ``checkpoints``: the layout's schema version
+``schema:checkpoints``        string  the same version, as releases before ``meta`` kept it
 ============================  ======  ========================================================
+
+The connection, error translation and schema versions are ``ctxkeep._redis.RedisClient``'s.
 
 Atomicity. A save ``WATCH``-es the agent's seq key, reads it, and writes the seq, the record and
 the index entry in one ``MULTI``/``EXEC``; if another writer saved meanwhile, ``EXEC`` fails and
@@ -25,27 +28,16 @@ restart. Keep checkpoints that must outlive the server in SQLite or PostgreSQL.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from ctxkeep._redis import (
-    DEFAULT_PREFIX,
-    Pipeline,
-    atomic,
-    connect,
-    describe_url,
-    redis,
-    split_url,
-    translated,
-)
+from ctxkeep._redis import DEFAULT_PREFIX, Migration, Pipeline, RedisClient, translated
 from ctxkeep.checkpoints.base import Checkpoint, CheckpointStore, encode_checkpoint
-from ctxkeep.errors import SchemaVersionError
 
 # Position i brings the key space from layout version i to i + 1. Version 1 is the layout in
 # the module docstring; its keys are created as checkpoints are saved, so there is nothing to do.
-MIGRATIONS: list[Callable[[redis.Redis, RedisCheckpointKeys], None]] = [
-    lambda client, keys: None,
+MIGRATIONS: list[Migration] = [
+    lambda client: None,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -71,11 +63,6 @@ class RedisCheckpointKeys:
         """The agent's highest seq."""
         return f"{self.prefix}checkpoint-seq:{agent_id}"
 
-    @property
-    def schema(self) -> str:
-        """The layout's schema version."""
-        return f"{self.prefix}schema:checkpoints"
-
 
 # -- the store --------------------------------------------------------------------------------
 
@@ -97,34 +84,15 @@ class RedisCheckpointStore(CheckpointStore):
     name = "redis"
 
     def __init__(self, url: str, *, prefix: str | None = None) -> None:
-        client_url, chosen = split_url(url, prefix)
-        self.keys = RedisCheckpointKeys(chosen)
-        self.where = describe_url(client_url)
-        self._client = connect(client_url)
-        try:
-            self._migrate()
-        except BaseException:
-            self._client.close()
-            raise
-
-    @translated
-    def _migrate(self) -> None:
-        def body(pipe: Pipeline) -> None:
-            raw = pipe.get(self.keys.schema)
-            version = int(cast(str, raw)) if raw is not None else 0
-            if version > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"Redis keys under {self.keys.prefix!r} hold checkpoints of a newer ctxkeep "
-                    f"(schema {version}; this one reads up to {SCHEMA_VERSION}); upgrade ctxkeep"
-                )
-            if version == SCHEMA_VERSION:
-                return
-            for i in range(version, SCHEMA_VERSION):
-                MIGRATIONS[i](self._client, self.keys)
-            pipe.multi()
-            pipe.set(self.keys.schema, SCHEMA_VERSION)
-
-        atomic(self._client, [self.keys.schema], body)
+        self.db = RedisClient(
+            url,
+            prefix=prefix,
+            meta_key="checkpoints",
+            migrations=MIGRATIONS,
+            legacy_schema_key=True,
+        )
+        self.keys = RedisCheckpointKeys(self.db.prefix)
+        self.where = self.db.where
 
     @translated
     def _put(self, cp: Checkpoint) -> str:
@@ -139,21 +107,21 @@ class RedisCheckpointStore(CheckpointStore):
             pipe.set(keys.record(cp.checkpoint_id), text)
             pipe.zadd(keys.index(cp.agent_id), {cp.checkpoint_id: seq})
 
-        atomic(self._client, [keys.seq(cp.agent_id)], body)
+        self.db.atomic([keys.seq(cp.agent_id)], body)
         return cp.checkpoint_id
 
     @translated
     def _get(self, checkpoint_id: str) -> str | None:
-        return cast("str | None", self._client.get(self.keys.record(checkpoint_id)))
+        return cast("str | None", self.db.conn.get(self.keys.record(checkpoint_id)))
 
     @translated
     def _history(self, agent_id: str, limit: int) -> list[str]:
         if limit <= 0:
             return []
-        ids = cast("list[str]", self._client.zrevrange(self.keys.index(agent_id), 0, limit - 1))
+        ids = cast("list[str]", self.db.conn.zrevrange(self.keys.index(agent_id), 0, limit - 1))
         if not ids:
             return []
-        texts = cast("list[Any]", self._client.mget([self.keys.record(i) for i in ids]))
+        texts = cast("list[Any]", self.db.conn.mget([self.keys.record(i) for i in ids]))
         return [t for t in texts if t is not None]
 
     def _latest(self, agent_id: str) -> str | None:
@@ -162,4 +130,4 @@ class RedisCheckpointStore(CheckpointStore):
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._client.close()
+        self.db.close()

@@ -8,9 +8,11 @@ its task. Delivery rules, the same on every bus:
   except the sender; agents of other tasks never see it.
 
 Delivery is at least once: :meth:`MessageBus.receive` hands out messages that stay pending
-until :meth:`MessageBus.ack`; :meth:`MessageBus.handle` runs a handler at most once per message
-id and acks, so a redelivered message is not handled twice. Payloads are copied (through
-JSON) at send and at receive.
+until :meth:`MessageBus.ack`, and :meth:`MessageBus.recover` (after a crash) delivers the
+pending ones again, first; :meth:`MessageBus.handle` runs a handler at most once per message
+id and acks, so a redelivered message is not handled twice. Messages to one agent arrive in
+the order they were sent. Payloads are copied (through JSON) at send and at receive.
+``ctxkeep.testing.contract.BusContract`` checks all of this on every bus.
 
 :class:`InProcessBus` serves agents in one process; ``ctxkeep.fabric.redis_bus`` serves
 processes on many machines over Redis Streams.
@@ -24,7 +26,7 @@ import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 from ctxkeep.errors import InvalidMessageError, UnknownAgentError
@@ -66,16 +68,8 @@ class IPCMessage:
         object.__setattr__(self, "payload", _copy_payload(self.payload))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "sender": self.sender,
-            "payload": self.payload,
-            "task_id": self.task_id,
-            "recipient": self.recipient,
-            "topic": self.topic,
-            "id": self.id,
-            "created_at": self.created_at,
-        }
+        """JSON-ready form (the payload is JSON data already)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IPCMessage:
@@ -109,6 +103,12 @@ class MessageBus(Protocol):
         """Mark messages handled; they are not delivered again."""
         ...
 
+    def recover(self, agent_id: str) -> int:
+        """Deliver the messages this process received for ``agent_id`` and did not ack again,
+        first, on the next receive (after a crash); returns how many there are.
+        """
+        ...
+
     def handle(
         self, agent_id: str, handler: Callable[[IPCMessage], None], *, timeout: float = 0
     ) -> int:
@@ -124,7 +124,8 @@ class InProcessBus:
         self._tasks: dict[str, str | None] = {}
         self._subs: dict[tuple[str | None, str], set[str]] = defaultdict(set)
         self._queues: dict[str, deque[IPCMessage]] = defaultdict(deque)
-        self._pending: dict[str, dict[str, IPCMessage]] = defaultdict(dict)
+        self._pending: dict[str, dict[str, IPCMessage]] = defaultdict(dict)  # by receive order
+        self._replay: dict[str, deque[str]] = defaultdict(deque)  # ids recover() put back
         self._handled: dict[str, set[str]] = defaultdict(set)
 
     def register(self, agent_id: str, task_id: str | None) -> None:
@@ -163,18 +164,29 @@ class InProcessBus:
     def receive(
         self, agent_id: str, *, max_messages: int = 100, timeout: float = 0
     ) -> list[IPCMessage]:
-        """Take up to ``max_messages``; they stay pending until acked."""
+        """Take up to ``max_messages``, those :meth:`recover` put back first; they stay pending
+        until acked.
+        """
         deadline = time.monotonic() + timeout
         with self._cond:
-            q = self._queues[agent_id]
-            while not q and timeout > 0:
+            q, replay = self._queues[agent_id], self._replay[agent_id]
+            pending = self._pending[agent_id]
+
+            def ready() -> bool:
+                while replay and replay[0] not in pending:  # acked since recover()
+                    replay.popleft()
+                return bool(q or replay)
+
+            while not ready() and timeout > 0:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._cond.wait(left):
                     break
             out: list[IPCMessage] = []
+            while ready() and replay and len(out) < max_messages:
+                out.append(IPCMessage.from_dict(pending[replay.popleft()].to_dict()))
             while q and len(out) < max_messages:
                 m = q.popleft()
-                self._pending[agent_id][m.id] = m
+                pending[m.id] = m
                 out.append(IPCMessage.from_dict(m.to_dict()))
             return out
 
@@ -185,11 +197,12 @@ class InProcessBus:
                 self._pending[agent_id].pop(i, None)
 
     def recover(self, agent_id: str) -> int:
-        """Put the agent's unacked messages back in its queue (after a crash); returns how many."""
+        """Deliver every unacked message again, first (after a crash); returns how many are
+        unacked.
+        """
         with self._cond:
-            pending = list(self._pending[agent_id].values())
-            self._pending[agent_id].clear()
-            self._queues[agent_id].extendleft(reversed(pending))
+            pending = self._pending[agent_id]
+            self._replay[agent_id] = deque(pending)
             self._cond.notify_all()
             return len(pending)
 

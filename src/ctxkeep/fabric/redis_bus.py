@@ -43,7 +43,12 @@ key                              type    holds
                                          older than ``handled_ttl`` seconds are trimmed
 ``bus:dead:{agent}``             stream  entries no ctxkeep could decode, with the reason
 ``fabric:task:{task}``           hash    a task's shared state (``redis_state.py``)
+``meta``                         hash    field ``bus``: the layout's schema version (field
+                                         ``fabric``: the task states')
 ===============================  ======  ========================================================
+
+The connection, error translation and schema versions are ``ctxkeep._redis.RedisClient``'s;
+every stream entry carries its own version too (``v``).
 
 Multi-key transactions need one Redis node (no Redis Cluster). Durability is the server's:
 see ``ctxkeep.sessions.redis``.
@@ -60,16 +65,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote
 
-from ctxkeep._redis import (
-    DEFAULT_PREFIX,
-    Pipeline,
-    atomic,
-    connect,
-    describe_url,
-    redis,
-    split_url,
-    translated,
-)
+from ctxkeep._redis import DEFAULT_PREFIX, Migration, Pipeline, RedisClient, redis, translated
 from ctxkeep.errors import (
     ConfigError,
     InvalidMessageError,
@@ -82,6 +78,13 @@ log = logging.getLogger(__name__)
 
 MESSAGE_VERSION = 1
 """The schema version of a stream entry (field ``v``)."""
+
+# Position i brings the bus keys under a prefix from layout version i to i + 1 (their version
+# in ``{prefix}meta``, field ``bus``). Version 1 is the layout in the module docstring; its keys
+# are created as agents register and send, so there is nothing to do.
+MIGRATIONS: list[Migration] = [
+    lambda client: None,
+]
 
 
 # -- the layout and the stored forms, free of I/O ---------------------------------------------
@@ -208,6 +211,11 @@ class RedisStreamBus:
         block_ms: the longest single blocking read; ``receive`` waits in steps of this.
         handled_ttl: how long (seconds) handled ids are remembered to skip redeliveries.
 
+    Raises:
+        ConfigError: a missing consumer name, a bad setting or URL.
+        StorageError: Redis does not answer.
+        SchemaVersionError: the prefix holds bus keys written by a newer ctxkeep.
+
     """
 
     def __init__(
@@ -224,10 +232,9 @@ class RedisStreamBus:
             raise ConfigError("RedisStreamBus needs a consumer name (e.g. f'{host}-{pid}')")
         if claim_idle_ms <= 0 or block_ms <= 0 or handled_ttl <= 0:
             raise ConfigError("claim_idle_ms, block_ms and handled_ttl must be positive")
-        client_url, chosen = split_url(url, prefix)
-        self.keys = RedisBusKeys(chosen)
-        self.where = describe_url(client_url)
-        self._client = connect(client_url)
+        self.db = RedisClient(url, prefix=prefix, meta_key="bus", migrations=MIGRATIONS)
+        self.keys = RedisBusKeys(self.db.prefix)
+        self.where = self.db.where
         self.consumer = consumer
         self.claim_idle_ms = int(claim_idle_ms)
         self.block_ms = int(block_ms)
@@ -240,7 +247,7 @@ class RedisStreamBus:
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._client.close()
+        self.db.close()
 
     def __enter__(self) -> RedisStreamBus:
         return self
@@ -268,7 +275,7 @@ class RedisStreamBus:
                 pipe.delete(keys.topics(agent_id))
             pipe.hset(keys.agents, agent_id, encode_task(task_id))
 
-        atomic(self._client, [keys.agents, keys.topics(agent_id)], body)
+        self.db.atomic([keys.agents, keys.topics(agent_id)], body)
         self._ensure_group(agent_id)
 
     @translated
@@ -279,7 +286,7 @@ class RedisStreamBus:
             UnknownAgentError: the agent never registered.
 
         """
-        raw = cast("str | None", self._client.hget(self.keys.agents, agent_id))
+        raw = cast("str | None", self.db.conn.hget(self.keys.agents, agent_id))
         if raw is None:
             raise UnknownAgentError(f"agent {agent_id!r} has not joined a task")
         return decode_task(raw)
@@ -300,7 +307,7 @@ class RedisStreamBus:
             if task_id is not None:
                 pipe.sadd(keys.subscribers(task_id, topic), agent_id)
 
-        atomic(self._client, [keys.agents], body)
+        self.db.atomic([keys.agents], body)
 
     # -- sending -------------------------------------------------------------------------
 
@@ -312,7 +319,7 @@ class RedisStreamBus:
         entry = encode_entry(message)
         keys = self.keys
         if message.recipient is not None:
-            self._client.xadd(keys.inbox(message.recipient), entry)  # type: ignore[arg-type]
+            self.db.conn.xadd(keys.inbox(message.recipient), entry)  # type: ignore[arg-type]
             return message.id
         assert message.topic is not None and message.task_id is not None
         subs_key = keys.subscribers(message.task_id, message.topic)
@@ -325,7 +332,7 @@ class RedisStreamBus:
                 if raw is not None and decode_task(raw) == message.task_id:
                     pipe.xadd(keys.inbox(agent), entry)  # type: ignore[arg-type]
 
-        atomic(self._client, [subs_key, keys.agents], body)
+        self.db.atomic([subs_key, keys.agents], body)
         return message.id
 
     # -- receiving -----------------------------------------------------------------------
@@ -383,7 +390,7 @@ class RedisStreamBus:
     @translated
     def was_handled(self, agent_id: str, message_id: str) -> bool:
         """Whether ``agent_id`` has handled ``message_id`` (within ``handled_ttl``)."""
-        return self.handled_mark(agent_id, message_id).is_set(self._client)
+        return self.handled_mark(agent_id, message_id).is_set(self.db.conn)
 
     @translated
     def recover(self, agent_id: str) -> int:
@@ -392,7 +399,7 @@ class RedisStreamBus:
         many there are.
         """
         self._ensure_group(agent_id)
-        summary: dict[str, Any] = self._client.xpending(self.keys.inbox(agent_id), agent_id)
+        summary: dict[str, Any] = self.db.conn.xpending(self.keys.inbox(agent_id), agent_id)
         mine = sum(
             int(c["pending"]) for c in summary.get("consumers") or [] if c["name"] == self.consumer
         )
@@ -407,7 +414,7 @@ class RedisStreamBus:
         if agent_id in self._groups:
             return
         try:
-            self._client.xgroup_create(self.keys.inbox(agent_id), agent_id, id="0", mkstream=True)
+            self.db.conn.xgroup_create(self.keys.inbox(agent_id), agent_id, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -457,14 +464,14 @@ class RedisStreamBus:
         if cursor is None:
             return []
         raw = _entries(
-            self._client.xreadgroup(
+            self.db.conn.xreadgroup(
                 agent_id, self.consumer, {self.keys.inbox(agent_id): cursor}, count=count
             )
         )
         with self._lock:
-            if raw:
+            if len(raw) >= count:
                 self._replay_from[agent_id] = raw[-1][0]
-            else:
+            else:  # done: what this receive reads next is new, and must not be replayed
                 self._replay_from.pop(agent_id, None)
         return self._decode(agent_id, raw)
 
@@ -472,7 +479,7 @@ class RedisStreamBus:
         """Take over messages other consumers left unacked for ``claim_idle_ms``."""
         with self._lock:
             cursor = self._claim_from.get(agent_id, "0-0")
-        reply: list[Any] = self._client.xautoclaim(
+        reply: list[Any] = self.db.conn.xautoclaim(
             self.keys.inbox(agent_id),
             agent_id,
             self.consumer,
@@ -487,7 +494,7 @@ class RedisStreamBus:
     def _new(self, agent_id: str, count: int, block: int | None) -> list[tuple[str, IPCMessage]]:
         """Messages never delivered to any consumer of the agent."""
         raw = _entries(
-            self._client.xreadgroup(
+            self.db.conn.xreadgroup(
                 agent_id, self.consumer, {self.keys.inbox(agent_id): ">"}, count=count, block=block
             )
         )
@@ -503,13 +510,13 @@ class RedisStreamBus:
         out: list[tuple[str, IPCMessage]] = []
         for entry_id, fields in raw:
             if not fields:
-                self._client.xack(inbox, agent_id, entry_id)
+                self.db.conn.xack(inbox, agent_id, entry_id)
                 continue
             try:
                 out.append((entry_id, decode_entry(fields)))
             except (InvalidMessageError, SchemaVersionError) as exc:
                 log.warning("bus entry %s of %s moved to %s: %s", entry_id, inbox, "dead", exc)
-                with self._client.pipeline(transaction=True) as pipe:
+                with self.db.conn.pipeline(transaction=True) as pipe:
                     pipe.xadd(
                         self.keys.dead(agent_id),
                         {**fields, "error": str(exc), "entry_id": entry_id},  # type: ignore[dict-item]
@@ -521,7 +528,7 @@ class RedisStreamBus:
 
     @translated
     def _handled_ids(self, agent_id: str, ids: list[str]) -> set[str]:
-        scores: list[float | None] = self._client.zmscore(self.keys.handled(agent_id), ids)
+        scores: list[float | None] = self.db.conn.zmscore(self.keys.handled(agent_id), ids)
         return {i for i, s in zip(ids, scores, strict=True) if s is not None}
 
     @translated
@@ -538,7 +545,7 @@ class RedisStreamBus:
         if not entry_ids and not mark:
             return
         inbox = self.keys.inbox(agent_id)
-        with self._client.pipeline(transaction=True) as pipe:
+        with self.db.conn.pipeline(transaction=True) as pipe:
             if mark:
                 now = time.time()
                 handled = self.keys.handled(agent_id)

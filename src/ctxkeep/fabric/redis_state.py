@@ -8,6 +8,11 @@ one hash per task (``{prefix}fabric:task:{task}``, named by
 (:class:`~ctxkeep.errors.StaleTaskStateError`), like ``ContextFabric.update_task_context``;
 :meth:`RedisTaskState.update_with` re-reads and retries instead.
 
+Versions: the layout's version under a prefix is field ``fabric`` of ``{prefix}meta`` (kept by
+``ctxkeep._redis.RedisClient``, which owns the connection too); each hash also carries the
+version of its own fields (``schema``), so a hash written by a newer ctxkeep is refused even on
+a prefix opened by an older one.
+
 Exactly-once handling: ``update_with(change, once=bus.handled_mark(agent, message.id))``
 commits the change and the bus's handled mark in one transaction, and writes nothing if the
 mark is already set, so a message redelivered after its effect was committed (its consumer died
@@ -20,7 +25,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from ctxkeep._redis import Pipeline, atomic, connect, describe_url, split_url, translated
+from ctxkeep._redis import Migration, Pipeline, RedisClient, translated
 from ctxkeep.errors import SchemaVersionError, StaleTaskStateError
 from ctxkeep.fabric.redis_bus import HandledMark, RedisBusKeys, check_name
 
@@ -29,6 +34,13 @@ if TYPE_CHECKING:
 
 TASK_STATE_VERSION = 1
 """The schema version of a task-state hash (field ``schema``)."""
+
+# Position i brings the task states under a prefix from layout version i to i + 1 (their
+# version in ``{prefix}meta``, field ``fabric``). Version 1 is the layout in the module
+# docstring; its hashes are created as tasks are written, so there is nothing to do.
+MIGRATIONS: list[Migration] = [
+    lambda client: None,
+]
 
 
 class RedisTaskState:
@@ -44,14 +56,17 @@ class RedisTaskState:
         task_id: the task.
         prefix: the key prefix (default: the URL's ``?prefix=``, else ``ctxkeep:``).
 
+    Raises:
+        StorageError: Redis does not answer.
+        SchemaVersionError: the prefix holds task states written by a newer ctxkeep.
+
     """
 
     def __init__(self, url: str, task_id: str, *, prefix: str | None = None) -> None:
         check_name("task_id", task_id)
-        client_url, chosen = split_url(url, prefix)
-        self.keys = RedisBusKeys(chosen)
-        self.where = describe_url(client_url)
-        self._client = connect(client_url)
+        self.db = RedisClient(url, prefix=prefix, meta_key="fabric", migrations=MIGRATIONS)
+        self.keys = RedisBusKeys(self.db.prefix)
+        self.where = self.db.where
         self.task_id = task_id
         self.key = self.keys.task_state(task_id)
 
@@ -80,7 +95,7 @@ class RedisTaskState:
     @translated
     def read(self) -> tuple[int, dict[str, Any]]:
         """``(version, a copy of the state)``; version 0 for a task never written."""
-        return self._decode(cast("dict[str, str]", self._client.hgetall(self.key)))
+        return self._decode(cast("dict[str, str]", self.db.conn.hgetall(self.key)))
 
     def _write(self, pipe: Pipeline, version: int, encoded: dict[FieldT, EncodableT]) -> int:
         fields: dict[FieldT, EncodableT] = {
@@ -112,7 +127,7 @@ class RedisTaskState:
                 raise StaleTaskStateError(self.task_id, expected_version, version)
             return self._write(pipe, version, encoded)
 
-        return atomic(self._client, [self.key], body)
+        return self.db.atomic([self.key], body)
 
     @translated
     def update_with(
@@ -144,8 +159,8 @@ class RedisTaskState:
             return new
 
         watch = [self.key] if once is None else [self.key, once.key]
-        return atomic(self._client, watch, body)
+        return self.db.atomic(watch, body)
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._client.close()
+        self.db.close()

@@ -59,14 +59,9 @@ class PostgresBackend(SQLBackend):
         self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 30.0
     ) -> None:
         self.db = self._pg = PgClient(
-            url,
-            name="ctxkeep-sessions",
-            meta_key=META_KEY,
-            migrations=MIGRATIONS,
-            min_size=min_size,
-            max_size=max_size,
-            timeout=timeout,
-        )
+            url, name="ctxkeep-sessions", meta_key=META_KEY, migrations=MIGRATIONS,
+            min_size=min_size, max_size=max_size, timeout=timeout,
+        )  # fmt: skip
         self.where = self._pg.where
 
     @contextmanager

@@ -17,7 +17,7 @@ key                       type    holds
 ``owners``                hash    id -> ``[agent_id, task_id]``, to clean indexes after expiry
 ``archive:{id}``          list    trimmed and evicted messages (record JSON), oldest first
 ``archive-ids:{id}``      set     message ids already archived (archiving is idempotent)
-``schema:sessions``       string  the layout's schema version
+``meta``                  hash    every store's schema version (field ``sessions``)
 ========================  ======  ==============================================================
 
 TTL. With a ``session_ttl``, a session's own keys (``session:`` and ``messages:``) get a
@@ -48,18 +48,23 @@ memory; use PostgreSQL or SQLite for history that must outlive the server.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, ParamSpec, TypeVar, cast
-from urllib.parse import parse_qsl, urlencode, urlparse
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ctxkeep._redis import (
+    DEFAULT_PREFIX,
+    Migration,
+    Pipeline,
+    RedisClient,
+    atomic,
+    redis,
+    translated,
+)
 from ctxkeep.errors import (
     ConfigError,
-    MissingDependencyError,
-    SchemaVersionError,
     SessionExistsError,
     SessionNotFoundError,
     StorageError,
@@ -76,39 +81,11 @@ from ctxkeep.sessions.records import (
     record_to_message,
 )
 
-try:
-    import redis
-    from redis.client import Pipeline
+if TYPE_CHECKING:
     from redis.typing import EncodableT, FieldT
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise MissingDependencyError("redis", "redis") from exc
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
-DEFAULT_PREFIX = "ctxkeep:"
-
-
-# Position i brings a key space from layout version i to i + 1. Version 1 is the layout in
-# the module docstring; its keys are created as sessions are, so there is nothing to do.
-def _identify_sessions(client: redis.Redis, keys: RedisKeys) -> None:
-    """Migration 2: give every stored session a generation and its ``first_seq``."""
-    for key in client.scan_iter(match=keys.session("*"), count=_SCAN_CHUNK):
-        sid = cast(str, key)[len(keys.session("")) :]
-        oldest = cast(
-            "list[tuple[str, float]]", client.zrange(keys.messages(sid), 0, 0, withscores=True)
-        )
-        next_seq = cast("str | None", client.hget(key, "next_seq")) or "1"
-        first = int(oldest[0][1]) if oldest else int(next_seq)
-        client.hsetnx(key, "generation", new_generation())
-        client.hsetnx(key, "first_seq", str(first))
-
-
-MIGRATIONS: list[Callable[[redis.Redis, RedisKeys], None]] = [
-    lambda client, keys: None,
-    _identify_sessions,
-]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 _SCAN_CHUNK = 200
 
@@ -166,26 +143,9 @@ class RedisKeys:
         """Session id -> ``[agent_id, task_id]``."""
         return f"{self.prefix}owners"
 
-    @property
-    def schema(self) -> str:
-        """The layout's schema version."""
-        return f"{self.prefix}schema:sessions"
-
     def own(self, session_id: str) -> tuple[str, str]:
         """The keys that belong to one session and expire with it."""
         return self.session(session_id), self.messages(session_id)
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``(url for redis-py, key prefix)``: ``?prefix=`` is ctxkeep's, the rest redis-py's."""
-    base, _, query_string = url.partition("?")
-    query = parse_qsl(query_string, keep_blank_values=True)
-    prefixes = [v for k, v in query if k == "prefix"]
-    prefix = prefixes[-1] if prefixes else DEFAULT_PREFIX
-    if not prefix:
-        raise ConfigError("the Redis key prefix must not be empty (?prefix=...)")
-    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
-    return (f"{base}?{rest}" if rest else base), prefix
 
 
 def session_fields(info: SessionInfo) -> dict[FieldT, EncodableT]:
@@ -246,18 +206,23 @@ def parse_member(member: str) -> tuple[int, dict[str, Any]]:
 # -- the backend ------------------------------------------------------------------------------
 
 
-def _translated(method: Callable[P, T]) -> Callable[P, T]:
-    """Wrap redis-py's errors in StorageError: the one place driver errors are translated."""
+def _identify_sessions(db: RedisClient) -> None:
+    """Migration 2: give every stored session a generation and its ``first_seq``."""
+    keys = RedisKeys(db.prefix)
+    for key in db.conn.scan_iter(match=keys.session("*"), count=_SCAN_CHUNK):
+        sid = cast(str, key)[len(keys.session("")) :]
+        oldest = cast(
+            "list[tuple[str, float]]", db.conn.zrange(keys.messages(sid), 0, 0, withscores=True)
+        )
+        next_seq = cast("str | None", db.conn.hget(key, "next_seq")) or "1"
+        db.conn.hsetnx(key, "generation", new_generation())
+        db.conn.hsetnx(key, "first_seq", str(int(oldest[0][1]) if oldest else int(next_seq)))
 
-    @functools.wraps(method)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return method(*args, **kwargs)
-        except redis.RedisError as exc:
-            self = cast("RedisBackend", args[0])
-            raise StorageError(f"Redis at {self.where}: {exc}") from exc
 
-    return wrapper
+# Position i brings a key space from layout version i to i + 1. Version 1 is the layout in
+# the module docstring; its keys are created as sessions are, so there is nothing to do.
+MIGRATIONS: list[Migration] = [lambda db: None, _identify_sessions]
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class RedisBackend(Backend):
@@ -277,77 +242,28 @@ class RedisBackend(Backend):
     supports_native_ttl = True
 
     def __init__(self, url: str) -> None:
-        base, _, query_string = url.partition("?")
-        query = parse_qsl(query_string, keep_blank_values=True)
-        graces = [v for k, v in query if k == "ttl_grace"]
+        self.db = RedisClient(
+            url,
+            meta_key="sessions",
+            migrations=MIGRATIONS,
+            legacy_schema_key=True,
+            params=("ttl_grace",),
+        )
+        grace = self.db.params.get("ttl_grace")
         try:
             # Seconds past the TTL before Redis reclaims a session by itself: the window in
             # which MemoryManager.sweep() archives it and calls on_evict hooks first.
             # Default: the TTL again (Redis deadline at 2 x TTL); ?ttl_grace=0 for none.
-            self.ttl_grace: float | None = float(graces[-1]) if graces else None
+            self.ttl_grace: float | None = float(grace) if grace is not None else None
         except ValueError:
-            raise ConfigError(
-                f"ttl_grace must be a number of seconds, got {graces[-1]!r}"
-            ) from None
-        rest = urlencode([(k, v) for k, v in query if k != "ttl_grace"])
-        client_url, prefix = split_url(f"{base}?{rest}" if rest else base)
-        self.keys = RedisKeys(prefix)
-        parsed = urlparse(client_url)
-        # Where, for error messages; never the password.
-        self.where = (
-            f"{parsed.hostname}:{parsed.port or 6379}{parsed.path}"
-            if parsed.hostname
-            else parsed.path
-        )
-        try:
-            self._client: redis.Redis = redis.Redis.from_url(
-                client_url, decode_responses=True, socket_connect_timeout=5
-            )
-        except ValueError as exc:
-            raise ConfigError(f"invalid Redis URL: {exc}") from exc
-        try:
-            self._migrate()
-        except BaseException:
-            self._client.close()
-            raise
-
-    # -- plumbing ----------------------------------------------------------------------
+            self.db.close()
+            raise ConfigError(f"ttl_grace must be a number of seconds, got {grace!r}") from None
+        self.keys = RedisKeys(self.db.prefix)
+        self.where = self.db.where
+        self._client = self.db.conn
 
     def _atomic(self, watch: list[str], body: Callable[[Pipeline], T]) -> T:
-        """Run ``body`` with ``watch`` watched; if it opened ``MULTI``, ``EXEC`` it, and
-        start over when a watched key changed meanwhile.
-        """
-        with self._client.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(*watch)  # type: ignore[no-untyped-call]
-                    result = body(pipe)
-                    if pipe.explicit_transaction:
-                        pipe.execute()
-                    else:
-                        pipe.reset()
-                    return result
-                except redis.WatchError:
-                    continue
-
-    @_translated
-    def _migrate(self) -> None:
-        def body(pipe: Pipeline) -> None:
-            raw = pipe.get(self.keys.schema)
-            version = int(cast(str, raw)) if raw is not None else 0
-            if version > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"Redis keys under {self.keys.prefix!r} were written by a newer ctxkeep "
-                    f"(schema {version}; this one reads up to {SCHEMA_VERSION}); upgrade ctxkeep"
-                )
-            if version == SCHEMA_VERSION:
-                return
-            for i in range(version, SCHEMA_VERSION):
-                MIGRATIONS[i](self._client, self.keys)
-            pipe.multi()
-            pipe.set(self.keys.schema, SCHEMA_VERSION)
-
-        self._atomic([self.keys.schema], body)
+        return atomic(self._client, watch, body)
 
     def _expire(self, pipe: Pipeline, session_id: str, ttl: float | None) -> None:
         """Queue the session's deadline: ``ttl`` from now, or none."""
@@ -457,7 +373,7 @@ class RedisBackend(Backend):
 
     # -- primitives --------------------------------------------------------------------
 
-    @_translated
+    @translated
     def create(self, info: SessionInfo, ttl: float | None) -> None:
         """Write the session hash and its index entries in one transaction."""
         keys, sid = self.keys, info.session_id
@@ -477,7 +393,7 @@ class RedisBackend(Backend):
 
         self._atomic([keys.session(sid)], body)
 
-    @_translated
+    @translated
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None
     ) -> SessionInfo | None:
@@ -500,7 +416,7 @@ class RedisBackend(Backend):
 
         return self._atomic([self.keys.session(session_id)], body)
 
-    @_translated
+    @translated
     def append(self, session_id: str, batch: Append) -> list[int]:
         """WATCH the session, check, then write everything in one MULTI/EXEC (retried if
         another writer got there first).
@@ -536,7 +452,7 @@ class RedisBackend(Backend):
 
         return self._atomic([keys.session(session_id)], body)
 
-    @_translated
+    @translated
     def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
         """The hash and the messages after ``after_seq``, in one MULTI/EXEC (atomic)."""
         pipe = self._client.pipeline(transaction=True)
@@ -548,7 +464,7 @@ class RedisBackend(Backend):
         rows: list[Row] = [parse_member(m) for m in members]
         return session_from_fields(session_id, fields), rows
 
-    @_translated
+    @translated
     def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
         """Remove messages up to ``upto_seq``, fix the count and ``first_seq``, in one
         transaction.
@@ -573,29 +489,29 @@ class RedisBackend(Backend):
 
         self._atomic([keys.session(session_id)], body)
 
-    @_translated
+    @translated
     def delete(self, session_id: str, generation: str | None = None) -> bool:
         """Delete the session's keys and index entries."""
         return self._drop(session_id, only_if_gone=False, generation=generation)
 
-    @_translated
+    @translated
     def latest_for_agent(self, agent_id: str) -> str | None:
         """The agent's newest live session."""
         found = self._first_live(self.keys.agent(agent_id), 1, newest_first=True)
         return found[0] if found else None
 
-    @_translated
+    @translated
     def count(self) -> int:
         """Sessions stored (expired ones pruned first)."""
         self._prune_expired()
         return int(self._client.zcard(self.keys.created))
 
-    @_translated
+    @translated
     def least_recent(self, n: int) -> list[str]:
         """The ``n`` live sessions accessed longest ago."""
         return self._first_live(self.keys.accessed, n, newest_first=False)
 
-    @_translated
+    @translated
     def idle_since(self, cutoff: float) -> list[str]:
         """Live sessions last accessed before ``cutoff``."""
         ids = cast(
@@ -603,7 +519,7 @@ class RedisBackend(Backend):
         )
         return self._live(ids)
 
-    @_translated
+    @translated
     def archive(self, evicted: Evicted) -> None:
         """Append evicted messages to the session's archive, once per message id."""
         keys, sid = self.keys, evicted.session_id
@@ -631,7 +547,7 @@ class RedisBackend(Backend):
 
         self._atomic([keys.archive_ids(sid)], body)
 
-    @_translated
+    @translated
     def archived(self, session_id: str) -> list[Message]:
         """A session's archived messages, oldest first."""
         rows = cast("list[str]", self._client.lrange(self.keys.archive(session_id), 0, -1))
@@ -639,9 +555,9 @@ class RedisBackend(Backend):
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._client.close()
+        self.db.close()
 
-    @_translated
+    @translated
     def list_sessions(
         self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
     ) -> list[SessionInfo]:

@@ -16,21 +16,27 @@ fresh, empty :class:`~ctxkeep.MemoryManager` on your backend::
 
 Every test uses its own sessions and cleans up through the manager.
 
-One module per interface: :mod:`.sessions`, :mod:`.checkpoints`, :mod:`.episodic`; the names
-below are importable from here.
+One module per interface: :mod:`.sessions`, :mod:`.checkpoints`, :mod:`.episodic`,
+:mod:`.artifacts`, :mod:`.bus`; the names below are importable from here.
 """
 
 from ctxkeep.testing.contract._common import Clock, MakeMemory, full_message, tool_unit
+from ctxkeep.testing.contract.artifacts import ArtifactContract, PersistentArtifactContract
+from ctxkeep.testing.contract.bus import BusContract, MakeBus
 from ctxkeep.testing.contract.checkpoints import CheckpointContract
 from ctxkeep.testing.contract.episodic import EPISODE_FACTS, EpisodicContract
 from ctxkeep.testing.contract.sessions import SessionContract
 
 __all__ = [
     "EPISODE_FACTS",
+    "ArtifactContract",
+    "BusContract",
     "CheckpointContract",
     "Clock",
     "EpisodicContract",
+    "MakeBus",
     "MakeMemory",
+    "PersistentArtifactContract",
     "SessionContract",
     "full_message",
     "tool_unit",

@@ -1,0 +1,86 @@
+"""The artifact primitives over SQL, written once for SQLite and PostgreSQL.
+
+:class:`SQLArtifactStore` implements ``_put``, ``_get`` and ``_has`` over one table,
+``ctxkeep_artifacts`` (``ref`` primary key, the text, ``schema_version`` of the row,
+``created_at`` in Unix seconds), created by each backend's migrations. A subclass supplies the
+engine client (``ctxkeep._sqlite`` or ``ctxkeep._pg``: connections, transactions, driver-error
+translation, schema versions), its placeholder, the text column and how the text is kept in it.
+SQL here is written with ``?`` placeholders.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, Protocol
+
+from ctxkeep.artifacts.base import RECORD_VERSION, ArtifactStore
+
+
+class Database(Protocol):
+    """What :class:`SQLArtifactStore` needs of an engine client (``SQLiteClient``, ``PgClient``)."""
+
+    def tx(self, doing: str) -> AbstractContextManager[Any]:
+        """A connection inside one write transaction."""
+        ...
+
+    def q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of one statement run outside a transaction."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+class SQLArtifactStore(ArtifactStore):
+    """Artifacts in the ``ctxkeep_artifacts`` table of a SQL engine."""
+
+    param: ClassVar[str]
+    """The driver's placeholder: ``?`` or ``%s``."""
+    column: ClassVar[str]
+    """The column that holds the text."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def _encode(self, text: str) -> Any:
+        """The column value for ``text``."""
+        return text
+
+    def _decode(self, value: Any) -> str:
+        """The text of a column value."""
+        return str(value)
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", self.param)  # the statements hold no other "?"
+
+    def _put(self, ref: str, text: str) -> None:
+        with self._db.tx("store an artifact") as conn:
+            conn.execute(
+                self._sql(
+                    f"INSERT INTO ctxkeep_artifacts (ref, {self.column}, schema_version, "
+                    "created_at) VALUES (?, ?, ?, ?) ON CONFLICT (ref) DO NOTHING"
+                ),
+                (ref, self._encode(text), RECORD_VERSION, time.time()),
+            )
+
+    def _get(self, ref: str) -> str | None:
+        rows = self._db.q(
+            "read an artifact",
+            self._sql(f"SELECT {self.column} FROM ctxkeep_artifacts WHERE ref = ?"),
+            (ref,),
+        )
+        return self._decode(rows[0][0]) if rows else None
+
+    def _has(self, ref: str) -> bool:
+        rows = self._db.q(
+            "look up an artifact",
+            self._sql("SELECT 1 FROM ctxkeep_artifacts WHERE ref = ?"),
+            (ref,),
+        )
+        return bool(rows)
+
+    def close(self) -> None:
+        """Release the engine's connections (a later call opens new ones where it can)."""
+        self._db.close()
