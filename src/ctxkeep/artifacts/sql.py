@@ -11,26 +11,10 @@ SQL here is written with ``?`` placeholders.
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
+from ctxkeep._db import Database, placeholders
 from ctxkeep.artifacts.base import RECORD_VERSION, ArtifactStore
-
-
-class Database(Protocol):
-    """What :class:`SQLArtifactStore` needs of an engine client (``SQLiteClient``, ``PgClient``)."""
-
-    def tx(self, doing: str) -> AbstractContextManager[Any]:
-        """A connection inside one write transaction."""
-        ...
-
-    def q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        """Rows of one statement run outside a transaction."""
-        ...
-
-    def close(self) -> None:
-        """Release connections."""
-        ...
 
 
 class SQLArtifactStore(ArtifactStore):
@@ -53,7 +37,7 @@ class SQLArtifactStore(ArtifactStore):
         return str(value)
 
     def _sql(self, sql: str) -> str:
-        return sql.replace("?", self.param)  # the statements hold no other "?"
+        return placeholders(sql, self.param)
 
     def _put(self, ref: str, text: str) -> None:
         with self._db.tx("store an artifact") as conn:

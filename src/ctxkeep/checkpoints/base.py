@@ -18,10 +18,10 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
+from ctxkeep._db import Database, placeholders
 from ctxkeep.cognition import (
     CognitiveState,
     decode_cognitive_state,
@@ -211,24 +211,6 @@ class CheckpointStore(ABC):
         """The agent's stored JSONs, highest seq first."""
 
 
-class Database(Protocol):
-    """What :class:`SQLCheckpointStore` needs of an engine client (``SQLiteClient``,
-    ``PgClient``).
-    """
-
-    def tx(self, doing: str) -> AbstractContextManager[Any]:
-        """A connection inside one write transaction."""
-        ...
-
-    def q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        """Rows of one statement run outside a transaction."""
-        ...
-
-    def close(self) -> None:
-        """Release connections."""
-        ...
-
-
 class SQLCheckpointStore(CheckpointStore):
     """The checkpoint primitives over one SQL table.
 
@@ -254,7 +236,7 @@ class SQLCheckpointStore(CheckpointStore):
         """
 
     def _sql(self, sql: str) -> str:
-        return sql.replace("?", self.param)  # the statements hold no other "?"
+        return placeholders(sql, self.param)
 
     def _put(self, cp: Checkpoint) -> str:
         with self._db.tx("save a checkpoint") as conn:

@@ -18,12 +18,12 @@ gapless. A read of a session and its messages is one snapshot transaction.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.errors import SessionExistsError, SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import Backend, Evicted, Row, Snapshot
@@ -40,22 +40,6 @@ COLUMNS = (
     "session_id, agent_id, task_id, metadata, created_at, accessed_at, message_count, "
     "next_seq, pending, generation, first_seq"
 )
-
-
-class Database(Protocol):
-    """What :class:`SQLBackend` needs of an engine client (``SQLiteClient``, ``PgClient``)."""
-
-    def tx(self, doing: str) -> AbstractContextManager[Any]:
-        """A connection inside one write transaction."""
-        ...
-
-    def q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        """Rows of one statement run outside a transaction."""
-        ...
-
-    def close(self) -> None:
-        """Release connections."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +176,7 @@ class SQLBackend(Backend):
     dialect: Dialect
 
     def _sql(self, text: str) -> str:
-        return _placeholders(text, self.dialect.param)
+        return placeholders(text, self.dialect.param)
 
     def _q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         return self.db.q(doing, self._sql(sql), params)
@@ -264,7 +248,7 @@ class SQLBackend(Backend):
             info = row_to_info(row)
             pending = batch.check(info)
             seqs = list(range(info.next_seq, info.next_seq + len(texts)))
-            _many(
+            executemany(
                 conn,
                 self._sql(
                     "INSERT INTO ctxkeep_messages (session_id, seq, record) VALUES (?, ?, ?)"
@@ -391,7 +375,7 @@ class SQLBackend(Backend):
     def archive(self, evicted: Evicted) -> None:
         """Keep evicted messages in ``ctxkeep_archive`` (idempotent per message id)."""
         with self.db.tx("archive messages") as conn:
-            _many(
+            executemany(
                 conn,
                 self._sql(
                     "INSERT INTO ctxkeep_archive (session_id, message_id, agent_id, reason, "
@@ -418,17 +402,3 @@ class SQLBackend(Backend):
             (session_id,),
         )
         return [record_to_message(r[0]) for r in rows]
-
-
-def _many(conn: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
-    """``executemany`` on a cursor of ``conn`` (psycopg connections have none of their own)."""
-    cur = conn.cursor()
-    try:
-        cur.executemany(sql, rows)
-    finally:
-        cur.close()
-
-
-@functools.lru_cache(maxsize=256)
-def _placeholders(text: str, param: str) -> str:
-    return text if param == "?" else text.replace("?", param)
