@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from ctxkeep.errors import ConfigError
+from ctxkeep.errors import ConfigError, InvalidTypeError
 from ctxkeep.sessions.aio import AsyncMemoryManager
 from ctxkeep.sessions.base import (
     Backend,
@@ -90,6 +90,12 @@ def open_memory(
     ``memory://`` gives a :class:`SessionMemory` (the same manager, with a TTL sweeper
     thread). ``clock`` replaces ``time.time`` for TTL and LRU decisions (tests, simulations).
     """
+    if url is not None and not isinstance(url, str):
+        raise InvalidTypeError(f"url must be a string, got {type(url).__name__}")
+    if config is not None and not isinstance(config, MemoryConfig):
+        raise InvalidTypeError(f"config must be a MemoryConfig, got {type(config).__name__}")
+    if clock is not None and not callable(clock):
+        raise InvalidTypeError("clock must be a function returning Unix time")
     config = config or default_memory_config()
     kwargs: dict[str, Any] = {"clock": clock} if clock is not None else {}
     if (url or default_url()) == "memory://":

@@ -18,6 +18,7 @@ another.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -28,7 +29,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Self, TypeAlias
 
-from ctxkeep.errors import ConfigError, InvalidMessageError, SessionNotFoundError
+from ctxkeep import _check
+from ctxkeep.errors import (
+    ConfigError,
+    InvalidMessageError,
+    InvalidTypeError,
+    SessionNotFoundError,
+)
 from ctxkeep.messages import Message, coerce_message
 from ctxkeep.sessions.records import (
     Append,
@@ -63,7 +70,10 @@ class MemoryConfig:
                 raise ConfigError(f"{name} must be a positive int or None, got {v!r}")
         ttl = self.session_ttl
         if ttl is not None and (
-            isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0
+            isinstance(ttl, bool)
+            or not isinstance(ttl, int | float)
+            or not math.isfinite(ttl)
+            or ttl <= 0
         ):
             raise ConfigError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
 
@@ -283,7 +293,7 @@ class MemoryManager:
             raise InvalidMessageError(f"task_id must be a string, got {task_id!r}")
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
             raise InvalidMessageError(f"session_id must be a non-empty string, got {session_id!r}")
-        meta = dict(metadata or {})
+        meta = _check.mapping("metadata", metadata)
         message_to_record(Message("user", "", metadata=meta))  # JSON check
         if session_id is not None:
             self.has_session(session_id)  # an expired session under this id is reclaimed first
@@ -328,8 +338,10 @@ class MemoryManager:
         offset: int = 0,
     ) -> list[SessionInfo]:
         """Live sessions, newest first, filtered by agent and/or task, one page at a time."""
-        if limit < 1 or offset < 0:
-            raise ConfigError("limit must be >= 1 and offset >= 0")
+        _check.integer("limit", limit, minimum=1)
+        _check.integer("offset", offset, minimum=0)
+        _check.optional_text("agent_id", agent_id)
+        _check.optional_text("task_id", task_id)
         self.sweep()
         return self.backend.list_sessions(
             agent_id=agent_id, task_id=task_id, limit=limit, offset=offset
@@ -346,7 +358,7 @@ class MemoryManager:
 
     def get_latest_session_for_agent(self, agent_id: str) -> str | None:
         """The agent's most recently created live session, or None."""
-        sid = self.backend.latest_for_agent(agent_id)
+        sid = self.backend.latest_for_agent(_check.text("agent_id", agent_id))
         if sid is not None and not self.has_session(sid):
             return None
         return sid
@@ -381,7 +393,7 @@ class MemoryManager:
         """
         now = self._clock()
         stamped: list[Message] = []
-        for i, raw in enumerate(messages):
+        for i, raw in enumerate(_check.iterable("messages", messages)):
             m = coerce_message(raw, index=i)
             stamped.append(
                 m.replace(
@@ -405,6 +417,7 @@ class MemoryManager:
 
     def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
         """The session's messages, oldest first (copies); the newest ``limit`` if given."""
+        _check.optional_integer("limit", limit, minimum=0)
         self._live(session_id, touch=True)
         rows = self._read(session_id)[1]
         if limit is not None:
@@ -413,7 +426,7 @@ class MemoryManager:
 
     def archived_messages(self, session_id: str) -> list[Message]:
         """Messages trimmed or evicted from a session and kept in the archive."""
-        return self.backend.archived(session_id)
+        return self.backend.archived(check_session_id(session_id))
 
     def build_prompt_messages(
         self,
@@ -430,11 +443,17 @@ class MemoryManager:
         earlier one's messages), and a turn reads and decodes only the messages added since
         the last one; the pruner's per-message token counts carry over between turns.
         """
-        self._live(session_id, touch=True)
-        info, history = self._history(session_id)
+        if pruner is not None:
+            _check.has_method("pruner", pruner, "prune", "TokenPruner")
         prefix: list[Message] = []
         if system is not None:
+            if not isinstance(system, str | Message):
+                raise InvalidTypeError(
+                    f"system must be a string or a Message, got {type(system).__name__}"
+                )
             prefix = [system if isinstance(system, Message) else Message("system", system)]
+        self._live(session_id, touch=True)
+        info, history = self._history(session_id)
         if info.pending:
             # The unit still waiting for results is not part of a prompt.
             cut = max(i for i, m in enumerate(history) if m.tool_calls)

@@ -240,7 +240,11 @@ class SessionMemory(MemoryManager):
         if config.session_ttl is not None:
             self._sweeper = threading.Thread(
                 target=_sweep_loop,
-                args=(weakref.ref(self), self._stop, config.session_ttl / 2),
+                args=(
+                    weakref.ref(self),
+                    self._stop,
+                    min(config.session_ttl / 2, threading.TIMEOUT_MAX),
+                ),
                 name="ctxkeep-session-sweeper",
                 daemon=True,
             )

@@ -1,0 +1,87 @@
+"""Argument checks for public entry points, so that malformed input raises a typed error
+(:class:`~ctxkeep.errors.InvalidTypeError` for a wrong type, which is also a ``TypeError``;
+:class:`~ctxkeep.errors.ConfigError` for a bad value, also a ``ValueError``) that names the
+parameter, never a bare builtin error from deep inside.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ctxkeep.errors import ConfigError, InvalidTypeError
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def text(name: str, value: Any, *, empty: bool = False) -> str:
+    """``value`` if it is a string (non-empty unless ``empty``) that is valid Unicode."""
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{name} must be a string, got {type(value).__name__}")
+    if not empty and not value:
+        raise ConfigError(f"{name} must not be empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name} is not valid Unicode (a lone surrogate?)") from None
+    return value
+
+
+def optional_text(name: str, value: Any, *, empty: bool = False) -> str | None:
+    """``None`` or :func:`text`."""
+    return None if value is None else text(name, value, empty=empty)
+
+
+def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def optional_integer(name: str, value: Any, *, minimum: int | None = None) -> int | None:
+    """``None`` or :func:`integer`."""
+    return None if value is None else integer(name, value, minimum=minimum)
+
+
+def number(name: str, value: Any, *, positive: bool = False) -> float:
+    """``value`` as a float if it is a finite real number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidTypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be finite, got {value}")
+    if positive and value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+    return float(value)
+
+
+def mapping(name: str, value: Any) -> dict[str, Any]:
+    """A shallow dict copy of ``value`` if it is a mapping with string keys (``None``: empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidTypeError(f"{name} must be a mapping, got {type(value).__name__}")
+    for key in value:
+        if not isinstance(key, str):
+            raise InvalidTypeError(f"{name} keys must be strings, got {_show(key)}")
+    return dict(value)
+
+
+def iterable(name: str, value: Any) -> list[Any]:
+    """``value`` as a list if it is an iterable that is not a string, bytes or mapping."""
+    if isinstance(value, str | bytes | bytearray | Mapping) or not isinstance(value, Iterable):
+        raise InvalidTypeError(f"{name} must be a list or other iterable, got {_show(value)}")
+    return list(value)
+
+
+def has_method(name: str, value: Any, method: str, kind: str) -> Any:
+    """``value`` if it has a callable ``method`` (duck typing with a typed error)."""
+    if not callable(getattr(value, method, None)):
+        raise InvalidTypeError(f"{name} must be a {kind} (with .{method}()), got {_show(value)}")
+    return value
