@@ -179,29 +179,3 @@ def test_cli_memory_add_search_forget(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["memory", *db, "forget", "--session", "s1"]) == 0
     assert "forgot 1" in capsys.readouterr().out
     assert main(["memory", *db, "add", "--session", "s", "x", "--meta", "{bad"]) == 2
-
-
-def test_sqlite_episodes_of_schema_1_are_migrated(tmp_path: Path) -> None:
-    import sqlite3
-
-    from ctxkeep.episodic.sqlite import MIGRATIONS
-
-    path = tmp_path / "old.db"
-    with sqlite3.connect(path) as conn:  # a file as the first release wrote it
-        conn.execute("CREATE TABLE ctxkeep_episodic_meta (key TEXT PRIMARY KEY, value TEXT)")
-        conn.execute("INSERT INTO ctxkeep_episodic_meta VALUES ('schema_version', '1')")
-        for stmt in MIGRATIONS[0]:
-            conn.execute(stmt)
-    with open_episodic(f"sqlite:///{path}", embedder="hash") as s:
-        s.save_episode("s", "", "the deploy needs the VPN")
-        assert s.search("VPN deploy", 1)[0].episode.summary == "the deploy needs the VPN"
-    with sqlite3.connect(path) as conn:
-        version = conn.execute(
-            "SELECT value FROM ctxkeep_episodic_meta WHERE key = 'schema_version'"
-        ).fetchone()[0]
-        assert version == str(len(MIGRATIONS)) == "3"
-        conn.execute("UPDATE ctxkeep_episodic_meta SET value = '9' WHERE key = 'schema_version'")
-    from ctxkeep.errors import SchemaVersionError
-
-    with pytest.raises(SchemaVersionError):
-        open_episodic(f"sqlite:///{path}", embedder="hash")

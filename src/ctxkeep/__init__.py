@@ -97,6 +97,7 @@ if _TYPE_CHECKING:
     from ctxkeep.episodic import (
         Embedder,
         Episode,
+        EpisodeFilter,
         EpisodicMemoryStore,
         Hit,
         RetrievalConfig,
@@ -110,6 +111,7 @@ _LAZY = {
     for name in (
         "Embedder",
         "Episode",
+        "EpisodeFilter",
         "EpisodicMemoryStore",
         "Hit",
         "RetrievalConfig",
@@ -155,6 +157,7 @@ __all__ = [
     "DirectoryArtifactStore",
     "Embedder",
     "Episode",
+    "EpisodeFilter",
     "EpisodeNotFoundError",
     "EpisodicMemoryStore",
     "Evicted",

@@ -66,8 +66,6 @@ class SQLiteClient:
         legacy_version: reads the version of a file written before ``ctxkeep_meta`` (called
             inside the setup transaction when the store has no row; ``None``: version 0).
         timeout: seconds to wait for another process's write lock.
-        on_connect: called with each new connection once it is set up (for instance to
-            register the store's SQL functions); its ``sqlite3`` errors become StorageError.
 
     Raises:
         ConfigError: an unknown ``synchronous`` value.
@@ -85,7 +83,6 @@ class SQLiteClient:
         synchronous: str = "normal",
         legacy_version: Callable[[sqlite3.Connection], int] | None = None,
         timeout: float = 60.0,
-        on_connect: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         if synchronous.lower() not in _SYNCHRONOUS:
             raise ConfigError(
@@ -96,7 +93,6 @@ class SQLiteClient:
         self.synchronous = synchronous.upper()
         self.timeout = timeout
         self.meta_key = meta_key
-        self.on_connect = on_connect
         self.version = len(migrations)
         if not self.memory:
             try:
@@ -125,8 +121,6 @@ class SQLiteClient:
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
-            if self.on_connect is not None:
-                self.on_connect(conn)
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open {self.path}: {exc}") from exc
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ctxkeep import _check
 from ctxkeep.episodic.base import Episode, EpisodicMemoryStore, Hit, RetrievalConfig
 from ctxkeep.episodic.embedders import (
     CachedEmbedder,
@@ -11,6 +12,7 @@ from ctxkeep.episodic.embedders import (
     OpenAIEmbedder,
     get_embedder,
 )
+from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import HNSWParams, IndexConfig
 from ctxkeep.episodic.inject import HEADER, format_prior_context, parse_prior_context
 from ctxkeep.episodic.memory import MemoryEpisodicStore
@@ -31,8 +33,12 @@ def open_episodic(
 
     Raises:
         ConfigError: an unsupported URL, or a file made with another embedder.
+        InvalidTypeError: ``url`` is not a string or ``embedder`` not a name or an Embedder.
 
     """
+    url = _check.optional_text("url", url)
+    if not isinstance(embedder, str):
+        _check.has_method("embedder", embedder, "embed_documents", "embedder name or Embedder")
     if url is None:
         from ctxkeep.sessions import default_url
 
@@ -61,6 +67,7 @@ __all__ = [
     "E5SmallEmbedder",
     "Embedder",
     "Episode",
+    "EpisodeFilter",
     "EpisodicMemoryStore",
     "HNSWParams",
     "HashEmbedder",

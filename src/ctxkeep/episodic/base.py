@@ -11,29 +11,35 @@ session. Retrieval is hybrid, with every knob chosen on LoCoMo (BENCHMARKS.md):
 * **fusion**: each score vector is z-scored over the searched episodes and added with
   ``dense_weight`` (score fusion beat reciprocal rank fusion by 11 points of recall@10).
 
-:class:`EpisodicMemoryStore` does this once for every backend; a backend supplies storage
-and the primitives :meth:`_rows`, :meth:`_lexical`, :meth:`_vectors`, :meth:`_neighbours`.
+:class:`EpisodicMemoryStore` does this once for every backend, with the rules every backend
+shares: which episodes a filter selects (:class:`~ctxkeep.episodic.filters.EpisodeFilter`),
+each episode's window document (:meth:`EpisodicMemoryStore.window_docs`) and the positions of
+its session neighbours (:func:`neighbour_positions`). A backend supplies storage and the
+primitives :meth:`_rows`, :meth:`_lexical`, :meth:`_vectors`, :meth:`_nb_rows`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import numpy as np
 
+from ctxkeep import _check
 from ctxkeep.episodic.embedders import Embedder, get_embedder
+from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import IndexConfig
 from ctxkeep.episodic.text import tokenize
-from ctxkeep.errors import ConfigError, InvalidMessageError
+from ctxkeep.errors import ConfigError, EpisodeNotFoundError, InvalidMessageError
 
 EPISODE_VERSION = 1
 
@@ -109,12 +115,107 @@ def content_key(session_id: str, task_goal: str, summary: str) -> str:
     return h.hexdigest()
 
 
-def _to_ts(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return float(value)
+def _new_episode(i: int, item: Any, now: float) -> Episode:
+    """The episode item ``i`` of a batch describes, with a new id.
+
+    Raises:
+        InvalidMessageError: a malformed item.
+
+    """
+
+    def bad(what: str) -> InvalidMessageError:
+        return InvalidMessageError(f"episode {i}: {what}", index=i)
+
+    if not isinstance(item, Mapping) or not {"session_id", "task_goal", "summary"} <= item.keys():
+        raise InvalidMessageError(f"episode {i} needs session_id, task_goal and summary", index=i)
+    for name in ("session_id", "task_goal", "summary", "agent_id", "task_id"):
+        v = item.get(name)
+        if not isinstance(v, str) and (v is not None or name not in ("agent_id", "task_id")):
+            raise bad(f"{name} must be a string" + (" or None" if name.endswith("_id") else ""))
+        if isinstance(v, str) and not v.isascii():
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad(f"{name} is not valid Unicode (a lone surrogate?)") from None
+    meta = item.get("metadata")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise bad(f"metadata must be a mapping, got {type(meta).__name__}")
+    meta = dict(meta or {})
+    from ctxkeep.sessions.records import dumps, loads
+
+    try:
+        if loads(dumps(meta)) != meta:
+            raise ValueError("not exact")
+    except (TypeError, ValueError) as exc:
+        raise bad("metadata must be JSON objects with string keys") from exc
+    created = item.get("created_at")
+    if isinstance(created, datetime):
+        created = created.timestamp()
+    elif created is None:
+        created = now
+    elif isinstance(created, bool) or not isinstance(created, int | float):
+        raise bad(f"created_at must be a unix time or a datetime, got {created!r:.40}")
+    if not math.isfinite(created):
+        raise bad(f"created_at must be finite, got {created}")
+    return Episode(
+        episode_id=uuid.uuid4().hex,
+        session_id=item["session_id"],
+        task_goal=item["task_goal"],
+        summary=item["summary"],
+        metadata=meta,
+        agent_id=item.get("agent_id"),
+        task_id=item.get("task_id"),
+        created_at=float(created),
+    )
+
+
+Filters = Mapping[str, Any] | EpisodeFilter | None
+"""What ``filters=`` takes: a mapping of :class:`EpisodeFilter` keys, a filter, or ``None``."""
+
+
+@dataclass(frozen=True)
+class NewEpisodes:
+    """A batch of new episodes for a backend to store, aligned by position."""
+
+    episodes: list[Episode]
+    """The episodes, in the order saved (their sessions' order)."""
+    keys: list[str]
+    """Their content keys."""
+    vectors: np.ndarray
+    """Their vectors, (len(episodes), dim)."""
+    tokens: list[list[str]]
+    """Their tokens."""
+
+    def rows(self) -> Iterator[tuple[Episode, str, np.ndarray, list[str]]]:
+        """``(episode, key, vector, tokens)`` of each new episode, in order."""
+        return zip(self.episodes, self.keys, self.vectors, self.tokens, strict=True)
+
+
+def neighbour_positions(rows: np.ndarray, nb: np.ndarray) -> tuple[np.ndarray, ...]:
+    """For each of ``rows``, the positions *within rows* of its session neighbours.
+
+    Args:
+        rows: row numbers (any order).
+        nb: for each row, the rows of its -1, +1, -2, +2 session neighbours (-1: none),
+            shape (len(rows), 4).
+
+    Returns:
+        Four arrays (one per neighbour): the neighbour's position in ``rows``, or the row's
+        own position where it has none or the neighbour is not among ``rows``.
+
+    """
+    own = np.arange(rows.size)
+    if not rows.size:
+        return (own, own, own, own)
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    out = []
+    for c in range(4):
+        want = nb[:, c]
+        at = np.minimum(np.searchsorted(ordered, want), rows.size - 1)
+        found = (want >= 0) & (ordered[at] == want)
+        out.append(np.where(found, order[at], own))
+    return tuple(out)
 
 
 def episode_record(e: Episode) -> str:
@@ -321,45 +422,16 @@ class EpisodicMemoryStore(ABC):
 
         Raises:
             InvalidMessageError: a malformed item (nothing of the batch is stored).
+            InvalidTypeError: ``episodes`` is not an iterable.
 
         """
         new: list[Episode] = []
         keys: list[str] = []
         now = time.time()
-        for i, item in enumerate(episodes):
-            try:
-                sid, goal, summary = item["session_id"], item["task_goal"], item["summary"]
-            except (KeyError, TypeError) as exc:
-                raise InvalidMessageError(
-                    f"episode {i} needs session_id, task_goal and summary", index=i
-                ) from exc
-            for name, v in (("session_id", sid), ("task_goal", goal), ("summary", summary)):
-                if not isinstance(v, str):
-                    raise InvalidMessageError(f"episode {i}: {name} must be a string", index=i)
-            meta = dict(item.get("metadata") or {})
-            from ctxkeep.sessions.records import dumps, loads
-
-            try:
-                if loads(dumps(meta)) != meta:
-                    raise ValueError("not exact")
-            except (TypeError, ValueError) as exc:
-                raise InvalidMessageError(
-                    f"episode {i}: metadata must be JSON objects with string keys", index=i
-                ) from exc
-            created = _to_ts(item.get("created_at"))
-            new.append(
-                Episode(
-                    episode_id=uuid.uuid4().hex,
-                    session_id=sid,
-                    task_goal=goal,
-                    summary=summary,
-                    metadata=meta,
-                    agent_id=item.get("agent_id"),
-                    task_id=item.get("task_id"),
-                    created_at=created if created is not None else now,
-                )
-            )
-            keys.append(content_key(sid, goal, summary))
+        for i, item in enumerate(_check.iterable("episodes", episodes)):
+            e = _new_episode(i, item, now)
+            new.append(e)
+            keys.append(content_key(e.session_id, e.task_goal, e.summary))
         if not new:
             return []
         existing = self._find_keys(keys)
@@ -376,7 +448,7 @@ class EpisodicMemoryStore(ABC):
             eps = [new[i] for i in unique_idx]
             vectors = self.embedder.embed_documents([e.text for e in eps])
             tokens = [tokenize(e.text) for e in eps]
-            self._insert(eps, [keys[i] for i in unique_idx], vectors, tokens)
+            self._insert(NewEpisodes(eps, [keys[i] for i in unique_idx], vectors, tokens))
         out = []
         for k in keys:
             if k in existing:
@@ -387,14 +459,25 @@ class EpisodicMemoryStore(ABC):
 
     # -- reading ---------------------------------------------------------------------------
 
-    def search(
-        self, query: str, top_k: int = 3, *, filters: Mapping[str, Any] | None = None
-    ) -> list[Hit]:
+    def search(self, query: str, top_k: int = 3, *, filters: Filters = None) -> list[Hit]:
         """The ``top_k`` episodes most relevant to ``query`` (hybrid; best first).
 
-        ``filters``: ``agent_id``, ``session_id``, ``task_id`` (a value or a list),
-        ``since`` / ``until`` (unix time or datetime), ``metadata`` (a dict of equal values).
+        Args:
+            query: what to recall.
+            top_k: how many hits at most.
+            filters: which episodes to search (:class:`EpisodeFilter` keys: ``episode_id``,
+                ``agent_id``, ``session_id``, ``task_id`` (a value or a list), ``since`` /
+                ``until`` (unix time or datetime, inclusive), ``metadata`` (keys with
+                JSON-equal values)).
+
+        Raises:
+            InvalidFilterError: an unknown filter key or a value of the wrong kind.
+            InvalidTypeError: ``query`` is not a string or ``top_k`` not an int.
+
         """
+        f = EpisodeFilter.parse(filters)
+        query = _check.text("query", query, empty=True)
+        top_k = _check.integer("top_k", top_k)
         if top_k < 1:
             return []
         cfg = self.config
@@ -402,8 +485,8 @@ class EpisodicMemoryStore(ABC):
         q = self.embedder.embed_query(query) if cfg.dense_weight else None
         # Large stores first narrow to candidates from their indexes (PostgreSQL always, the
         # others once their vector index is HNSW); small ones score every filtered episode.
-        cand = self._candidates(terms, q, dict(filters or {}), max(200, 20 * top_k))
-        rows, lex_given = cand if cand is not None else (self._rows(dict(filters or {})), None)
+        cand = self._candidates(terms, q, f, max(200, 20 * top_k))
+        rows, lex_given = cand if cand is not None else (self._rows(f), None)
         if rows.size == 0:
             return []
         total = np.zeros(rows.size, np.float64)
@@ -435,26 +518,32 @@ class EpisodicMemoryStore(ABC):
         ]
 
     def search_relevant_context(
-        self, query: str, top_k: int = 3, *, filters: Mapping[str, Any] | None = None
+        self, query: str, top_k: int = 3, *, filters: Filters = None
     ) -> list[str]:
-        """The texts of the best episodes."""
+        """The texts of the best episodes (``filters`` as in :meth:`search`)."""
         return [h.episode.text for h in self.search(query, top_k, filters=filters)]
 
     def get(self, episode_id: str) -> Episode:
         """One episode by id.
 
         Raises:
-            LookupError: unknown id.
+            EpisodeNotFoundError: unknown id (a ``LookupError``).
 
         """
-        rows = self._rows({"episode_id": episode_id})
+        episode_id = _check.text("episode_id", episode_id, empty=True)
+        rows = self._rows(EpisodeFilter(episode_id=(episode_id,)))
         if rows.size == 0:
-            raise KeyError(f"no episode {episode_id!r}")
+            raise EpisodeNotFoundError(f"no episode {episode_id!r}")
         return self._episodes(rows)[0]
 
-    def count(self, filters: Mapping[str, Any] | None = None) -> int:
-        """How many episodes match ``filters``."""
-        return int(self._rows(dict(filters or {})).size)
+    def count(self, filters: Filters = None) -> int:
+        """How many episodes match ``filters`` (as in :meth:`search`).
+
+        Raises:
+            InvalidFilterError: an unknown filter key or a value of the wrong kind.
+
+        """
+        return int(self._rows(EpisodeFilter.parse(filters)).size)
 
     def forget(
         self,
@@ -463,17 +552,17 @@ class EpisodicMemoryStore(ABC):
         session_id: str | None = None,
         agent_id: str | None = None,
     ) -> int:
-        """Delete episodes by id, session or agent from every index; returns how many."""
-        f = {
-            k: v
-            for k, v in (
-                ("episode_id", episode_id),
-                ("session_id", session_id),
-                ("agent_id", agent_id),
-            )
-            if v is not None
-        }
-        if not f:
+        """Delete episodes by id, session or agent (a value or a list each; an episode must
+        match every one given) from every index; returns how many.
+
+        Raises:
+            ConfigError: none of the three is given.
+            InvalidFilterError: a value of the wrong kind.
+
+        """
+        given = {"episode_id": episode_id, "session_id": session_id, "agent_id": agent_id}
+        f = EpisodeFilter.parse({k: v for k, v in given.items() if v is not None})
+        if f.selects_all:
             raise ConfigError("forget needs episode_id, session_id or agent_id")
         rows = self._rows(f)
         if rows.size:
@@ -491,9 +580,10 @@ class EpisodicMemoryStore(ABC):
 
     # -- shared by the stores that keep window documents -------------------------------------
 
-    def window_doc(self, tokens: Sequence[Sequence[str]], p: int) -> str:
+    def window_counts(self, tokens: Sequence[Sequence[str]], p: int) -> Counter[str]:
         """The lexical document of position ``p`` of a session whose episodes have
-        ``tokens``: its own tokens ``self_weight`` times, then its ``window`` neighbours'.
+        ``tokens``, as term counts: its own tokens ``self_weight`` times, then its
+        ``window`` neighbours'.
         """
         w, sw = self.config.window, self.config.self_weight
         doc: Counter[str] = Counter()
@@ -501,18 +591,41 @@ class EpisodicMemoryStore(ABC):
             doc[t] += sw
         for q in list(range(max(0, p - w), p)) + list(range(p + 1, min(len(tokens), p + 1 + w))):
             doc.update(tokens[q])
-        return " ".join(t for t, c in doc.items() for _ in range(c))
+        return doc
+
+    def window_doc(self, tokens: Sequence[Sequence[str]], p: int) -> str:
+        """:meth:`window_counts` as text (each token repeated, in first-seen order)."""
+        return " ".join(t for t, c in self.window_counts(tokens, p).items() for _ in range(c))
+
+    def window_from(self, start: int) -> int:
+        """The first session position whose window document or neighbour links change when
+        the session changes from position ``start`` on.
+        """
+        return max(0, start - max(self.config.window, 2))
+
+    def window_docs(self, tokens: Sequence[Sequence[str]], start: int) -> Iterator[tuple[int, str]]:
+        """``(position, document)`` of every window document of a session (whose episodes
+        have ``tokens``, in order) that changes when it changes from position ``start`` on.
+        """
+        for p in range(self.window_from(start), len(tokens)):
+            yield p, self.window_doc(tokens, p)
 
     # -- primitives ------------------------------------------------------------------------
 
     def _candidates(
-        self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
+        self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
         """Rows worth scoring (about ``n`` by each score, with their session neighbours;
         sorted) and, if the store has them, their lexical scores over the whole scope; or
-        None to score every row that matches ``filters``.
+        None to score every row that matches ``f``.
         """
         return None
+
+    def _neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """For each row, the positions *within rows* of its session's -1, +1, -2, +2
+        neighbours (its own position where there is none or it was filtered out).
+        """
+        return neighbour_positions(rows, self._nb_rows(rows))
 
     def _dense(self, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Cosine similarity of each row's vector with ``q``."""
@@ -524,18 +637,12 @@ class EpisodicMemoryStore(ABC):
         """Existing episode ids for content keys."""
 
     @abstractmethod
-    def _insert(
-        self,
-        episodes: list[Episode],
-        keys: list[str],
-        vectors: np.ndarray,
-        tokens: list[list[str]],
-    ) -> None:
+    def _insert(self, batch: NewEpisodes) -> None:
         """Store episodes (appended to their sessions in order) in every index."""
 
     @abstractmethod
-    def _rows(self, filters: dict[str, Any]) -> np.ndarray:
-        """Row numbers of live episodes matching ``filters`` (int64 array)."""
+    def _rows(self, f: EpisodeFilter) -> np.ndarray:
+        """Row numbers of live episodes matching ``f``, sorted (int64 array)."""
 
     @abstractmethod
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
@@ -546,9 +653,9 @@ class EpisodicMemoryStore(ABC):
         """The rows' vectors, shape (len(rows), dim)."""
 
     @abstractmethod
-    def _neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        """For each row, the positions *within rows* of its session's -1, +1, -2, +2
-        neighbours (its own position where there is none or it was filtered out).
+    def _nb_rows(self, rows: np.ndarray) -> np.ndarray:
+        """For each row, the rows of its session's -1, +1, -2, +2 neighbours (-1 where
+        there is none), shape (len(rows), 4).
         """
 
     @abstractmethod

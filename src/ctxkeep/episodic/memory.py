@@ -20,8 +20,8 @@ import numpy as np
 from ctxkeep.episodic.base import (
     Episode,
     EpisodicMemoryStore,
+    NewEpisodes,
     RetrievalConfig,
-    _to_ts,
     bm25,
     in_sorted,
     informative_terms,
@@ -30,26 +30,8 @@ from ctxkeep.episodic.base import (
     with_neighbours,
 )
 from ctxkeep.episodic.embedders import Embedder
+from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import IndexConfig, VectorIndex, make_index
-
-
-def _match(e: Episode, filters: dict[str, Any]) -> bool:
-    for key in ("episode_id", "session_id", "agent_id", "task_id"):
-        if key in filters:
-            want = filters[key]
-            have = getattr(e, key)
-            if isinstance(want, list | tuple | set | frozenset):
-                if have not in want:
-                    return False
-            elif have != want:
-                return False
-    since, until = _to_ts(filters.get("since")), _to_ts(filters.get("until"))
-    if since is not None and e.created_at < since:
-        return False
-    if until is not None and e.created_at > until:
-        return False
-    meta = filters.get("metadata")
-    return not meta or all(e.metadata.get(k) == v for k, v in meta.items())
 
 
 class MemoryEpisodicStore(EpisodicMemoryStore):
@@ -101,16 +83,10 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         ``window`` positions before it, whose windows reach it).
         """
         rows = self._sessions.get(sid, [])
-        w, sw = self.config.window, self.config.self_weight
-        first = max(0, start - max(w, 2))
-        for p in range(first, len(rows)):
+        tokens = [self._tokens[r] for r in rows]
+        for p in range(self.window_from(start), len(rows)):
             r = rows[p]
-            doc: Counter[str] = Counter()
-            for t in self._tokens[r]:
-                doc[t] += sw
-            for q in rows[max(0, p - w) : p] + rows[p + 1 : p + 1 + w]:
-                doc.update(self._tokens[q])
-            self._set_doc(r, doc)
+            self._set_doc(r, self.window_counts(tokens, p))
             self._nb[r] = [
                 rows[p - 1] if p >= 1 else -1,
                 rows[p + 1] if p + 1 < len(rows) else -1,
@@ -130,16 +106,10 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                     out[k] = e.episode_id
             return out
 
-    def _insert(
-        self,
-        episodes: list[Episode],
-        keys: list[str],
-        vectors: np.ndarray,
-        tokens: list[list[str]],
-    ) -> None:
+    def _insert(self, batch: NewEpisodes) -> None:
         with self._lock:
             touched: dict[str, int] = {}
-            for e, k, toks in zip(episodes, keys, tokens, strict=True):
+            for e, k, _, toks in batch.rows():
                 r = len(self._eps)
                 self._eps.append(copy.deepcopy(e))
                 self._keys[k] = r
@@ -152,34 +122,24 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 session = self._sessions.setdefault(e.session_id, [])
                 touched.setdefault(e.session_id, len(session))
                 session.append(r)
-            first = len(self._eps) - len(episodes)
-            self.vectors.add(np.arange(first, len(self._eps)), vectors)
+            first = len(self._eps) - len(batch.episodes)
+            self.vectors.add(np.arange(first, len(self._eps)), batch.vectors)
             self._live_rows = self._doclen_arr = None
             for sid, start in touched.items():
                 self._rebuild_session(sid, start)
 
-    def _rows(self, filters: dict[str, Any]) -> np.ndarray:
+    def _rows(self, f: EpisodeFilter) -> np.ndarray:
         with self._lock:
-            if not filters:
+            if f.selects_all:
                 if self._live_rows is None:
                     live = [i for i, e in enumerate(self._eps) if e is not None]
                     self._live_rows = np.asarray(live, np.int64)
                 return self._live_rows
-            if "episode_id" in filters and len(filters) == 1:
-                want = filters["episode_id"]
-                hits = [
-                    i for i, e in enumerate(self._eps) if e is not None and e.episode_id == want
-                ]
-                return np.asarray(hits, np.int64)
-            if "session_id" in filters and isinstance(filters["session_id"], str):
-                cand: Any = self._sessions.get(filters["session_id"], [])
+            if f.session_id is not None:  # only the sessions' rows can match
+                cand: Any = sorted({r for s in f.session_id for r in self._sessions.get(s, ())})
             else:
                 cand = range(len(self._eps))
-            out = [
-                i
-                for i in cand
-                if (e := self._eps[i]) is not None and (not filters or _match(e, filters))
-            ]
+            out = [i for i in cand if (e := self._eps[i]) is not None and f.matches(e)]
             return np.asarray(out, np.int64)
 
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
@@ -200,7 +160,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             return bm25(hits, doclen, self.config.k1, self.config.b)
 
     def _candidates(
-        self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
+        self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
         """With an HNSW index and a scope of more than ``4n`` episodes: the ``n`` best by
         BM25 over the informative query terms (those in at most 1% of the episodes; a term in
@@ -211,14 +171,15 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         with self._lock:
             if not self.vectors.approximate:
                 return None
-            scope = self._rows(filters)
+            scope = self._rows(f)
             if scope.size <= 4 * n:
                 return None
             counts = Counter(terms)
             use_lex = bool(terms) and bool(self.config.lexical_weight)
             df = {w: len(self._postings.get(w, ())) for w in counts}
             parts = []
-            informative = informative_terms(counts, df, self._rows({}).size) if use_lex else []
+            everything = self._rows(EpisodeFilter()).size
+            informative = informative_terms(counts, df, everything) if use_lex else []
             if informative:
                 found = np.unique(
                     np.concatenate([np.fromiter(self._postings[w], np.int64) for w in informative])
@@ -227,8 +188,8 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 scores = self._store_bm25({w: counts[w] for w in informative}, df, found)
                 parts.append(found[lexical_top(scores, n)])
             if q is not None:
-                parts.append(self.vectors.search(q, n, scope if filters else None)[0])
-            cand = with_neighbours(parts, self._nb_of, scope)
+                parts.append(self.vectors.search(q, n, None if f.selects_all else scope)[0])
+            cand = with_neighbours(parts, self._nb_rows, scope)
             return cand, self._store_bm25(counts, df, cand) if use_lex else None
 
     def _store_bm25(
@@ -243,7 +204,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             df,
             tf.reshape(rows.size, len(counts)),
             doclen[rows],
-            doclen[self._rows({})],
+            doclen[self._rows(EpisodeFilter())],
             self.config.k1,
             self.config.b,
         )
@@ -254,24 +215,13 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             self._doclen_arr = np.asarray(self._doclen, np.float64)
         return self._doclen_arr
 
-    def _nb_of(self, rows: np.ndarray) -> np.ndarray:
-        nb = self._nb
-        return np.asarray([nb[r] for r in rows.tolist()], np.int64).reshape(-1, 4)
+    def _nb_rows(self, rows: np.ndarray) -> np.ndarray:
+        with self._lock:
+            nb = self._nb
+            return np.asarray([nb[r] for r in rows.tolist()], np.int64).reshape(-1, 4)
 
     def _vectors(self, rows: np.ndarray) -> np.ndarray:
         return self.vectors.vectors(rows)
-
-    def _neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        with self._lock:
-            pos = np.full(len(self._eps) + 1, -1, np.int64)  # index -1 maps to "none"
-            pos[rows] = np.arange(rows.size)
-            nb = self._nb_of(rows)
-        own = np.arange(rows.size)
-        out = []
-        for c in range(4):
-            p = pos[nb[:, c]]
-            out.append(np.where(p >= 0, p, own))
-        return tuple(out)
 
     def _created(self, rows: np.ndarray) -> np.ndarray:
         with self._lock:

@@ -13,9 +13,17 @@ candidates: the best by FTS5's BM25 (store-wide statistics) and the nearest in t
 with their session neighbours. Rows are never reused (``next_row``), so a row's vector never
 changes and a file's row fingerprint says whether it is current.
 
-The schema version is kept in ``ctxkeep_episodic_meta``; migrations are an ordered list and a
-file written by a newer ctxkeep is refused. The embedder's name is stored too: opening a file
-with another embedder is refused rather than mixing vector spaces.
+The file is reached through :class:`~ctxkeep._sqlite.SQLiteClient` (connections, transactions,
+errors); the schema version is its ``ctxkeep_meta`` row ``episodic``, brought up by the ordered
+:data:`MIGRATIONS`, beside ``episodic.embedder`` (opening a file with another embedder is
+refused rather than mixing vector spaces) and ``episodic.next_row``. Files of the releases that
+kept these in their own ``ctxkeep_episodic_meta`` table are adopted (:func:`legacy_version`,
+migration 4); that table stays with only ``schema_version`` = 4 in it, so that such a release
+refuses a file this one wrote instead of misreading it.
+
+Filters become SQL through :class:`SQLiteDialect`: a metadata value is compared through
+``json_each`` on the episode's JSON record, by JSON type and value, a list or an object member
+by member, which is :func:`~ctxkeep.episodic.filters.json_equal` in SQL.
 """
 
 from __future__ import annotations
@@ -23,26 +31,23 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ctxkeep._sqlite import Migration, SQLiteClient, table_exists
 from ctxkeep.episodic.base import (
-    Episode,
-    EpisodicMemoryStore,
+    NewEpisodes,
     RetrievalConfig,
-    _to_ts,
     bm25,
-    episode_from_record,
-    episode_record,
     informative_terms,
     store_bm25,
     with_neighbours,
 )
 from ctxkeep.episodic.embedders import Embedder
+from ctxkeep.episodic.filters import Dialect, EpisodeFilter
 from ctxkeep.episodic.index import (
     IndexConfig,
     VectorIndex,
@@ -51,12 +56,44 @@ from ctxkeep.episodic.index import (
     open_index,
     sync_index,
 )
-from ctxkeep.errors import ConfigError, SchemaVersionError, StorageError
-from ctxkeep.sessions.records import loads
+from ctxkeep.episodic.sql import COLUMNS, SQLStore
+from ctxkeep.errors import ConfigError, SchemaVersionError
 
-MIGRATIONS: list[list[str]] = [
-    [
-        """CREATE TABLE IF NOT EXISTS ctxkeep_episodes (
+LEGACY_META = "ctxkeep_episodic_meta"
+"""Where releases before ``ctxkeep_meta`` kept the schema version, embedder and next row."""
+
+
+def legacy_version(conn: sqlite3.Connection) -> int:
+    """The schema version of a file written before ``ctxkeep_meta`` (0: no episodes yet)."""
+    if not table_exists(conn, LEGACY_META):
+        return 0
+    row = conn.execute(f"SELECT value FROM {LEGACY_META} WHERE key = 'schema_version'").fetchone()
+    try:
+        return int(row[0]) if row is not None else 0
+    except ValueError:
+        raise SchemaVersionError(
+            f"{LEGACY_META} holds an invalid schema version {row[0]!r}"
+        ) from None
+
+
+def _adopt_legacy_meta(conn: sqlite3.Connection) -> None:
+    """Move the embedder and next row of ``ctxkeep_episodic_meta`` to ``ctxkeep_meta``; leave
+    only ``schema_version`` = 4 there, which the releases that read it refuse.
+    """
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {LEGACY_META} (key TEXT PRIMARY KEY, value TEXT)")
+    conn.execute(
+        "INSERT INTO ctxkeep_meta (key, value) SELECT 'episodic.' || key, value "
+        f"FROM {LEGACY_META} WHERE key IN ('embedder', 'next_row') AND value IS NOT NULL "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    )
+    conn.execute(f"DELETE FROM {LEGACY_META}")
+    conn.execute(f"INSERT INTO {LEGACY_META} VALUES ('schema_version', '4')")
+
+
+MIGRATIONS: list[Migration] = [
+    ";\n".join(
+        [
+            """CREATE TABLE IF NOT EXISTS ctxkeep_episodes (
             row INTEGER PRIMARY KEY,
             episode_id TEXT NOT NULL UNIQUE,
             content_key TEXT NOT NULL UNIQUE,
@@ -69,29 +106,29 @@ MIGRATIONS: list[list[str]] = [
             tokens TEXT NOT NULL,
             vector BLOB NOT NULL
         )""",
-        "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_session ON ctxkeep_episodes (session_id, pos)",
-        "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_task ON ctxkeep_episodes (task_id)",
-        "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_agent ON ctxkeep_episodes (agent_id)",
-        "CREATE VIRTUAL TABLE IF NOT EXISTS ctxkeep_episode_fts USING fts5(body, "
-        "tokenize='unicode61 remove_diacritics 0')",
-    ],
+            "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_session "
+            "ON ctxkeep_episodes (session_id, pos)",
+            "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_task ON ctxkeep_episodes (task_id)",
+            "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_agent ON ctxkeep_episodes (agent_id)",
+            "CREATE VIRTUAL TABLE IF NOT EXISTS ctxkeep_episode_fts USING fts5(body, "
+            "tokenize='unicode61 remove_diacritics 0')",
+        ]
+    ),
     # 2: window document lengths, for BM25 statistics over the searched scope
-    [
-        "ALTER TABLE ctxkeep_episodes ADD COLUMN doclen INTEGER NOT NULL DEFAULT 0",
-        "UPDATE ctxkeep_episodes SET doclen = (SELECT length(body) - length(replace(body, ' ', ''))"
-        " + (body != '') FROM ctxkeep_episode_fts WHERE rowid = ctxkeep_episodes.row)",
-    ],
+    "ALTER TABLE ctxkeep_episodes ADD COLUMN doclen INTEGER NOT NULL DEFAULT 0;\n"
+    "UPDATE ctxkeep_episodes SET doclen = (SELECT length(body) - length(replace(body, ' ', ''))"
+    " + (body != '') FROM ctxkeep_episode_fts WHERE rowid = ctxkeep_episodes.row)",
     # 3: rows are never reused (a vector index file keyed by row stays valid); document
-    # frequencies of the FTS5 index, for BM25 over candidates with store-wide statistics
-    [
-        "INSERT OR IGNORE INTO ctxkeep_episodic_meta VALUES ('next_row', "
-        "(SELECT coalesce(max(row), 0) + 1 FROM ctxkeep_episodes))",
-        "CREATE VIRTUAL TABLE IF NOT EXISTS ctxkeep_episode_vocab "
-        "USING fts5vocab(ctxkeep_episode_fts, 'row')",
-        # what each process reloads after a write, without reading the vectors' pages
-        "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_scan "
-        "ON ctxkeep_episodes (row, session_id, pos, created_at, doclen)",
-    ],
+    # frequencies of the FTS5 index, for BM25 over candidates with store-wide statistics;
+    # what each process reloads after a write, without reading the vectors' pages
+    "INSERT OR IGNORE INTO ctxkeep_meta VALUES ('episodic.next_row', "
+    "(SELECT coalesce(max(row), 0) + 1 FROM ctxkeep_episodes));\n"
+    "CREATE VIRTUAL TABLE IF NOT EXISTS ctxkeep_episode_vocab "
+    "USING fts5vocab(ctxkeep_episode_fts, 'row');\n"
+    "CREATE INDEX IF NOT EXISTS ctxkeep_episodes_scan "
+    "ON ctxkeep_episodes (row, session_id, pos, created_at, doclen)",
+    # 4: the embedder and next row live in ctxkeep_meta
+    _adopt_legacy_meta,
 ]
 
 SAVE_EVERY = 0.05
@@ -117,10 +154,57 @@ def _neighbour_rows(ids: np.ndarray, sessions: list[str], pos: list[int]) -> np.
     return nb
 
 
-class SQLiteEpisodicStore(EpisodicMemoryStore):
+class SQLiteDialect(Dialect):
+    """Filters in SQLite's SQL (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__("?", "1", "0")
+
+    def metadata_equals(self, record: str, key: str, value: Any) -> tuple[str, list[Any]]:
+        """The metadata member ``key`` of the JSON ``record`` is JSON-equal to ``value``."""
+        return _member(f"json_each({record}, '$.metadata')", key, value, 0)
+
+
+def _member(each: str, key: str | int, value: Any, depth: int) -> tuple[str, list[Any]]:
+    """The ``json_each`` table ``each`` has a member ``key`` JSON-equal to ``value``.
+
+    ``json_each`` gives a member's JSON type and value without a path (a key may hold any
+    character); a list or an object is compared member by member, with its length, in
+    the member's own ``json_each``.
+    """
+    m = f"m{depth}"
+    params: list[Any] = [key]
+    if value is None:
+        cond = f"{m}.type = 'null'"
+    elif isinstance(value, bool):
+        cond = f"{m}.type = '{'true' if value else 'false'}'"
+    elif isinstance(value, int | float):
+        cond = f"{m}.type IN ('integer', 'real') AND {m}.value = ?"
+        params.append(value)
+    elif isinstance(value, str):
+        cond = f"{m}.type = 'text' AND {m}.value = ?"
+        params.append(value)
+    else:
+        items = list(enumerate(value)) if isinstance(value, list) else list(value.items())
+        kind = "array" if isinstance(value, list) else "object"
+        conds = [
+            f"{m}.type = '{kind}'",
+            f"(SELECT count(*) FROM json_each({m}.value)) = {len(items)}",
+        ]
+        for k, v in items:
+            sql, more = _member(f"json_each({m}.value)", k, v, depth + 1)
+            conds.append(sql)
+            params.extend(more)
+        cond = " AND ".join(conds)
+    return f"EXISTS (SELECT 1 FROM {each} AS {m} WHERE {m}.key = ? AND {cond})", params
+
+
+class SQLiteEpisodicStore(SQLStore):
     """Episodes, an FTS5 index and vectors in one SQLite file."""
 
     name = "sqlite"
+    dialect = SQLiteDialect()
+    _db: SQLiteClient
 
     def __init__(
         self,
@@ -140,106 +224,65 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         self.index_status: str | None = None
         """What opening the vector index did (``loaded``, ``synced``, ``rebuilt`` or
         ``built``; see :func:`~ctxkeep.episodic.index.open_index`), once it is open."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._cache_lock = threading.Lock()
         self._cache: dict[str, Any] | None = None
         self._cache_writes = -1  # the _writes the cache reflects
         self._writes = 0
-        self._migrate()
-
-    # -- plumbing ----------------------------------------------------------------------------
-
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            try:
-                conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA busy_timeout=60000")
-            except sqlite3.Error as exc:
-                raise StorageError(f"cannot open {self.path}: {exc}") from exc
-            self._local.conn = conn
-        return conn
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
+        self._db = SQLiteClient(
+            self.path,
+            meta_key="episodic",
+            migrations=MIGRATIONS,
+            legacy_version=legacy_version,
+        )
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            yield conn
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise StorageError(f"{self.path}: {exc}") from exc
+            self._check_embedder()
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._db.close()
             raise
 
-    def _q(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        try:
-            return self._conn().execute(sql, tuple(params)).fetchall()
-        except sqlite3.Error as exc:
-            raise StorageError(f"{self.path}: {exc}") from exc
+    def _check_embedder(self) -> None:
+        """Record the embedder's name in a new file; refuse a file of another embedder.
 
-    def _migrate(self) -> None:
-        with self._tx() as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS ctxkeep_episodic_meta "
-                "(key TEXT PRIMARY KEY, value TEXT)"
-            )
-            rows = dict(conn.execute("SELECT key, value FROM ctxkeep_episodic_meta").fetchall())
-            version = int(rows.get("schema_version", 0))
-            if version > len(MIGRATIONS):
-                raise SchemaVersionError(
-                    f"{self.path} holds episodes of a newer ctxkeep (schema {version}; this one "
-                    f"reads up to {len(MIGRATIONS)}); upgrade ctxkeep"
+        A file that has one is opened without writing (a commit makes other processes reload).
+        """
+        stored = self._db.meta("episodic.embedder")
+        if stored is None:
+            with self._db.tx("record the embedder") as conn:
+                conn.execute(
+                    "INSERT OR IGNORE INTO ctxkeep_meta VALUES ('episodic.embedder', ?)",
+                    (self.embedder.name,),
                 )
-            stored = rows.get("embedder")
-            if stored and stored != self.embedder.name:
-                raise ConfigError(
-                    f"{self.path} holds vectors of embedder {stored!r}, not "
-                    f"{self.embedder.name!r}: open it with the same embedder"
-                )
-            if version == len(MIGRATIONS) and stored:
-                return  # current: write nothing (a commit would make other processes reload)
-            for i in range(version, len(MIGRATIONS)):
-                for stmt in MIGRATIONS[i]:
-                    conn.execute(stmt)
-            conn.execute(
-                "INSERT OR REPLACE INTO ctxkeep_episodic_meta VALUES ('schema_version', ?)",
-                (str(len(MIGRATIONS)),),
-            )
-            conn.execute(
-                "INSERT OR REPLACE INTO ctxkeep_episodic_meta VALUES ('embedder', ?)",
-                (self.embedder.name,),
+                stored = conn.execute(
+                    "SELECT value FROM ctxkeep_meta WHERE key = 'episodic.embedder'"
+                ).fetchone()[0]
+        if stored != self.embedder.name:
+            raise ConfigError(
+                f"{self.path} holds vectors of embedder {stored!r}, not "
+                f"{self.embedder.name!r}: open it with the same embedder"
             )
 
     def close(self) -> None:
-        """Write the HNSW index file if rows were added since; close this thread's
-        connection.
-        """
+        """Write the HNSW index file if rows were added since; close the connections."""
         if self._unsaved:
             self._state()  # first drop what others forgot: it must not go back to the file
             with self._cache_lock:
                 if self._unsaved:
                     self._save_index()
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-            self._local.dv = None
+        self._db.close()
 
     # -- the in-process cache of vectors and neighbour positions -------------------------------
 
-    def _current(self, data_version: int) -> bool:
+    def _data_version(self, conn: sqlite3.Connection) -> tuple[sqlite3.Connection, int]:
+        """``PRAGMA data_version`` of ``conn``, with the connection it belongs to."""
+        return conn, int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def _current(self, data_version: tuple[sqlite3.Connection, int]) -> bool:
         """Whether the cache holds what this thread's connection sees (under the lock).
 
         ``PRAGMA data_version`` changes when another connection commits; its values are
-        per connection, so each thread remembers the one it last checked the cache at.
+        per connection, so each thread remembers the one it last checked the cache at, with
+        its connection (a new connection, after :meth:`close`, counts afresh).
         """
         return (
             self._cache is not None
@@ -248,13 +291,16 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         )
 
     def _state(self) -> dict[str, Any]:
-        dv = int(self._q("PRAGMA data_version")[0][0])
+        with self._db.errors("read data_version"):
+            dv = self._data_version(self._db.conn())
         with self._cache_lock:
             if self._current(dv):
                 assert self._cache is not None
                 return self._cache
-            rows = self._q(
-                "SELECT row, session_id, pos, created_at, doclen FROM ctxkeep_episodes ORDER BY row"
+            rows = self._db.q(
+                "read the episodes' positions",
+                "SELECT row, session_id, pos, created_at, doclen "
+                "FROM ctxkeep_episodes ORDER BY row",
             )
             ids = np.asarray([r[0] for r in rows], np.int64)
             self._sync_vectors(ids)
@@ -338,14 +384,10 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
 
     def _read_vectors(self, rows: np.ndarray) -> np.ndarray:
         """The stored vectors of ``rows`` (in that order)."""
-        found: dict[int, bytes] = {}
         ids = rows.tolist()
-        for s in range(0, len(ids), 900):
-            chunk = ids[s : s + 900]
-            marks = ",".join("?" * len(chunk))
-            found.update(
-                self._q(f"SELECT row, vector FROM ctxkeep_episodes WHERE row IN ({marks})", chunk)
-            )
+        found: dict[int, bytes] = dict(
+            self._select_in("read vectors", "SELECT row, vector FROM ctxkeep_episodes", "row", ids)
+        )
         dim = self.embedder.dim
         if not ids:
             return np.zeros((0, dim), np.float32)
@@ -381,89 +423,34 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
 
     # -- primitives ----------------------------------------------------------------------------
 
-    def _find_keys(self, keys: Sequence[str]) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for s in range(0, len(keys), 500):
-            chunk = list(keys[s : s + 500])
-            marks = ",".join("?" * len(chunk))
-            for k, eid in self._q(
-                "SELECT content_key, episode_id FROM ctxkeep_episodes "
-                f"WHERE content_key IN ({marks})",
-                chunk,
-            ):
-                out[k] = eid
-        return out
+    def _write_window(self, conn: Any, row: int, doc: str) -> None:
+        conn.execute("DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", (row,))
+        conn.execute("INSERT INTO ctxkeep_episode_fts (rowid, body) VALUES (?, ?)", (row, doc))
+        conn.execute(
+            "UPDATE ctxkeep_episodes SET doclen = ? WHERE row = ?", (len(doc.split()), row)
+        )
 
-    def _rewrite_windows(self, conn: sqlite3.Connection, session_id: str, start: int) -> None:
-        """Recompute the FTS documents of a session from position ``start - window``."""
-        first = max(0, start - max(self.config.window, 2))
-        rows = conn.execute(
-            "SELECT row, tokens FROM ctxkeep_episodes WHERE session_id = ? ORDER BY pos",
-            (session_id,),
-        ).fetchall()
-        tokens = [r[1].split() for r in rows]
-        for p in range(first, len(rows)):
-            body = self.window_doc(tokens, p)
-            conn.execute("DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", (rows[p][0],))
-            conn.execute(
-                "INSERT INTO ctxkeep_episode_fts (rowid, body) VALUES (?, ?)", (rows[p][0], body)
-            )
-            conn.execute(
-                "UPDATE ctxkeep_episodes SET doclen = ? WHERE row = ?",
-                (len(body.split()), rows[p][0]),
-            )
+    def _insert_row(self, conn: Any, row: int, values: tuple[Any, ...], vector: np.ndarray) -> None:
+        marks = ", ".join("?" for _ in values)
+        conn.execute(
+            f"INSERT INTO ctxkeep_episodes (row, {COLUMNS}, vector) VALUES (?, {marks}, ?)",
+            (row, *values, np.asarray(vector, np.float32).tobytes()),
+        )
 
-    def _insert(
-        self,
-        episodes: list[Episode],
-        keys: list[str],
-        vectors: np.ndarray,
-        tokens: list[list[str]],
-    ) -> None:
-        vecs = np.asarray(vectors, np.float32)
-        with self._tx() as conn:
-            dv = int(conn.execute("PRAGMA data_version").fetchone()[0])
+    def _insert(self, batch: NewEpisodes) -> None:
+        n = len(batch.episodes)
+        with self._db.tx("save episodes") as conn:
+            dv = self._data_version(conn)
             with self._cache_lock:  # nobody else commits now: is the cache what we see?
                 cache = self._cache if self._current(dv) else None
                 writes = self._writes
             first = int(
                 conn.execute(
-                    "SELECT value FROM ctxkeep_episodic_meta WHERE key = 'next_row'"
+                    "SELECT value FROM ctxkeep_meta WHERE key = 'episodic.next_row'"
                 ).fetchone()[0]
             )
-            conn.execute(
-                "UPDATE ctxkeep_episodic_meta SET value = ? WHERE key = 'next_row'",
-                (str(first + len(episodes)),),
-            )
-            starts: dict[str, int] = {}
-            for row, (e, k, v, toks) in enumerate(
-                zip(episodes, keys, vecs, tokens, strict=True), first
-            ):
-                pos = conn.execute(
-                    "SELECT coalesce(max(pos), -1) + 1 FROM ctxkeep_episodes WHERE session_id = ?",
-                    (e.session_id,),
-                ).fetchone()[0]
-                starts.setdefault(e.session_id, pos)
-                conn.execute(
-                    "INSERT INTO ctxkeep_episodes (row, episode_id, content_key, session_id, "
-                    "task_id, agent_id, created_at, pos, record, tokens, vector) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        row,
-                        e.episode_id,
-                        k,
-                        e.session_id,
-                        e.task_id,
-                        e.agent_id,
-                        e.created_at,
-                        pos,
-                        episode_record(e),
-                        " ".join(toks),
-                        v.tobytes(),
-                    ),
-                )
-            for sid, start in starts.items():
-                self._rewrite_windows(conn, sid, start)
+            self._db.set_meta(conn, "episodic.next_row", str(first + n))
+            starts = self._append(conn, batch, first)
             tail: list[tuple[Any, ...]] = []
             if cache is not None:
                 back = max(self.config.window, 2) + 2
@@ -479,53 +466,16 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 self._apply_insert(first, tail)  # no reload of every row after our own write
                 self._cache_writes = self._writes
             if self._vindex is not None:
-                self._vindex.add(np.arange(first, first + len(episodes)), vecs)
-                self._index_added(len(episodes))
+                self._vindex.add(np.arange(first, first + n), np.asarray(batch.vectors, np.float32))
+                self._index_added(n)
         if self._vindex is None:
             self._state()  # index as it is written (the first write of a process opens it)
 
-    @staticmethod
-    def _where(filters: dict[str, Any], col_prefix: str = "") -> tuple[list[str], list[Any]]:
-        """SQL conditions for the column filters (not ``metadata``)."""
-        where, params = [], []
-        for col in ("episode_id", "session_id", "agent_id", "task_id"):
-            if col in filters:
-                want = filters[col]
-                if isinstance(want, list | tuple | set | frozenset):
-                    want = list(want)
-                    where.append(f"{col_prefix}{col} IN ({','.join('?' * len(want))})")
-                    params.extend(want)
-                else:
-                    where.append(f"{col_prefix}{col} = ?")
-                    params.append(want)
-        since, until = _to_ts(filters.get("since")), _to_ts(filters.get("until"))
-        if since is not None:
-            where.append(f"{col_prefix}created_at >= ?")
-            params.append(since)
-        if until is not None:
-            where.append(f"{col_prefix}created_at <= ?")
-            params.append(until)
-        return where, params
-
-    def _rows(self, filters: dict[str, Any]) -> np.ndarray:
-        where, params = self._where(filters)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        meta = filters.get("metadata")
-        if meta:
-            rows = self._q(
-                f"SELECT row, record FROM ctxkeep_episodes {clause} ORDER BY row", params
-            )
-            keep = [
-                r[0]
-                for r in rows
-                if all(loads(r[1])["metadata"].get(k) == v for k, v in meta.items())
-            ]
-            return np.asarray(keep, np.int64)
-        if not where:
+    def _rows(self, f: EpisodeFilter) -> np.ndarray:
+        if f.selects_all:
             ids: np.ndarray = self._state()["ids"]
             return ids
-        rows = self._q(f"SELECT row FROM ctxkeep_episodes {clause} ORDER BY row", params)
-        return np.asarray([r[0] for r in rows], np.int64)
+        return super()._rows(f)
 
     def _term_counts(self, terms: Sequence[str], rows: np.ndarray) -> np.ndarray:
         """How often each term occurs in each row's window document: (len(rows), len(terms))."""
@@ -534,17 +484,16 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
             return out
         at = {int(r): i for i, r in enumerate(rows)}
         padded = [f" {w} " for w in terms]
-        ids = rows.tolist()
-        for s in range(0, len(ids), 900):
-            chunk = ids[s : s + 900]
-            marks = ",".join("?" * len(chunk))
-            for rowid, body in self._q(
-                f"SELECT rowid, body FROM ctxkeep_episode_fts WHERE rowid IN ({marks})", chunk
-            ):
-                # tokens are words without spaces, one space apart: doubling the spaces
-                # lets " w " match every occurrence (a repeated token shares its spaces)
-                doc = f" {body.replace(' ', '  ')} "
-                out[at[int(rowid)]] = [doc.count(w) for w in padded]
+        for rowid, body in self._select_in(
+            "read window documents",
+            "SELECT rowid, body FROM ctxkeep_episode_fts",
+            "rowid",
+            rows.tolist(),
+        ):
+            # tokens are words without spaces, one space apart: doubling the spaces
+            # lets " w " match every occurrence (a repeated token shares its spaces)
+            doc = f" {body.replace(' ', '  ')} "
+            out[at[int(rowid)]] = [doc.count(w) for w in padded]
         return out
 
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
@@ -566,7 +515,7 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         return self.vectors.vectors(rows)
 
     def _candidates(
-        self, terms: list[str], q: np.ndarray | None, filters: dict[str, Any], n: int
+        self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
         """For a scope of more than ``4n`` episodes: the ``n`` best by FTS5's BM25 over the
         informative query terms and the ``n`` nearest in the vector index, with their
@@ -574,7 +523,7 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         """
         st = self._state()
         index = self.vectors
-        scope = self._rows(filters)
+        scope = self._rows(f)
         if scope.size <= 4 * n:
             return None
         parts = []
@@ -584,18 +533,18 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         informative = informative_terms(counts, df, st["ids"].size) if use_lex else []
         if informative:
             match = " OR ".join('"' + w.replace('"', '""') + '"' for w in informative)
-            where, params = self._where(filters, "e.")
-            cond = "".join(f" AND {c}" for c in where)
-            top = self._q(
+            where, params = f.where(self.dialect, lambda col: f"e.{col}")
+            top = self._db.q(
+                "find lexical candidates",
                 "SELECT e.row FROM ctxkeep_episode_fts JOIN ctxkeep_episodes e "
                 "ON e.row = ctxkeep_episode_fts.rowid "
-                f"WHERE ctxkeep_episode_fts MATCH ?{cond} ORDER BY rank LIMIT ?",
-                (match, *params, 4 * n if filters.get("metadata") else n),
+                f"WHERE ctxkeep_episode_fts MATCH ? AND {where} ORDER BY rank LIMIT ?",
+                (match, *params, n),
             )
             parts.append(np.asarray([r for (r,) in top], np.int64))
         if q is not None:
-            parts.append(index.search(q, n, scope if filters else None)[0])
-        cand = with_neighbours(parts, lambda rows: st["nb"][self._pos_of(rows)], scope)
+            parts.append(index.search(q, n, None if f.selects_all else scope)[0])
+        cand = with_neighbours(parts, self._nb_rows, scope)
         if not use_lex:
             return cand, None
         tf = self._term_counts(list(counts), cand)
@@ -620,9 +569,10 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         if missing:
             marks = ",".join("?" * len(missing))
             found = dict(
-                self._q(
+                self._db.q(
+                    "count document frequencies",
                     f"SELECT term, doc FROM ctxkeep_episode_vocab WHERE term IN ({marks})",
-                    missing,
+                    tuple(missing),
                 )
             )
             with self._cache_lock:
@@ -631,36 +581,18 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
         with self._cache_lock:
             return {w: self._df.get(w, 0) for w in terms}
 
-    def _neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        st = self._state()
-        pos_in_rows = {int(r): i for i, r in enumerate(rows)}
-        nb = st["nb"][self._pos_of(rows)]
-        own = np.arange(rows.size)
-        out = []
-        for c in range(4):
-            p = np.asarray([pos_in_rows.get(int(x), -1) for x in nb[:, c]], np.int64)
-            out.append(np.where(p >= 0, p, own))
-        return tuple(out)
+    def _nb_rows(self, rows: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self._state()["nb"][self._pos_of(rows)]
+        return out
 
     def _created(self, rows: np.ndarray) -> np.ndarray:
         out: np.ndarray = self._state()["created"][self._pos_of(rows)]
         return out
 
-    def _episodes(self, rows: np.ndarray) -> list[Episode]:
-        if rows.size == 0:
-            return []
-        marks = ",".join("?" * rows.size)
-        found = dict(
-            self._q(
-                f"SELECT row, record FROM ctxkeep_episodes WHERE row IN ({marks})", rows.tolist()
-            )
-        )
-        return [episode_from_record(found[int(r)]) for r in rows]
-
     def _delete(self, rows: np.ndarray) -> None:
         self._state()  # the index is open: what is deleted leaves it (and its file)
         deleted: list[int] = []
-        with self._tx() as conn:
+        with self._db.tx("forget episodes") as conn:
             sessions: dict[str, int] = {}
             for r in rows.tolist():
                 got = conn.execute(
@@ -672,14 +604,7 @@ class SQLiteEpisodicStore(EpisodicMemoryStore):
                 conn.execute("DELETE FROM ctxkeep_episodes WHERE row = ?", (r,))
                 deleted.append(r)
                 conn.execute("DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", (r,))
-            for sid, start in sessions.items():
-                # close the gap in positions, then rewrite the windows from there
-                rest = conn.execute(
-                    "SELECT row FROM ctxkeep_episodes WHERE session_id = ? ORDER BY pos", (sid,)
-                ).fetchall()
-                for p, (row,) in enumerate(rest):
-                    conn.execute("UPDATE ctxkeep_episodes SET pos = ? WHERE row = ?", (p, row))
-                self._rewrite_windows(conn, sid, start)
+            self._close_gaps(conn, sessions)
         with self._cache_lock:
             self._writes += 1
             if self._vindex is not None and deleted:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from ctxkeep.episodic import (
+    EpisodeFilter,
     RetrievalConfig,
     format_prior_context,
     open_episodic,
@@ -14,6 +17,8 @@ from ctxkeep.episodic import (
 )
 from ctxkeep.errors import (
     ConfigError,
+    EpisodeNotFoundError,
+    InvalidFilterError,
     InvalidMessageError,
 )
 
@@ -93,7 +98,18 @@ class EpisodicContract:
             store.save_episode("s", "g", "t", metadata={"bad": object()})
         with pytest.raises(InvalidMessageError):
             store.save_episode("s", "g", 42)
+        with pytest.raises(InvalidMessageError):
+            store.save_episode("s", "g", "t", metadata=[("k", 1)])
+        with pytest.raises(InvalidMessageError):
+            store.save_episode("s", "g", "t", created_at=float("nan"))
+        with pytest.raises(InvalidMessageError):
+            store.save_episode("s", "g", "lone \ud800 surrogate")
         assert store.count() == 0
+
+    def test_an_unknown_episode_id_raises_episode_not_found(self, store: Any) -> None:
+        store.save_episode("s", "g", "text")
+        with pytest.raises(EpisodeNotFoundError):
+            store.get("no-such-id")
 
     def test_neighbour_window_lets_a_turn_be_found_by_its_context(self, store: Any) -> None:
         # the answer turn shares no word with the question; its neighbour does
@@ -120,3 +136,154 @@ class EpisodicContract:
         _, items = parse_prior_context(block)
         assert items[0].session in ("s0", "s1") and items[0].score
         assert "UTC" in items[0].date
+
+    # -- filters: one semantics on every backend (ctxkeep.episodic.filters) -----------------
+
+    @staticmethod
+    def _with_metadata(store: Any, values: dict[str, Any]) -> None:
+        """One episode per item: summary ``name``, metadata ``{"k": value}`` (or none for
+        ``None`` values of the mapping's ``"missing"``).
+        """
+        for name, value in values.items():
+            meta = {} if name == "missing" else {"k": value}
+            store.save_episode("s", "", f"episode {name}", metadata=meta)
+
+    @staticmethod
+    def _summaries(store: Any, metadata: dict[str, Any]) -> set[str]:
+        hits = store.search("episode", top_k=50, filters={"metadata": metadata})
+        assert store.count({"metadata": metadata}) == len(hits)
+        return {h.episode.summary.removeprefix("episode ") for h in hits}
+
+    def test_a_metadata_list_matches_only_the_same_list(self, store: Any) -> None:
+        self._with_metadata(
+            store, {"one": [1], "one-two": [1, 2], "two-one": [2, 1], "scalar": 1, "nested": [[1]]}
+        )
+        assert self._summaries(store, {"k": [1]}) == {"one"}
+        assert self._summaries(store, {"k": [1, 2]}) == {"one-two"}
+        assert self._summaries(store, {"k": [[1]]}) == {"nested"}
+        assert self._summaries(store, {"k": []}) == set()
+
+    def test_a_metadata_object_matches_only_an_equal_object(self, store: Any) -> None:
+        self._with_metadata(
+            store,
+            {
+                "same": {"a": 1, "b": [2, {"c": None}]},
+                "reordered": {"b": [2, {"c": None}], "a": 1},
+                "fewer-keys": {"a": 1},
+                "more-keys": {"a": 1, "b": [2, {"c": None}], "d": 0},
+                "other-inner": {"a": 1, "b": [2, {"c": False}]},
+            },
+        )
+        want = {"a": 1, "b": [2, {"c": None}]}
+        assert self._summaries(store, {"k": want}) == {"same", "reordered"}
+        assert self._summaries(store, {"k": {"a": 1}}) == {"fewer-keys"}
+
+    def test_metadata_true_is_not_one_and_numbers_match_by_value(self, store: Any) -> None:
+        self._with_metadata(
+            store,
+            {
+                "true": True,
+                "false": False,
+                "int": 1,
+                "float": 1.0,
+                "zero": 0,
+                "text": "1",
+                "null": None,
+                "missing": None,
+            },
+        )
+        assert self._summaries(store, {"k": True}) == {"true"}
+        assert self._summaries(store, {"k": False}) == {"false"}
+        assert self._summaries(store, {"k": 1}) == {"int", "float"}
+        assert self._summaries(store, {"k": 1.0}) == {"int", "float"}
+        assert self._summaries(store, {"k": 0}) == {"zero"}
+        assert self._summaries(store, {"k": "1"}) == {"text"}
+
+    def test_a_null_metadata_value_matches_null_not_a_missing_key(self, store: Any) -> None:
+        self._with_metadata(store, {"null": None, "missing": None})
+        assert self._summaries(store, {"k": None}) == {"null"}
+
+    def test_every_metadata_key_must_match(self, store: Any) -> None:
+        store.save_episode("s", "", "episode both", metadata={"a": 1, "b": "x"})
+        store.save_episode("s", "", "episode only-a", metadata={"a": 1, "b": "y"})
+        assert self._summaries(store, {"a": 1, "b": "x"}) == {"both"}
+        assert self._summaries(store, {"a": 1}) == {"both", "only-a"}
+        assert self._summaries(store, {"a": 1, "c": None}) == set()
+
+    def test_metadata_keys_are_matched_literally(self, store: Any) -> None:
+        odd = {'a.b"c': 1, "$[0]": "x", "": 2, "ключ": [3]}
+        store.save_episode("s", "", "episode odd", metadata=odd)
+        store.save_episode("s", "", "episode nested", metadata={"a": {'b"c': 1}})
+        for k, v in odd.items():
+            assert self._summaries(store, {k: v}) == {"odd"}
+        assert self._summaries(store, {"a.b": 1}) == set()
+
+    def test_id_filters_take_a_value_or_a_list(self, store: Any) -> None:
+        self._fill(store)
+        assert store.count({"agent_id": ["agent0", "agent1"]}) == 5
+        assert store.count({"session_id": ("s1",)}) == 2
+        assert store.count({"session_id": ["s1", "s1"]}) == 2
+        assert store.count({"agent_id": []}) == 0
+        assert store.count({"task_id": "t", "agent_id": "agent0", "session_id": "s1"}) == 0
+
+    def test_time_filters_are_inclusive_and_take_datetimes(self, store: Any) -> None:
+        for t in (100.0, 200.0, 300.0):
+            store.save_episode("s", "", f"at {t}", created_at=t)
+        assert store.count({"since": 200, "until": 300}) == 2
+        assert store.count({"until": 200.0}) == 2
+        since = datetime.fromtimestamp(250, UTC)
+        assert store.count({"since": since}) == 1
+
+    def test_an_episode_filter_is_accepted_as_filters(self, store: Any) -> None:
+        self._fill(store)
+        f = EpisodeFilter.parse({"agent_id": "agent1", "metadata": {"i": 3}})
+        hits = store.search("Melanie", top_k=5, filters=f)
+        assert [h.episode.metadata for h in hits] == [{"i": 3}]
+        assert store.count(f) == 1
+
+    def test_an_unknown_filter_key_is_refused_naming_it_and_the_allowed_keys(
+        self, store: Any
+    ) -> None:
+        self._fill(store)
+        typo = {"agent": "agent1"}
+        calls: list[Callable[[], object]] = [
+            lambda: store.search("Caroline", top_k=3, filters=typo),
+            lambda: store.search_relevant_context("Caroline", top_k=3, filters=typo),
+            lambda: store.count(typo),
+        ]
+        for call in calls:
+            with pytest.raises(InvalidFilterError) as caught:
+                call()
+            assert "'agent'" in str(caught.value) and "agent_id" in str(caught.value)
+
+    @pytest.mark.parametrize(
+        "bad",
+        [
+            {"agent_id": 5},
+            {"agent_id": None},
+            {"session_id": ["s0", 1]},
+            {"metadata": [("i", 1)]},
+            {"metadata": {"i": object()}},
+            {"metadata": {"i": float("nan")}},
+            {"metadata": {1: "x"}},
+            {"since": "yesterday"},
+            {"until": True},
+            {"since": float("inf")},
+        ],
+    )
+    def test_a_filter_value_of_the_wrong_kind_is_refused(
+        self, store: Any, bad: dict[str, Any]
+    ) -> None:
+        self._fill(store)
+        with pytest.raises(InvalidFilterError):
+            store.search("Caroline", top_k=3, filters=bad)
+        with pytest.raises(InvalidFilterError):
+            store.count(bad)
+
+    def test_forget_refuses_a_value_of_the_wrong_kind_and_keeps_everything(
+        self, store: Any
+    ) -> None:
+        self._fill(store)
+        with pytest.raises(InvalidFilterError):
+            store.forget(agent_id=5)
+        assert store.count() == len(EPISODE_FACTS)
