@@ -18,7 +18,12 @@ from ctxkeep.cognition import (
     decode_cognitive_state,
     encode_cognitive_state,
 )
-from ctxkeep.errors import CognitiveStateSchemaVersionError
+from ctxkeep.errors import (
+    CognitiveStateSchemaVersionError,
+    CorruptRecordError,
+    CtxkeepError,
+    InvalidTypeError,
+)
 
 
 def _roundtrip(state: CognitiveState) -> CognitiveState:
@@ -100,7 +105,7 @@ class _Thing:
     ids=["object", "dataclass", "int-key", "reserved-key", "function"],
 )
 def test_values_without_a_faithful_form_are_refused(value: object) -> None:
-    with pytest.raises(TypeError) as info:
+    with pytest.raises(InvalidTypeError) as info:
         encode_cognitive_state(CognitiveState(working_memory={"v": value}))
     assert "working_memory" in str(info.value)
 
@@ -133,3 +138,78 @@ _values = st.recursive(
 def test_any_supported_value_round_trips_exactly(value: object) -> None:
     state = CognitiveState(working_memory=value)
     assert _roundtrip(state) == state
+
+
+# -- corrupt encoded values ---------------------------------------------------------------------
+
+CORRUPT = {
+    "bytes-bad-base64": {"__ctxkeep__": "bytes", "b64": "!!!*"},
+    "bytes-padding-bits": {"__ctxkeep__": "bytes", "b64": "AB=="},
+    "bytes-no-padding": {"__ctxkeep__": "bytes", "b64": "AA"},
+    "bytes-not-a-string": {"__ctxkeep__": "bytes", "b64": 5},
+    "tuple-without-items": {"__ctxkeep__": "tuple"},
+    "tuple-items-a-string": {"__ctxkeep__": "tuple", "items": "abc"},
+    "set-of-unhashables": {"__ctxkeep__": "set", "items": [[1]]},
+    "unknown-tag": {"__ctxkeep__": "pickle", "data": "x"},
+    "tag-not-a-string": {"__ctxkeep__": None},
+    "extra-key": {"__ctxkeep__": "date", "iso": "2026-05-01", "tz": "UTC"},
+    "bad-decimal": {"__ctxkeep__": "decimal", "str": "ten"},
+    "decimal-with-spaces": {"__ctxkeep__": "decimal", "str": " 10"},
+    "bad-date": {"__ctxkeep__": "date", "iso": "2026-13-01"},
+    "bad-datetime": {"__ctxkeep__": "datetime", "iso": "yesterday"},
+    "finite-float": {"__ctxkeep__": "float", "repr": "1.5"},
+    "bad-float": {"__ctxkeep__": "float", "repr": "infinity and beyond"},
+}
+
+
+@pytest.mark.parametrize("value", list(CORRUPT.values()), ids=list(CORRUPT))
+def test_a_corrupt_encoded_value_is_refused_naming_its_path(value: object) -> None:
+    with pytest.raises(CorruptRecordError, match=r"context\.k\[0\]") as info:
+        decode_cognitive_state({"schema_version": 1, "context": {"k": [value]}})
+    assert isinstance(info.value, ValueError)
+
+
+def test_corrupt_base64_is_never_decoded_into_other_bytes() -> None:
+    # b64decode without validation turns "!!!*" into b"" and "AB==" into b"\x00".
+    for b64 in ("!!!*", "AB==", "A A=", "AA==\n"):
+        with pytest.raises(CorruptRecordError):
+            decode_cognitive_state(
+                {"schema_version": 1, "context": {"__ctxkeep__": "bytes", "b64": b64}}
+            )
+
+
+@pytest.mark.parametrize("obj", [b"garbage", "{}", 5, [("schema_version", 1)]])
+def test_decoding_something_that_is_not_a_state_is_an_invalid_type_error(obj: object) -> None:
+    with pytest.raises(InvalidTypeError, match="cannot decode a CognitiveState"):
+        decode_cognitive_state(obj)  # type: ignore[arg-type]
+
+
+def test_non_finite_floats_and_decimals_round_trip() -> None:
+    state = CognitiveState(
+        working_memory={"nan": Decimal("NaN"), "big": Decimal("1E+2"), "inf": float("-inf")}
+    )
+    # NaN equals nothing, not even itself: compare the reprs
+    assert repr(_roundtrip(state).working_memory) == repr(state.working_memory)
+
+
+_tags = st.sampled_from(
+    ["tuple", "set", "frozenset", "bytes", "datetime", "date", "decimal", "float", "nope"]
+)
+_tagged_garbage = st.recursive(
+    _json_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(["items", "b64", "iso", "str", "repr", "x"]), inner, max_size=2
+        ).flatmap(lambda d: _tags.map(lambda tag: {"__ctxkeep__": tag, **d})),
+    ),
+    max_leaves=6,
+)
+
+
+@given(_tagged_garbage)
+def test_decoding_garbage_raises_only_corrupt_record_errors(value: object) -> None:
+    try:
+        decode_cognitive_state({"schema_version": 1, "observation": value})
+    except CtxkeepError as exc:
+        assert isinstance(exc, CorruptRecordError)

@@ -7,8 +7,12 @@ chain-of-thought: only what the agent chose to record.
 Encoding is faithful or refused: :func:`encode_cognitive_state` gives a JSON-ready dict in
 which sets, tuples, bytes, datetimes, dates and decimals are tagged so that
 :func:`decode_cognitive_state` rebuilds them exactly; anything else (an object, a dataclass,
-a dict with non-string keys) raises :class:`TypeError` naming the path, never silently
-stringified.
+a dict with non-string keys) raises :class:`~ctxkeep.errors.InvalidTypeError` (a
+``TypeError``) naming the path, never silently stringified. Decoding is strict the same way:
+a tagged value that the encoder could not have written (an unknown tag, a missing or extra
+key, base64 that is not canonical, a malformed decimal or date) raises
+:class:`~ctxkeep.errors.CorruptRecordError` (a ``ValueError``) naming the path, never
+decodes into some other value.
 
 Versions: a :class:`MigrationRegistry` holds ordered upgrade steps; position ``i`` upgrades a
 dict of version ``i`` to ``i + 1``. Version 0 is the legacy, unversioned layout (``memory``
@@ -27,7 +31,13 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from ctxkeep.errors import CognitiveStateSchemaVersionError
+from ctxkeep.errors import (
+    CognitiveStateSchemaVersionError,
+    ConfigError,
+    CorruptRecordError,
+    InvalidTypeError,
+    describe,
+)
 
 CURRENT_SCHEMA_VERSION = 1
 _TAG = "__ctxkeep__"
@@ -87,57 +97,104 @@ def _encode(value: Any, path: str) -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"cannot encode {path}: key {k!r} is not a string; use string keys")
+                raise InvalidTypeError(
+                    f"cannot encode {path}: key {k!r} is not a string; use string keys"
+                )
             if k == _TAG:
-                raise TypeError(f"cannot encode {path}: the key {_TAG!r} is reserved")
+                raise InvalidTypeError(f"cannot encode {path}: the key {_TAG!r} is reserved")
             out[k] = _encode(v, f"{path}.{k}")
         return out
     kind = "a dataclass" if dataclasses.is_dataclass(value) else f"a {type(value).__name__}"
-    raise TypeError(
+    raise InvalidTypeError(
         f"cannot encode {path}: {kind} has no faithful JSON form; convert it to dicts, lists, "
         "strings, numbers, sets, tuples, bytes or datetimes first"
     )
 
 
-def _decode(value: Any) -> Any:
+_TAG_KEYS = {
+    "tuple": "items",
+    "set": "items",
+    "frozenset": "items",
+    "bytes": "b64",
+    "datetime": "iso",
+    "date": "iso",
+    "decimal": "str",
+    "float": "repr",
+}
+_NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _corrupt(path: str, what: str, value: Any) -> CorruptRecordError:
+    return CorruptRecordError(f"corrupt encoded value at {path}: {what}, got {describe(value)}")
+
+
+def _decode(value: Any, path: str = "value") -> Any:
     if isinstance(value, list):
-        return [_decode(v) for v in value]
+        return [_decode(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):
-        tag = value.get(_TAG)
-        if tag is None:
-            return {k: _decode(v) for k, v in value.items()}
-        if tag == "tuple":
-            return tuple(_decode(v) for v in value["items"])
-        if tag == "set":
-            return {_decode(v) for v in value["items"]}
-        if tag == "frozenset":
-            return frozenset(_decode(v) for v in value["items"])
-        if tag == "bytes":
-            return base64.b64decode(value["b64"])
-        if tag == "datetime":
-            return datetime.fromisoformat(value["iso"])
-        if tag == "date":
-            return date.fromisoformat(value["iso"])
-        if tag == "decimal":
-            return Decimal(value["str"])
-        if tag == "float":
-            return float(value["repr"])
-        raise ValueError(f"unknown encoded value tag {tag!r}")
+        if _TAG not in value:
+            return {k: _decode(v, f"{path}.{k}") for k, v in value.items()}
+        return _decode_tagged(value, path)
     return value
+
+
+def _decode_tagged(value: dict[str, Any], path: str) -> Any:
+    tag = value[_TAG]
+    key = _TAG_KEYS.get(tag) if isinstance(tag, str) else None
+    if key is None:
+        raise _corrupt(path, f"unknown {_TAG} tag", tag)
+    if set(value) != {_TAG, key}:
+        raise _corrupt(path, f"a {tag!r} value has exactly the keys {_TAG!r} and {key!r}", value)
+    data = value[key]
+    if key == "items":
+        if not isinstance(data, list):
+            raise _corrupt(path, f"a {tag!r} value needs a list of items", data)
+        items = [_decode(v, f"{path}[{i}]") for i, v in enumerate(data)]
+        if tag == "tuple":
+            return tuple(items)
+        try:
+            return set(items) if tag == "set" else frozenset(items)
+        except TypeError:
+            raise _corrupt(path, f"a {tag!r} value holds only hashable items", data) from None
+    if not isinstance(data, str):
+        raise _corrupt(path, f"a {tag!r} value needs a string {key!r}", data)
+    try:
+        if tag == "bytes":
+            raw = base64.b64decode(data, validate=True)
+            if base64.b64encode(raw).decode("ascii") != data:  # padding bits set, or no padding
+                raise ValueError("not canonical base64")
+            return raw
+        if tag == "datetime":
+            return datetime.fromisoformat(data)
+        if tag == "date":
+            return date.fromisoformat(data)
+        if tag == "decimal":
+            number = Decimal(data)
+            if str(number) != data:
+                raise ValueError("not a decimal as str() writes it")
+            return number
+        return _NONFINITE[data]  # finite floats are never tagged
+    except (ValueError, ArithmeticError, KeyError):
+        raise _corrupt(path, f"not a valid {tag!r} value", data) from None
 
 
 def encode_value(value: Any, path: str = "value") -> Any:
     """``value`` as JSON-ready data that :func:`decode_value` rebuilds exactly.
 
     Raises:
-        TypeError: a value with no faithful JSON form (the message names its path).
+        InvalidTypeError: a value with no faithful JSON form (the message names its path).
 
     """
     return _encode(value, path)
 
 
 def decode_value(data: Any) -> Any:
-    """The inverse of :func:`encode_value`."""
+    """The inverse of :func:`encode_value`.
+
+    Raises:
+        CorruptRecordError: a tagged value the encoder could not have written.
+
+    """
     return _decode(data)
 
 
@@ -170,8 +227,10 @@ class MigrationRegistry:
 
     def register(self, from_version: int, step: Migration) -> None:
         """Add the step upgrading ``from_version`` to ``from_version + 1`` (in order)."""
+        if not callable(step):
+            raise InvalidTypeError(f"a migration step must be callable, got {describe(step)}")
         if from_version != len(self._steps):
-            raise ValueError(
+            raise ConfigError(
                 f"the next migration must start at version {len(self._steps)}, not {from_version}"
             )
         self._steps.append(step)
@@ -209,12 +268,13 @@ def encode_cognitive_state(state: CognitiveState | None) -> dict[str, Any]:
     """A JSON-ready dict of ``state`` (``None`` encodes an empty state).
 
     Raises:
-        TypeError: a value with no faithful JSON form.
+        InvalidTypeError: a value with no faithful JSON form, or ``state`` is not a
+            CognitiveState.
 
     """
     state = state if state is not None else CognitiveState()
     if not isinstance(state, CognitiveState):
-        raise TypeError(f"expected a CognitiveState, got {type(state).__name__}")
+        raise InvalidTypeError(f"expected a CognitiveState, got {type(state).__name__}")
     out: dict[str, Any] = {"schema_version": state.schema_version}
     for name in FIELDS:
         out[name] = _encode(getattr(state, name), name)
@@ -231,26 +291,36 @@ def decode_cognitive_state(
 
     Raises:
         CognitiveStateSchemaVersionError: a version newer than the registry knows.
-        TypeError: ``obj`` is none of the accepted kinds.
+        InvalidTypeError: ``obj`` is none of the accepted kinds (a ``TypeError``).
+        CorruptRecordError: a corrupt encoded value (a ``ValueError``); the message names
+            its path.
 
     """
+    if registry is not None and not isinstance(registry, MigrationRegistry):
+        raise InvalidTypeError(f"registry must be a MigrationRegistry, got {describe(registry)}")
     reg = registry or DEFAULT_REGISTRY
     if obj is None:
         return CognitiveState(schema_version=reg.current_version)
     if isinstance(obj, CognitiveState):
         if obj.schema_version == reg.current_version:
-            return obj.copy()
+            try:
+                return obj.copy()
+            except TypeError as exc:  # an object deepcopy cannot copy (a lock, a socket)
+                raise InvalidTypeError(f"cannot copy the CognitiveState: {exc}") from exc
         obj = encode_cognitive_state(obj)
     if not isinstance(obj, Mapping):
-        raise TypeError(f"cannot decode a CognitiveState from {type(obj).__name__}")
+        raise InvalidTypeError(
+            f"cannot decode a CognitiveState from {type(obj).__name__} {describe(obj)}: pass "
+            "a CognitiveState, the dict encode_cognitive_state gave (after json.loads) or None"
+        )
     upgraded = reg.upgrade(dict(obj))
     unknown = set(upgraded) - {"schema_version", *FIELDS}
     if unknown and reg is DEFAULT_REGISTRY:
         raise CognitiveStateSchemaVersionError(
             f"CognitiveState has fields this version does not know: {sorted(unknown)}"
         )
-    fields = {name: _decode(upgraded.get(name)) for name in FIELDS}
+    fields = {name: _decode(upgraded.get(name), name) for name in FIELDS}
     state = CognitiveState(schema_version=upgraded["schema_version"], **fields)
     for name in unknown:  # fields a registered migration added
-        setattr(state, name, _decode(upgraded[name]))
+        setattr(state, name, _decode(upgraded[name], name))
     return state

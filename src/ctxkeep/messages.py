@@ -12,7 +12,7 @@ Conversions:
   ``name``, and any other provider key, passed through in ``extra``).
 * Anthropic Messages format: :func:`to_anthropic` / :func:`from_anthropic` (system messages
   separated out, ``tool_use`` / ``tool_result`` blocks, consecutive tool results merged into one
-  user turn, and back).
+  user turn, extended-thinking blocks kept byte for byte, and back).
 
 :func:`coerce_messages` accepts ``Message`` objects or OpenAI dicts; :func:`validate_sequence`
 finds the first spot a provider would reject.
@@ -43,6 +43,12 @@ ContentPart: TypeAlias = dict[str, Any]
 Content: TypeAlias = str | list[ContentPart] | None
 
 _OPENAI_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+
+THINKING_TYPES: frozenset[str] = frozenset({"thinking", "redacted_thinking"})
+"""Content-part types of Anthropic extended thinking, kept verbatim in an assistant's content."""
+BLOCK_ORDER_KEY = "anthropic_block_order"
+"""The metadata key that records an Anthropic assistant turn's block order when some block
+follows a ``tool_use`` block (the only order ``content`` + ``tool_calls`` cannot express)."""
 
 
 def _json_equal(a: str, b: str) -> bool:
@@ -132,7 +138,7 @@ class ToolCall:
         return cls(id=d["id"], name=fn["name"], arguments=fn["arguments"])
 
 
-def _check_content(content: Any) -> None:
+def _check_content(content: Any, role: str) -> None:
     if content is None or isinstance(content, str):
         return
     if isinstance(content, list):
@@ -141,6 +147,8 @@ def _check_content(content: Any) -> None:
                 raise InvalidMessageError(
                     f"content part {i} must be an object with a string 'type', got {describe(part)}"
                 )
+            if part["type"] in THINKING_TYPES:
+                _check_thinking_part(part, i, role)
             if part["type"] == "text" and not isinstance(part.get("text"), str):
                 raise InvalidMessageError(
                     f"content part {i} of type 'text' needs a string 'text', got {describe(part)}"
@@ -159,14 +167,48 @@ def _check_content(content: Any) -> None:
     )
 
 
+def _check_thinking_part(part: Mapping[str, Any], i: int, role: str) -> None:
+    kind = part["type"]
+    if role != "assistant":
+        raise InvalidMessageError(
+            f"content part {i} of type {kind!r} belongs in an assistant message, not {role!r}"
+        )
+    needed = ("thinking", "signature") if kind == "thinking" else ("data",)
+    for key in needed:
+        if not isinstance(part.get(key), str):
+            raise InvalidMessageError(
+                f"content part {i} of type {kind!r} needs a string {key!r}, got {describe(part)}"
+            )
+
+
+def missing_content(m: Message) -> bool:
+    """True if ``m`` has no content (``None`` or no parts) where providers require some: every
+    message but an assistant message that carries tool calls.
+    """
+    return (m.content is None or m.content == []) and not (m.role == "assistant" and m.tool_calls)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Message:
-    """One message of an agent's history."""
+    """One message of an agent's history.
+
+    Anthropic extended thinking lives in the assistant message it came with: each ``thinking``
+    block (``{"type": "thinking", "thinking": ..., "signature": ...}``) and
+    ``redacted_thinking`` block (``{"type": "redacted_thinking", "data": ...}``) is one part of
+    ``content``, stored verbatim (every key, unchanged) and in the order Anthropic sent it
+    relative to the text parts. Anthropic requires these blocks of a tool-use turn to be sent
+    back unchanged, so :meth:`to_anthropic` writes them back byte for byte, and because they are
+    part of the message they stay with its tool calls through stores and pruning. OpenAI has no
+    such field: :meth:`to_openai` leaves them out. If a block followed a ``tool_use`` block,
+    ``metadata["anthropic_block_order"]`` records the block types in order so that
+    :meth:`to_anthropic` rebuilds that order too.
+    """
 
     role: str
     """``system``, ``developer``, ``user``, ``assistant`` or ``tool``."""
     content: Content = None
-    """Text, a list of OpenAI content parts, or None (an assistant turn with only tool calls)."""
+    """Text, a list of OpenAI content parts (and, in an assistant message, Anthropic thinking
+    blocks), or None (an assistant turn with only tool calls)."""
     name: str | None = None
     """The participant's name (OpenAI ``name``)."""
     turn_id: str | None = None
@@ -213,7 +255,7 @@ class Message:
             raise UnknownRoleError(
                 f"unknown role {role!r}; expected one of {', '.join(sorted(ROLES))}"
             )
-        _check_content(content)
+        _check_content(content, role)
         if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Iterable):
             raise InvalidMessageError(f"tool_calls must be a list, got {describe(tool_calls)}")
         calls = tuple(
@@ -346,8 +388,17 @@ class Message:
     # -- OpenAI ---------------------------------------------------------------------------
 
     def to_openai(self) -> dict[str, Any]:
-        """This message as an OpenAI chat ``messages`` entry (a fresh dict)."""
-        d: dict[str, Any] = {"role": self.role, "content": copy.deepcopy(self.content)}
+        """This message as an OpenAI chat ``messages`` entry (a fresh dict).
+
+        Anthropic thinking parts are left out (OpenAI has no field for them); an assistant
+        content of nothing else becomes ``None`` with tool calls, else ``""``.
+        """
+        content = copy.deepcopy(self.content)
+        if isinstance(content, list) and any(p["type"] in THINKING_TYPES for p in content):
+            content = [p for p in content if p["type"] not in THINKING_TYPES]
+            if not content:
+                content = None if self.tool_calls else ""
+        d: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             d["name"] = self.name
         if self.tool_calls:
@@ -413,15 +464,32 @@ class Message:
             return {"role": "user", "content": [_tool_result_block(self)]}
         blocks = _content_to_anthropic(self.content)
         if self.role == "assistant" and self.tool_calls:
-            for tc in self.tool_calls:
-                blocks.append(
-                    {"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc)}
-                )
+            uses = [
+                {"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc)}
+                for tc in self.tool_calls
+            ]
+            blocks = _in_block_order(blocks, uses, self.metadata.get(BLOCK_ORDER_KEY))
         if self.role == "user" and not self.tool_calls and isinstance(self.content, str):
             return {"role": "user", "content": self.content}
         if self.role == "assistant" and isinstance(self.content, str) and not self.tool_calls:
             return {"role": "assistant", "content": self.content}
         return {"role": self.role, "content": blocks}
+
+
+def _in_block_order(
+    blocks: list[dict[str, Any]], uses: list[dict[str, Any]], order: Any
+) -> list[dict[str, Any]]:
+    """The content blocks and tool_use blocks in the recorded order, if one was recorded and
+    still matches; else the content first, as Anthropic itself sends a tool-use turn.
+    """
+    if (
+        isinstance(order, list)
+        and order.count("tool_use") == len(uses)
+        and len(order) == len(blocks) + len(uses)
+    ):
+        rest, calls = iter(blocks), iter(uses)
+        return [next(calls) if kind == "tool_use" else next(rest) for kind in order]
+    return blocks + uses
 
 
 def _tool_input(tc: ToolCall) -> dict[str, Any]:
@@ -444,6 +512,8 @@ def _content_to_anthropic(content: Content) -> list[dict[str, Any]]:
         kind = part.get("type")
         if kind in ("text", "input_text"):
             blocks.append({"type": "text", "text": part.get("text", "")})
+        elif kind in THINKING_TYPES:
+            blocks.append(copy.deepcopy(dict(part)))  # verbatim: Anthropic checks the signature
         elif kind == "image_url":
             url = (part.get("image_url") or {}).get("url", "")
             if url.startswith("data:"):
@@ -582,12 +652,18 @@ def _block_field(b: Mapping[str, Any], key: str, index: int) -> Any:
     return b[key]
 
 
-def _blocks_to_content(blocks: list[Mapping[str, Any]], *, keep_list: bool = False) -> Content:
+def _blocks_to_content(
+    blocks: list[Mapping[str, Any]], *, keep_list: bool = False, index: int | None = None
+) -> Content:
     parts: list[ContentPart] = []
     for b in blocks:
         kind = b.get("type")
         if kind == "text":
             parts.append({"type": "text", "text": b.get("text", "")})
+        elif kind in THINKING_TYPES:
+            # Kept verbatim (every key): Anthropic wants them back unchanged. Checked by
+            # Message (assistant messages only, string fields).
+            parts.append(copy.deepcopy(dict(b)))
         elif kind == "image":
             src = b.get("source")
             if not isinstance(src, Mapping):
@@ -598,7 +674,9 @@ def _blocks_to_content(blocks: list[Mapping[str, Any]], *, keep_list: bool = Fal
                 url = src.get("url", "")
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
-            raise InvalidMessageError(f"Anthropic block type {kind!r} cannot be converted here")
+            raise InvalidMessageError(
+                f"Anthropic block type {kind!r} cannot be converted here", index=index
+            )
     if len(parts) == 1 and parts[0]["type"] == "text" and not keep_list:
         return str(parts[0]["text"])
     return parts
@@ -611,14 +689,23 @@ def from_anthropic(
     """Messages from Anthropic's format (the inverse of :func:`to_anthropic`).
 
     ``tool_result`` blocks become ``tool`` messages; ``tool_use`` blocks become the assistant's
-    ``tool_calls``. What Anthropic's format cannot carry does not come back (see
+    ``tool_calls``; ``thinking`` and ``redacted_thinking`` blocks become content parts of the
+    assistant message, verbatim and in order (see :class:`Message`), so that
+    :func:`to_anthropic` gives the same blocks back. What Anthropic's format cannot carry does
+    not come back (see
     :func:`to_anthropic`): names, ``developer`` roles (they return as ``system``), and ``""``
     versus ``None`` as the text of an assistant turn that calls tools (it returns as ``None``).
 
     Raises:
-        InvalidMessageError: a malformed message or block.
+        InvalidMessageError: a malformed message or block (a ``tool_use`` input that is not a
+            JSON object, a thinking block outside an assistant message...); the error names
+            the message's index.
 
     """
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise InvalidMessageError(
+            f"expected a list of Anthropic messages, got {describe(messages)}"
+        )
     out: list[Message] = []
     if isinstance(system, str):
         out.append(Message("system", system))
@@ -645,26 +732,13 @@ def from_anthropic(
             )
         content = _anthropic_blocks(content, i)
         if role == "assistant":
-            calls = [
-                ToolCall(
-                    id=_block_field(b, "id", i),
-                    name=_block_field(b, "name", i),
-                    arguments=json.dumps(b.get("input", {})),
-                )
-                for b in content
-                if b.get("type") == "tool_use"
-            ]
-            rest = [b for b in content if b.get("type") != "tool_use"]
-            # to_anthropic writes an assistant's text before its tool_use blocks: one text
-            # block alongside tool calls was a string.
-            body = _blocks_to_content(rest, keep_list=not calls) if rest else None
-            out.append(Message("assistant", body, tool_calls=calls))
+            out.append(_assistant_from_anthropic(content, i))
             continue
         pending: list[Mapping[str, Any]] = []
         for b in content:
             if b.get("type") == "tool_result":
                 if pending:
-                    out.append(Message("user", _blocks_to_content(pending, keep_list=True)))
+                    out.append(_user_from_blocks(pending, i))
                     pending = []
                 inner = b.get("content", "")
                 if inner is None:
@@ -677,7 +751,7 @@ def from_anthropic(
                 body_t: Content = (
                     inner
                     if isinstance(inner, str)
-                    else _blocks_to_content(_anthropic_blocks(inner, i))
+                    else _blocks_to_content(_anthropic_blocks(inner, i), index=i)
                 )
                 if isinstance(inner, list) and inner and isinstance(body_t, str):
                     body_t = [{"type": "text", "text": body_t}]
@@ -687,8 +761,52 @@ def from_anthropic(
             else:
                 pending.append(b)
         if pending:
-            out.append(Message("user", _blocks_to_content(pending, keep_list=True)))
+            out.append(_user_from_blocks(pending, i))
     return out
+
+
+def _user_from_blocks(blocks: list[Mapping[str, Any]], i: int) -> Message:
+    try:
+        return Message("user", _blocks_to_content(blocks, keep_list=True, index=i))
+    except InvalidMessageError as exc:
+        if exc.index is not None:
+            raise
+        raise type(exc)(str(exc), index=i) from None
+
+
+def _tool_call_from_block(b: Mapping[str, Any], i: int) -> ToolCall:
+    tool_input = b.get("input", {})
+    if not isinstance(tool_input, Mapping):
+        raise InvalidMessageError(
+            f"a tool_use block's input must be an object, got {describe(tool_input)}", index=i
+        )
+    try:
+        arguments = json.dumps(tool_input, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(
+            f"tool_use {b.get('id')!r} has an input that is not JSON ({exc})", index=i
+        ) from exc
+    return ToolCall(
+        id=_block_field(b, "id", i), name=_block_field(b, "name", i), arguments=arguments
+    )
+
+
+def _assistant_from_anthropic(content: list[Mapping[str, Any]], i: int) -> Message:
+    kinds = [b["type"] for b in content]
+    try:
+        calls = [_tool_call_from_block(b, i) for b in content if b["type"] == "tool_use"]
+        rest = [b for b in content if b["type"] != "tool_use"]
+        # to_anthropic writes an assistant's text before its tool_use blocks: one text
+        # block alongside tool calls was a string.
+        body = _blocks_to_content(rest, keep_list=not calls, index=i) if rest else None
+        meta = None
+        if calls and kinds[len(rest) :] != ["tool_use"] * len(calls):
+            meta = {BLOCK_ORDER_KEY: kinds}  # a block after a tool_use: record the order
+        return Message("assistant", body, tool_calls=calls, metadata=meta)
+    except InvalidMessageError as exc:
+        if exc.index is not None:
+            raise
+        raise type(exc)(str(exc), index=i) from None
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -697,9 +815,12 @@ def from_anthropic(
 def validate_sequence(messages: Iterable[Any], *, allow_pending: bool = False) -> list[Message]:
     """Check that a message list is a sequence a provider accepts.
 
-    An assistant message with ``tool_calls`` must be followed directly by exactly one ``tool``
-    result per call id (in any order) before anything else; a tool result must answer a call
-    of the assistant message right before its block.
+    Every message has content (a string, or at least one content part), except an assistant
+    message with ``tool_calls``, which may have none: OpenAI refuses a ``null`` content and an
+    empty part list, Anthropic an empty content list. An assistant message with ``tool_calls``
+    must be followed directly by exactly one ``tool`` result per call id (in any order) before
+    anything else, and the ids of one message's calls are distinct; a tool result must answer
+    a call of the assistant message right before its block.
 
     Args:
         messages: ``Message`` objects or OpenAI dicts.
@@ -719,10 +840,10 @@ def validate_sequence(messages: Iterable[Any], *, allow_pending: bool = False) -
     pending: dict[str, int] = {}
     call_index = -1
     for i, m in enumerate(msgs):
-        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+        if missing_content(m):
             raise InvalidMessageError(
-                f"a {m.role} message needs content (only an assistant message with tool calls "
-                "may have none)",
+                f"a {m.role} message needs content, not {m.content!r} (only an assistant "
+                "message with tool calls may have none)",
                 index=i,
             )
         if m.role == "tool":

@@ -4,7 +4,11 @@ Rules, in the order they apply:
 
 1. History is cut into **units**: an assistant message with ``tool_calls`` together with all
    of its results is one unit; any other message is a unit of its own. Units are kept,
-   compressed or dropped whole, so the output is always a valid provider sequence.
+   compressed or dropped whole, so the output is always a valid provider sequence (a damaged
+   input is repaired on the way, and each repair reported: see ``repair``). An assistant
+   message's Anthropic thinking blocks are content parts of it, so they stay with its tool
+   calls, unchanged: compression only ever rewrites tool outputs (and, as a last resort, the
+   newest user message).
 2. System (and developer) messages are always kept, in place.
 3. The units holding the last ``preserve_last_n`` conversation messages are the **recent**
    units; the newest user message is **pinned** wherever it is.
@@ -35,10 +39,19 @@ from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
 from ctxkeep.errors import (
     BudgetExceededError,
     ConfigError,
+    InvalidMessageError,
     MissingToolResultError,
     OrphanToolResultError,
+    describe,
 )
-from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_messages
+from ctxkeep.messages import (
+    SYSTEM_ROLES,
+    Message,
+    ToolCall,
+    coerce_message,
+    coerce_messages,
+    missing_content,
+)
 from ctxkeep.tokens import TokenCounter, get_counter
 
 Action: TypeAlias = Literal["kept", "compressed", "dropped", "summarised"]
@@ -156,6 +169,16 @@ class _Unit:
 
 
 @dataclass
+class _Repairs:
+    """What the walk repaired in a damaged history (reported; see ``repair``)."""
+
+    orphans: list[int] = field(default_factory=list)  # tool results with no call: dropped
+    empty: set[int] = field(default_factory=set)  # messages with no content: dropped
+    originals: dict[int, Message] = field(default_factory=dict)  # input messages replaced
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class _Plan:
     msgs: list[Message]
     system: list[int]
@@ -168,27 +191,42 @@ class _Plan:
     total: int
     notes: list[str]
     budget_for_summary: int
-    orphans: list[int]
+    fix: _Repairs
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an int, got {describe(value)}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
 
 
 class TokenPruner:
     """Fits a history into an exact token budget without breaking tool-call sequences.
 
     Args:
-        max_token_budget: the most tokens the output may count (overhead included).
+        max_token_budget: the most tokens the output may count (overhead included; >= 1).
         preserve_last_n: conversation messages to keep in full when they fit (a preference;
-            the budget wins).
+            the budget wins; >= 0).
         counter: the token counter (default: ``get_counter()``, o200k_base).
         artifacts: where compressed outputs' full texts go (default: a memory store owned by
             this pruner).
-        compress_threshold: old tool outputs over this many tokens are compressed; ``None``
-            compresses an old output only when its unit would not fit otherwise.
-        excerpt_tokens: about how many tokens of head and of tail a compressed output keeps.
-        summarizer: optional; writes one message that stands in for dropped history.
-        summary_max_tokens: space reserved for the summary when history must be dropped.
-        repair: make a damaged history valid instead of refusing it: a tool call left
-            unanswered before later messages gets a synthetic "no result" result, and a
-            tool result with no call is dropped (both reported). With ``False`` both raise.
+        compress_threshold: old tool outputs over this many tokens (>= 0) are compressed;
+            ``None`` compresses an old output only when its unit would not fit otherwise.
+        excerpt_tokens: about how many tokens of head and of tail a compressed output keeps
+            (>= 0).
+        summarizer: optional; writes one message that stands in for dropped history (an
+            object with ``summarize(messages)`` or ``async asummarize(messages)``).
+        summary_max_tokens: space reserved for the summary when history must be dropped
+            (>= 0; with a summarizer, at most ``max_token_budget``).
+        repair: make a damaged history valid instead of refusing it, each repair reported in
+            the report's notes: a tool call left unanswered before later messages gets a
+            synthetic "no result" result; a tool result with no call is dropped; tool calls
+            of one message that share an id get distinct ids (``<id>_2``, ...), each result
+            renamed with the call it answers, in order; a message with no content (``None``
+            or no parts) is dropped, or given ``""`` if it is a tool result. With ``False``
+            each of these raises (``MissingToolResultError``, ``OrphanToolResultError``,
+            ``InvalidMessageError``).
         compress_oversized_user: when the system messages and the newest user message alone
             exceed the budget, compress that user message (head, tail and an artifact ref)
             rather than refuse; with ``False`` the pruner raises ``BudgetExceededError``.
@@ -209,16 +247,40 @@ class TokenPruner:
         repair: bool = True,
         compress_oversized_user: bool = True,
     ) -> None:
-        if isinstance(max_token_budget, bool) or not isinstance(max_token_budget, int):
-            raise ConfigError(f"max_token_budget must be an int, got {max_token_budget!r}")
-        if max_token_budget <= 0:
-            raise ConfigError(f"max_token_budget must be positive, got {max_token_budget}")
-        if isinstance(preserve_last_n, bool) or not isinstance(preserve_last_n, int):
-            raise ConfigError(f"preserve_last_n must be an int, got {preserve_last_n!r}")
-        if preserve_last_n < 0:
-            raise ConfigError(f"preserve_last_n must be >= 0, got {preserve_last_n}")
-        if excerpt_tokens < 0:
-            raise ConfigError(f"excerpt_tokens must be >= 0, got {excerpt_tokens}")
+        _check_int("max_token_budget", max_token_budget, 1)
+        _check_int("preserve_last_n", preserve_last_n, 0)
+        if compress_threshold is not None:
+            _check_int("compress_threshold", compress_threshold, 0)
+        _check_int("excerpt_tokens", excerpt_tokens, 0)
+        _check_int("summary_max_tokens", summary_max_tokens, 0)
+        if summarizer is not None and summary_max_tokens > max_token_budget:
+            raise ConfigError(
+                f"summary_max_tokens ({summary_max_tokens}) must not exceed max_token_budget "
+                f"({max_token_budget}): it is space reserved inside the budget"
+            )
+        for name, flag in (
+            ("repair", repair),
+            ("compress_oversized_user", compress_oversized_user),
+        ):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name} must be True or False, got {describe(flag)}")
+        if counter is not None and not isinstance(counter, TokenCounter):
+            raise ConfigError(
+                f"counter must be a TokenCounter (see ctxkeep.get_counter), got {describe(counter)}"
+            )
+        if artifacts is not None and not isinstance(artifacts, ArtifactStore):
+            raise ConfigError(
+                f"artifacts must be an ArtifactStore (see ctxkeep.open_artifacts), got "
+                f"{describe(artifacts)}"
+            )
+        if summarizer is not None and not (
+            callable(getattr(summarizer, "summarize", None))
+            or callable(getattr(summarizer, "asummarize", None))
+        ):
+            raise ConfigError(
+                "summarizer must have a summarize(messages) or an async asummarize(messages) "
+                f"method, got {describe(summarizer)}"
+            )
         self.max_token_budget = max_token_budget
         self.preserve_last_n = preserve_last_n
         self.counter = counter or get_counter()
@@ -254,8 +316,9 @@ class TokenPruner:
             BudgetExceededError: system messages and the newest user message alone exceed
                 the budget.
             OrphanToolResultError / MissingToolResultError: the input itself is not a valid
-                sequence where the pruner has to read it.
-            InvalidMessageError: a malformed message.
+                sequence where the pruner has to read it (only with ``repair=False``).
+            InvalidMessageError: a malformed message; with ``repair=False`` also a message
+                with no content or duplicate tool call ids in one message.
 
         """
         plan = self._plan(messages)
@@ -307,6 +370,7 @@ class TokenPruner:
 
         The full text is stored in :attr:`artifacts` first, so nothing is lost.
         """
+        message = coerce_message(message)
         cache: dict[Any, Message] = message.__dict__.setdefault("_ctxkeep_compressed", {})
         hit = cache.get(self._compress_key) if self._compress_key[1] is not None else None
         if hit is not None:
@@ -337,13 +401,16 @@ class TokenPruner:
 
     # -- planning ------------------------------------------------------------------------
 
-    def _units_backwards(self, msgs: list[Message], sys_set: set[int], orphans: list[int]) -> Any:
+    def _units_backwards(self, msgs: list[Message], sys_set: set[int], fix: _Repairs) -> Any:
         """Yield ``(unit, state)`` from the newest back, checking tool sequences as it goes.
 
         ``state`` is ``"pending"`` for a trailing tool call whose results have not arrived
         (never part of a prompt), else None. With ``repair``, a call left unanswered in the
-        middle of the history gets a synthetic result and a result with no call is dropped
-        (its index goes to ``orphans``); without it both raise.
+        middle of the history gets a synthetic result, a result with no call is dropped (its
+        index goes to ``fix.orphans``), duplicate call ids of one message are made distinct
+        and a message with no content is dropped (a tool result gets ``""``); without it
+        each raises. Repaired messages replace their originals in ``msgs`` (the pruner's own
+        list; ``fix.originals`` keeps the input's for the report).
         """
         i = len(msgs) - 1
         first = True
@@ -368,9 +435,11 @@ class TokenPruner:
                             index=j,
                             tool_call_id=msgs[j].tool_call_id,
                         )
-                    orphans.extend(members)
+                    fix.orphans.extend(members)
                     continue
                 call_ids = [tc.id for tc in owner.tool_calls]
+                if len(call_ids) > 1 and len(set(call_ids)) < len(call_ids):
+                    call_ids = self._distinct_ids(msgs, i, members, fix)
                 answered: set[str] = set()
                 kept_members: list[int] = []
                 for j in reversed(members):
@@ -378,8 +447,10 @@ class TokenPruner:
                     if tid in call_ids and tid not in answered:
                         answered.add(tid)
                         kept_members.append(j)
+                        if missing_content(msgs[j]):
+                            self._blank(msgs, j, fix)
                     elif self.repair:
-                        orphans.append(j)
+                        fix.orphans.append(j)
                     else:
                         raise OrphanToolResultError(
                             f"tool result for {tid!r} does not answer a call of the assistant "
@@ -411,9 +482,86 @@ class TokenPruner:
                     yield unit, None
                 i -= 1
             else:
-                yield _Unit(i, [i], tool=False), None
+                if not (missing_content(m) and self._drop_empty(msgs, i, fix)):
+                    yield _Unit(i, [i], tool=False), None
                 i -= 1
             first = False
+
+    def _distinct_ids(
+        self, msgs: list[Message], i: int, members: list[int], fix: _Repairs
+    ) -> list[str]:
+        """Give the calls of message ``i`` that share an id distinct ids (``<id>_2``...); the
+        k-th result for a shared id (in input order) answers its k-th call. Returns the ids.
+        """
+        owner = msgs[i]
+        ids = [tc.id for tc in owner.tool_calls]
+        if not self.repair:
+            dup = next(c for k, c in enumerate(ids) if c in ids[:k])
+            raise InvalidMessageError(
+                f"duplicate tool call id {dup!r}: the tool calls of one message need distinct ids",
+                index=i,
+            )
+        taken = set(ids)
+        renamed: dict[str, list[str]] = {}  # original id -> the id of each call, in order
+        new_ids: list[str] = []
+        for c in ids:
+            seen = renamed.setdefault(c, [])
+            new = c
+            n = len(seen) + 1
+            while seen and new in taken:
+                new = f"{c}_{n}"
+                n += 1
+            taken.add(new)
+            seen.append(new)
+            new_ids.append(new)
+        fix.originals.setdefault(i, owner)
+        msgs[i] = owner.replace(
+            tool_calls=[
+                ToolCall(id=new, name=tc.name, arguments=tc.arguments)
+                for tc, new in zip(owner.tool_calls, new_ids, strict=True)
+            ]
+        )
+        answered: dict[str, int] = {}
+        for j in reversed(members):  # input order
+            tid = msgs[j].tool_call_id or ""
+            targets = renamed.get(tid)
+            if targets is None:
+                continue
+            k = answered.get(tid, 0)
+            answered[tid] = k + 1
+            if k < len(targets) and targets[k] != tid:
+                fix.originals.setdefault(j, msgs[j])
+                msgs[j] = msgs[j].replace(tool_call_id=targets[k])
+        changes = [
+            f"{old!r} -> {new!r}" for old, new in zip(ids, new_ids, strict=True) if old != new
+        ]
+        fix.notes.append(
+            f"gave duplicate tool call ids of message {i} distinct ids ({', '.join(changes)}), "
+            "each with its result"
+        )
+        return new_ids
+
+    def _drop_empty(self, msgs: list[Message], i: int, fix: _Repairs) -> bool:
+        """True if message ``i`` has no content and is to be dropped (or raise, no repair)."""
+        m = msgs[i]
+        if not missing_content(m):
+            return False
+        if not self.repair:
+            raise InvalidMessageError(
+                f"a {m.role} message needs content, not {m.content!r}", index=i
+            )
+        fix.empty.add(i)
+        return True
+
+    def _blank(self, msgs: list[Message], j: int, fix: _Repairs) -> None:
+        """Give tool result ``j``, which has no content, an empty text (or raise)."""
+        if not self.repair:
+            raise InvalidMessageError(
+                f"a tool message needs content, not {msgs[j].content!r}", index=j
+            )
+        fix.originals.setdefault(j, msgs[j])
+        msgs[j] = msgs[j].replace(content="")
+        fix.notes.append(f"gave tool result {j}, which had no content, an empty text")
 
     def _unit_tokens(self, msgs: list[Message], u: _Unit, compressed: dict[int, Message]) -> int:
         t = self.tokens
@@ -441,14 +589,20 @@ class TokenPruner:
         roles = [m.role for m in msgs]
         system = [i for i, r in enumerate(roles) if r in SYSTEM_ROLES]
         sys_set = set(system)
+        fix = _Repairs()
+        if any(missing_content(msgs[i]) for i in system):
+            system = [i for i in system if not self._drop_empty(msgs, i, fix)]
         sys_tokens = sum(self.tokens(msgs[i]) for i in system)
         notes: list[str] = []
 
-        orphans: list[int] = []
-        walker = self._units_backwards(msgs, sys_set, orphans)
+        walker = self._units_backwards(msgs, sys_set, fix)
         # The newest user message is pinned wherever it is; a reverse scan of roles finds it
-        # without walking (and checking) the units in between.
+        # without walking (and checking) the units in between. One with no content is no
+        # message to pin (the walk drops it or raises): the one before it is pinned.
         user_idx = len(roles) - 1 - roles[::-1].index("user") if "user" in roles else -1
+        while user_idx >= 0 and missing_content(msgs[user_idx]):
+            self._drop_empty(msgs, user_idx, fix)
+            user_idx = next((j for j in range(user_idx - 1, -1, -1) if roles[j] == "user"), -1)
         recent: list[_Unit] = []
         pending: _Unit | None = None
         seen = 0
@@ -585,7 +739,7 @@ class TokenPruner:
             total=total,
             notes=notes,
             budget_for_summary=summary_room,
-            orphans=orphans,
+            fix=fix,
         )
 
     def _wants_summary(self, plan: _Plan) -> bool:
@@ -656,10 +810,19 @@ class TokenPruner:
             for j in plan.pending.members:
                 fates[j] = ("dropped", "tool call still waiting for its results", 0, None)
 
-        for j in plan.orphans:
+        fix = plan.fix
+        for j in fix.orphans:
             fates[j] = ("dropped", "tool result with no matching call", 0, None)
-        if plan.orphans:
-            plan.notes.append(f"dropped {len(plan.orphans)} tool result(s) with no call")
+        if fix.orphans:
+            plan.notes.append(f"dropped {len(fix.orphans)} tool result(s) with no call")
+        for j in fix.empty:
+            fates[j] = ("dropped", "message with no content", 0, None)
+        if fix.empty:
+            plan.notes.append(
+                f"dropped {len(fix.empty)} message(s) with no content: "
+                + ", ".join(str(j) for j in sorted(fix.empty))
+            )
+        plan.notes.extend(fix.notes)
         entries: list[tuple[float, Message]] = [(i, msgs[i]) for i in plan.system]
         for u in plan.kept:
             for j in u.members:
@@ -686,12 +849,22 @@ class TokenPruner:
             sections=sections,
             summary_error=error,
             notes=plan.notes,
-            _messages=msgs,
+            _messages=_with_originals(msgs, fix.originals),
             _tokens=t,
             _fates=fates,
             _default_fate=("dropped", "older history over the budget"),
         )
         return out, report
+
+
+def _with_originals(msgs: list[Message], originals: dict[int, Message]) -> list[Message]:
+    """The input as given: repaired messages replaced by their originals (for the report)."""
+    if not originals:
+        return msgs
+    out = list(msgs)
+    for j, m in originals.items():
+        out[j] = m
+    return out
 
 
 async def _await(x: Awaitable[Any]) -> Any:
