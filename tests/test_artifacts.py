@@ -29,6 +29,7 @@ from ctxkeep.errors import (
     ArtifactNotFoundError,
     ConfigError,
     InvalidMessageError,
+    InvalidTypeError,
     MissingDependencyError,
     SchemaVersionError,
 )
@@ -174,3 +175,43 @@ def test_read_artifact_tool_rejects_bad_arguments() -> None:
         read_artifact_tool(store, "{not json")
     with pytest.raises(InvalidMessageError):
         read_artifact_tool(store, {"offset": 1})
+
+
+@pytest.mark.parametrize("offset", ["4", 1.5, float("nan"), -1, True, [4]])
+def test_read_artifact_tool_refuses_an_offset_that_is_not_an_integer(offset: object) -> None:
+    store = MemoryArtifactStore()
+    ref = store.put("abcdefghij")
+    with pytest.raises(InvalidMessageError, match="offset"):
+        read_artifact_tool(store, {"ref": ref, "offset": offset})
+
+
+def test_read_artifact_tool_takes_an_integral_float_as_json_writes_it() -> None:
+    store = MemoryArtifactStore()
+    ref = store.put("abcdefghij")
+    assert read_artifact_tool(store, json.dumps({"ref": ref, "offset": 4.0})) == "efghij"
+
+
+def test_read_artifact_tool_refuses_json_nested_too_deep() -> None:
+    with pytest.raises(InvalidMessageError):
+        read_artifact_tool(MemoryArtifactStore(), "[" * 100_000)
+
+
+def test_read_artifact_tool_needs_an_artifact_store() -> None:
+    with pytest.raises(InvalidTypeError):
+        read_artifact_tool({"get": 1}, {"ref": "sha256:" + "0" * 64})  # type: ignore[arg-type]
+
+
+def test_a_str_subclass_is_stored_as_its_plain_text() -> None:
+    class Loud(str):
+        def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+            raise AssertionError("the store must not call a subclass's encode()")
+
+    store = MemoryArtifactStore()
+    ref = store.put(Loud("quiet"))
+    assert ref == artifact_ref("quiet") and type(store.get(ref)) is str
+
+
+@pytest.mark.parametrize("url", ["sqlite:///a\x00b.db", "file:///tmp/a\nb"])
+def test_open_artifacts_refuses_a_url_with_a_control_character(url: str) -> None:
+    with pytest.raises(ConfigError, match="control character"):
+        open_artifacts(url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,12 @@ from ctxkeep import (
 )
 from ctxkeep.errors import (
     CognitiveStateSchemaVersionError,
+    ConfigError,
     InvalidMessageError,
+    InvalidTypeError,
     UnknownAgentError,
 )
+from ctxkeep.fabric import InProcessBus
 
 # -- task-shared -------------------------------------------------------------------------
 
@@ -157,6 +161,77 @@ def test_an_ipc_message_needs_exactly_one_of_recipient_or_topic() -> None:
 def test_a_topic_message_needs_a_task() -> None:
     with pytest.raises(InvalidMessageError):
         IPCMessage(sender="a", payload=1, topic="news")
+
+
+def test_an_ipc_message_refuses_a_field_of_the_wrong_type() -> None:
+    with pytest.raises(InvalidTypeError):
+        IPCMessage(sender="a", payload=1, recipient=["b"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        IPCMessage(sender="a", payload=1, recipient="b", created_at="now")  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessageError):
+        IPCMessage.from_dict({"sender": "a", "payload": 1, "recipient": "b", "bogus": 1})
+
+
+def test_the_in_process_bus_refuses_malformed_arguments_with_typed_errors() -> None:
+    bus = InProcessBus()
+    bus.register("a", "t")
+    with pytest.raises(InvalidTypeError):
+        bus.send({"sender": "a", "payload": 1, "recipient": "b"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        bus.receive(["a"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        bus.receive("a", max_messages="all")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        bus.ack("a", 5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        bus.subscribe("a", ["news"])  # type: ignore[arg-type]
+
+
+# -- malformed input: typed errors, nothing changed -----------------------------------------
+
+
+def test_a_value_that_cannot_be_copied_is_refused_and_nothing_changes() -> None:
+    fabric = ContextFabric()
+    fabric.set_task_context("a", {"goal": "g"}, task_id="t")
+    with pytest.raises(InvalidTypeError):
+        fabric.set_private("a", "lock", threading.Lock())
+    with pytest.raises(InvalidTypeError):
+        fabric.update_task_context("a", {"lock": threading.Lock()}, expected_version=1)
+    with pytest.raises(InvalidTypeError):
+        fabric.set_task_context("b", {"lock": threading.Lock()}, task_id="t2")
+    assert fabric.private("a") == {}
+    assert fabric.task_context("a") == {"goal": "g"} and fabric.task_version("t") == 1
+    assert fabric.agents("t2") == []
+
+
+def test_a_task_id_in_the_mapping_must_be_a_string() -> None:
+    with pytest.raises(InvalidTypeError):
+        ContextFabric().set_task_context("a", {"task_id": 5})
+
+
+def test_an_expected_version_that_is_not_an_int_is_a_type_error_not_a_stale_write() -> None:
+    fabric = ContextFabric()
+    fabric.set_task_context("a", {"goal": "g"}, task_id="t")
+    with pytest.raises(InvalidTypeError):
+        fabric.update_task_context("a", {"x": 1}, expected_version="1")  # type: ignore[arg-type]
+    assert fabric.task_version("t") == 1
+
+
+def test_a_cognitive_state_no_checkpoint_could_hold_is_refused_when_set() -> None:
+    fabric = ContextFabric()
+    fabric.set_cognitive_state("a", CognitiveState(decision="go"))
+    with pytest.raises(InvalidTypeError):
+        fabric.set_cognitive_state("a", {"schema_version": 1, "context": {"obj": object()}})
+    assert fabric.cognitive_state("a").decision == "go"
+
+
+def test_an_unknown_context_layer_is_a_config_error() -> None:
+    fabric = ContextFabric()
+    fabric.set_task_context("a", {"goal": "g"}, task_id="t")
+    view = fabric.context_view("a")
+    assert view.layer("task_shared") == view.task  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        view.layer("scratchpad")  # type: ignore[arg-type]
 
 
 # -- the state machine: private never leaks --------------------------------------------------

@@ -21,7 +21,13 @@ import pytest
 
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep import ContextFabric, IPCMessage, StaleTaskStateError
-from ctxkeep.errors import ConfigError, SchemaVersionError, StorageError, UnknownAgentError
+from ctxkeep.errors import (
+    ConfigError,
+    InvalidTypeError,
+    SchemaVersionError,
+    StorageError,
+    UnknownAgentError,
+)
 
 redis = pytest.importorskip(
     "redis", reason="redis-py is not installed: pip install 'ctxkeep[redis]'"
@@ -349,6 +355,42 @@ def test_task_state_is_compare_and_set(redis_url: str, prefix: str) -> None:
     assert theirs.read()[0] == v2
     mine.close()
     theirs.close()
+
+
+def test_task_state_refuses_malformed_changes_and_writes_nothing(
+    redis_url: str, prefix: str
+) -> None:
+    state = RedisTaskState(redis_url, "t", prefix=prefix)
+    with pytest.raises(InvalidTypeError):
+        state.update(["decisions"], expected_version=0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        state.update({"decisions": []}, expected_version="0")  # type: ignore[arg-type]
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(InvalidTypeError):
+        state.update({"deep": deep}, expected_version=0)
+    with pytest.raises(InvalidTypeError):
+        state.update_with("not a function")  # type: ignore[arg-type]
+    assert state.read() == (0, {})
+    state.close()
+
+
+def test_the_redis_bus_refuses_malformed_arguments_with_typed_errors(make_bus: MakeBus) -> None:
+    bus = make_bus()
+    bus.register("a", "t")
+    with pytest.raises(InvalidTypeError):
+        bus.register("b", ["t"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        bus.send({"sender": "a", "payload": 1, "recipient": "b"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        bus.receive(["a"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        bus.receive("a", timeout="long")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError):
+        bus.ack("a", 5)  # type: ignore[arg-type]
+    with pytest.raises(UnknownAgentError):
+        bus.task_of("b")
 
 
 def test_task_state_update_with_loses_no_concurrent_write(redis_url: str, prefix: str) -> None:

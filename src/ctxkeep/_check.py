@@ -6,6 +6,7 @@ parameter, never a bare builtin error from deep inside.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -85,3 +86,31 @@ def has_method(name: str, value: Any, method: str, kind: str) -> Any:
     if not callable(getattr(value, method, None)):
         raise InvalidTypeError(f"{name} must be a {kind} (with .{method}()), got {_show(value)}")
     return value
+
+
+def instance(name: str, value: Any, types: type | tuple[type, ...], kind: str) -> Any:
+    """``value`` if it is an instance of ``types`` (``kind`` says what, for the message)."""
+    if not isinstance(value, types):
+        raise InvalidTypeError(f"{name} must be {kind}, got {_show(value)}")
+    return value
+
+
+def deep_copy(name: str, value: Any) -> Any:
+    """A deep copy of ``value``, refused with a typed error if it cannot be copied (a lock, a
+    socket, a structure nested too deep), so what is stored never shares state with the caller.
+    """
+    try:
+        return copy.deepcopy(value)
+    except (TypeError, copy.Error, RecursionError) as exc:
+        raise InvalidTypeError(f"{name} cannot be copied ({exc}); pass plain data") from None
+
+
+def url(name: str, value: Any) -> str:
+    """``value`` if it is a :func:`text` with no NUL or other control character (which no
+    path, host or driver accepts: refused here, not as a driver's bare ``ValueError``).
+    """
+    text(name, value)
+    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        raise ConfigError(f"{name} holds the control character {bad!r}: {_show(value)}")
+    return str(value)

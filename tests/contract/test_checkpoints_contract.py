@@ -16,11 +16,60 @@ from ctxkeep._sqlite import SQLiteClient
 from ctxkeep.checkpoints import Checkpoint, encode_checkpoint, open_checkpoints
 from ctxkeep.checkpoints.redis import RedisCheckpointStore
 from ctxkeep.cognition import CognitiveState
-from ctxkeep.errors import SchemaVersionError, StorageError
+from ctxkeep.errors import ConfigError, InvalidTypeError, SchemaVersionError, StorageError
 from ctxkeep.testing.contract import CheckpointContract
 
 
-class TestMemoryCheckpoints(CheckpointContract):
+class MalformedInput:
+    """Malformed input on every backend: the base checks it, so each backend answers alike.
+
+    (Candidates for ``ctxkeep.testing.contract.CheckpointContract``.)
+    """
+
+    def test_a_huge_history_limit_means_all(self, checkpoints: Any) -> None:
+        checkpoints.save("agent-huge", CognitiveState(decision="a"))
+        checkpoints.save("agent-huge", CognitiveState(decision="b"))
+        history = checkpoints.history("agent-huge", limit=10**30)
+        assert [cp.state.decision for cp in history] == ["b", "a"]
+
+    def test_a_zero_history_limit_gives_none(self, checkpoints: Any) -> None:
+        checkpoints.save("agent-zero", CognitiveState())
+        assert checkpoints.history("agent-zero", limit=0) == []
+        with pytest.raises(ConfigError):
+            checkpoints.history("agent-zero", limit=-1)
+
+    @pytest.mark.parametrize(
+        ("state", "private"),
+        [
+            (CognitiveState(context="\ud800"), None),
+            (None, {"big": 10**30}),
+            (None, {"\ud800": 1}),
+        ],
+        ids=["lone-surrogate", "int-beyond-64-bits", "surrogate-key"],
+    )
+    def test_a_value_json_cannot_hold_is_refused_and_nothing_stored(
+        self, checkpoints: Any, state: Any, private: Any
+    ) -> None:
+        with pytest.raises(InvalidTypeError, match="cannot be stored as JSON"):
+            checkpoints.save("agent-json", state, private=private)
+        assert checkpoints.latest("agent-json") is None
+
+    def test_ids_of_the_wrong_type_are_type_errors(self, checkpoints: Any) -> None:
+        with pytest.raises(InvalidTypeError):
+            checkpoints.save("agent-ids", None, session_id=5)
+        with pytest.raises(InvalidTypeError):
+            checkpoints.latest(["agent-ids"])
+        with pytest.raises(InvalidTypeError):
+            checkpoints.load(b"id")
+        assert checkpoints.latest("agent-ids") is None
+
+
+def test_open_checkpoints_refuses_a_url_with_a_control_character() -> None:
+    with pytest.raises(ConfigError, match="control character"):
+        open_checkpoints("sqlite:///a\x00b.db")
+
+
+class TestMemoryCheckpoints(CheckpointContract, MalformedInput):
     @pytest.fixture
     def checkpoints(self) -> Iterator[Any]:
         store = open_checkpoints("memory://")
@@ -62,7 +111,7 @@ OLD_CHECKPOINTS = [
 ]
 
 
-class TestSQLiteCheckpoints(CheckpointContract):
+class TestSQLiteCheckpoints(CheckpointContract, MalformedInput):
     @pytest.fixture
     def checkpoints(self, tmp_path: Path) -> Iterator[Any]:
         store = open_checkpoints(f"sqlite:///{tmp_path}/cp.db")
@@ -108,7 +157,7 @@ class TestSQLiteCheckpoints(CheckpointContract):
 
 
 @pytest.mark.redis
-class TestRedisCheckpoints(CheckpointContract):
+class TestRedisCheckpoints(CheckpointContract, MalformedInput):
     @pytest.fixture
     def url(self, redis_url: str, redis_prefix_factory: Callable[[], str]) -> str:
         return f"{redis_url}?{urlencode({'prefix': redis_prefix_factory()})}"
@@ -210,7 +259,7 @@ class TestRedisCheckpoints(CheckpointContract):
 
 
 @pytest.mark.postgres
-class TestPostgresCheckpoints(CheckpointContract):
+class TestPostgresCheckpoints(CheckpointContract, MalformedInput):
     @pytest.fixture
     def checkpoints(self, postgres_schema_factory: Callable[[], str]) -> Iterator[Any]:
         store = open_checkpoints(postgres_schema_factory())

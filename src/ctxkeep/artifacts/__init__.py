@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
+from ctxkeep import _check
 from ctxkeep.artifacts.base import REF_PREFIX, ArtifactStore, artifact_ref, check_ref, is_ref
 from ctxkeep.artifacts.directory import DirectoryArtifactStore
 from ctxkeep.artifacts.memory import MemoryArtifactStore
@@ -42,8 +43,10 @@ def open_artifacts(url: str = "memory://") -> ArtifactStore:
         ConfigError: an unsupported URL.
         MissingDependencyError: the extra for that backend is not installed (an ``ImportError``
             naming it: ``pip install 'ctxkeep[redis]'`` or ``'ctxkeep[postgres]'``).
+        InvalidTypeError: ``url`` is not a string (a ``TypeError``).
 
     """
+    _check.url("url", url)
     if url == "memory://":
         return MemoryArtifactStore()
     scheme = urlparse(url).scheme

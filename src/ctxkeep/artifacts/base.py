@@ -26,7 +26,7 @@ def _utf8(text: Any) -> bytes:
     if not isinstance(text, str):
         raise InvalidTypeError(f"artifacts are text (str), got {type(text).__name__}")
     try:
-        return text.encode("utf-8")
+        return str.encode(text, "utf-8")  # not a subclass's own encode()
     except UnicodeEncodeError as exc:
         raise InvalidMessageError(
             f"an artifact must be valid Unicode; this text has {exc.reason} at position "

@@ -7,10 +7,12 @@ answers its calls from an :class:`~ctxkeep.artifacts.ArtifactStore`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from ctxkeep import _check
 from ctxkeep.artifacts.base import ArtifactStore
-from ctxkeep.errors import InvalidMessageError
+from ctxkeep.errors import InvalidMessageError, describe
 
 READ_ARTIFACT_TOOL: dict[str, Any] = {
     "type": "function",
@@ -35,30 +37,52 @@ READ_ARTIFACT_TOOL: dict[str, Any] = {
 }
 
 
-def read_artifact_tool(store: ArtifactStore, arguments: str | dict[str, Any]) -> str:
+def _position(args: dict[str, Any], name: str, default: int, minimum: int) -> int:
+    """The integer argument ``name`` (``default`` if absent or null); the model wrote these
+    arguments, so a bad one is an :class:`InvalidMessageError` it can be told about.
+    """
+    value = args.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type: 4.0 is 4
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidMessageError(
+            f"read_artifact {name} must be an integer >= {minimum}, got {describe(value)}"
+        )
+    return value
+
+
+def read_artifact_tool(store: ArtifactStore, arguments: str | Mapping[str, Any]) -> str:
     """Answer a ``read_artifact`` tool call.
+
+    Args:
+        store: where the artifacts are.
+        arguments: the call's arguments, as the JSON text the model wrote or a mapping.
 
     Returns:
         The requested slice of the artifact, with a note of what remains.
 
     Raises:
-        InvalidMessageError: arguments that are not JSON or miss ``ref``.
+        InvalidMessageError: arguments that are not a JSON object, miss ``ref``, or have an
+            ``offset`` or ``limit`` that is not an integer in range.
+        InvalidTypeError: ``store`` is not an artifact store, or ``arguments`` neither a
+            string nor a mapping with string keys (a ``TypeError``).
         ArtifactNotFoundError: an unknown ref.
 
     """
+    _check.instance("store", store, ArtifactStore, "an ArtifactStore")
     if isinstance(arguments, str):
         try:
             args = json.loads(arguments)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise InvalidMessageError(f"read_artifact arguments are not JSON: {exc}") from exc
     else:
-        args = dict(arguments)
+        args = _check.mapping("arguments", arguments)
     if not isinstance(args, dict) or "ref" not in args:
         raise InvalidMessageError("read_artifact needs a 'ref' argument")
-    offset = int(args.get("offset", 0) or 0)
-    limit = int(args.get("limit", 8000) or 8000)
-    if offset < 0 or limit < 1:
-        raise InvalidMessageError("read_artifact offset must be >= 0 and limit >= 1")
+    offset = _position(args, "offset", 0, 0)
+    limit = _position(args, "limit", 8000, 1)
     text = store.get(args["ref"])
     chunk = text[offset : offset + limit]
     rest = len(text) - offset - len(chunk)

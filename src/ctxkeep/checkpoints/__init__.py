@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
+from ctxkeep import _check
 from ctxkeep.checkpoints.base import (
     Checkpoint,
     CheckpointStore,
@@ -19,12 +20,14 @@ def open_checkpoints(url: str | None = None) -> CheckpointStore:
 
     Raises:
         ConfigError: an unsupported URL.
+        InvalidTypeError: ``url`` is not a string (a ``TypeError``).
 
     """
     if url is None:
         from ctxkeep.sessions import default_url
 
         url = default_url()
+    _check.url("url", url)
     if url == "memory://":
         return MemoryCheckpointStore()
     scheme = urlparse(url).scheme

@@ -7,7 +7,10 @@ schema version (``v``); state and private values are encoded faithfully
 (:func:`~ctxkeep.cognition.encode_value`) or refused.
 
 :class:`CheckpointStore` does encoding, validation and copying; a backend implements
-``_put``, ``_get``, ``_latest`` and ``_history`` over JSON text. :class:`SQLCheckpointStore`
+``_put``, ``_get``, ``_latest`` and ``_history`` over JSON text, and gets only checked
+arguments: ids that are non-empty valid Unicode strings, mappings with string keys, a
+``limit`` between 1 and :data:`MAX_LIMIT`. Malformed input raises a typed
+:class:`~ctxkeep.errors.CtxkeepError` before anything is stored. :class:`SQLCheckpointStore`
 implements them once over the ``ctxkeep_checkpoints`` table for the SQL engines (SQLite and
 PostgreSQL), which supply their engine client and placeholder.
 """
@@ -21,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from ctxkeep import _check
 from ctxkeep._db import Database, placeholders
 from ctxkeep.cognition import (
     CognitiveState,
@@ -29,10 +33,18 @@ from ctxkeep.cognition import (
     encode_cognitive_state,
     encode_value,
 )
-from ctxkeep.errors import CheckpointNotFoundError, InvalidMessageError, SchemaVersionError
+from ctxkeep.errors import (
+    CheckpointNotFoundError,
+    InvalidMessageError,
+    InvalidTypeError,
+    SchemaVersionError,
+)
 from ctxkeep.sessions.records import dumps, loads
 
 CHECKPOINT_VERSION = 1
+MAX_LIMIT = 2**31 - 1
+"""The largest ``limit`` a backend is asked for (a larger one means "all" and is lowered to
+this, which every engine takes as an integer)."""
 
 
 @dataclass(frozen=True)
@@ -63,23 +75,29 @@ def encode_checkpoint(cp: Checkpoint) -> str:
     """The stored JSON of a checkpoint.
 
     Raises:
-        TypeError: a state or private value with no faithful JSON form.
+        InvalidTypeError: a state, private or metadata value with no faithful JSON form (an
+            object, a lone surrogate, an int beyond 64 bits, nesting too deep; a ``TypeError``).
 
     """
-    return dumps(
-        {
-            "v": CHECKPOINT_VERSION,
-            "checkpoint_id": cp.checkpoint_id,
-            "agent_id": cp.agent_id,
-            "task_id": cp.task_id,
-            "session_id": cp.session_id,
-            "state": encode_cognitive_state(cp.state),
-            "private": encode_value(cp.private, "private"),
-            "metadata": encode_value(cp.metadata, "metadata"),
-            "created_at": cp.created_at,
-            "seq": cp.seq,
-        }
-    )
+    record = {
+        "v": CHECKPOINT_VERSION,
+        "checkpoint_id": cp.checkpoint_id,
+        "agent_id": cp.agent_id,
+        "task_id": cp.task_id,
+        "session_id": cp.session_id,
+        "state": encode_cognitive_state(cp.state),
+        "private": encode_value(cp.private, "private"),
+        "metadata": encode_value(cp.metadata, "metadata"),
+        "created_at": cp.created_at,
+        "seq": cp.seq,
+    }
+    try:
+        return dumps(record)
+    except (TypeError, ValueError) as exc:  # the JSON library's own refusal
+        raise InvalidTypeError(
+            f"checkpoint of {cp.agent_id!r} cannot be stored as JSON ({exc}): strings must be "
+            "valid Unicode, integers fit in 64 bits, nesting stay under 250 levels"
+        ) from exc
 
 
 def decode_checkpoint(text: str | bytes) -> Checkpoint:
@@ -137,19 +155,24 @@ class CheckpointStore(ABC):
 
         Raises:
             TypeError: a value with no faithful JSON form (nothing is stored).
+            InvalidTypeError: an id that is not a string, a ``state`` that is not a
+                CognitiveState, a mapping or None, ``private`` or ``metadata`` that is not a
+                mapping with string keys (a ``TypeError``; nothing is stored).
+            ConfigError: an empty id or one that is not valid Unicode (a ``ValueError``).
             CognitiveStateSchemaVersionError: a state newer than this ctxkeep.
 
         """
-        if not isinstance(agent_id, str) or not agent_id:
-            raise InvalidMessageError(f"agent_id must be a non-empty string, got {agent_id!r}")
+        _check.instance(
+            "state", state, (CognitiveState, Mapping, type(None)), "a CognitiveState or a mapping"
+        )
         cp = Checkpoint(
             checkpoint_id=uuid.uuid4().hex,
-            agent_id=agent_id,
+            agent_id=_check.text("agent_id", agent_id),
             state=decode_cognitive_state(state),
-            task_id=task_id,
-            session_id=session_id,
-            private=dict(private or {}),
-            metadata=dict(metadata or {}),
+            task_id=_check.optional_text("task_id", task_id),
+            session_id=_check.optional_text("session_id", session_id),
+            private=_check.mapping("private", private),
+            metadata=_check.mapping("metadata", metadata),
             created_at=time.time(),
         )
         encode_checkpoint(cp)  # refuse before anything is stored
@@ -157,27 +180,32 @@ class CheckpointStore(ABC):
 
     def latest(self, agent_id: str) -> Checkpoint | None:
         """The agent's newest checkpoint, or None."""
-        text = self._latest(agent_id)
+        text = self._latest(_check.text("agent_id", agent_id))
         return decode_checkpoint(text) if text is not None else None
 
     def history(self, agent_id: str, *, limit: int = 50) -> list[Checkpoint]:
-        """The agent's checkpoints, newest first."""
-        return [decode_checkpoint(t) for t in self._history(agent_id, limit)]
+        """The agent's checkpoints, newest first: at most ``limit`` (0 gives none)."""
+        _check.text("agent_id", agent_id)
+        if _check.integer("limit", limit, minimum=0) == 0:
+            return []
+        return [decode_checkpoint(t) for t in self._history(agent_id, min(limit, MAX_LIMIT))]
 
     def load(self, checkpoint_id: str) -> Checkpoint:
         """One checkpoint by id.
 
         Raises:
             CheckpointNotFoundError: no such checkpoint (a ``LookupError``).
+            InvalidTypeError: ``checkpoint_id`` is not a string.
 
         """
-        text = self._get(checkpoint_id)
+        text = self._get(_check.text("checkpoint_id", checkpoint_id))
         if text is None:
             raise CheckpointNotFoundError(f"no checkpoint {checkpoint_id!r}")
         return decode_checkpoint(text)
 
     def latest_session_for_agent(self, agent_id: str) -> str | None:
         """The session of the agent's newest checkpoint that has one."""
+        _check.text("agent_id", agent_id)
         for cp in self.history(agent_id, limit=20):
             if cp.session_id:
                 return cp.session_id
@@ -208,7 +236,7 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def _history(self, agent_id: str, limit: int) -> list[str]:
-        """The agent's stored JSONs, highest seq first."""
+        """The agent's stored JSONs, highest seq first (``1 <= limit <= MAX_LIMIT``)."""
 
 
 class SQLCheckpointStore(CheckpointStore):

@@ -29,19 +29,26 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
+from ctxkeep import _check
 from ctxkeep.errors import InvalidMessageError, UnknownAgentError
 
 
 def _copy_payload(payload: Any) -> Any:
     try:
         return json.loads(json.dumps(payload, allow_nan=False))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidMessageError(f"an IPC payload must be JSON data: {exc}") from exc
 
 
 @dataclass(frozen=True, kw_only=True)
 class IPCMessage:
-    """A message from one agent to another, or to a topic of its task."""
+    """A message from one agent to another, or to a topic of its task.
+
+    Every bus takes these, so the checks live here, once: ids are non-empty strings, the
+    payload is JSON data, ``created_at`` a finite number. A malformed field raises a typed
+    error (:class:`~ctxkeep.errors.InvalidMessageError`, or
+    :class:`~ctxkeep.errors.InvalidTypeError` for a wrong type).
+    """
 
     sender: str
     """The sending agent."""
@@ -59,8 +66,13 @@ class IPCMessage:
     """Unix time of sending."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sender, str) or not self.sender:
+        if self.sender is None or self.sender == "":
             raise InvalidMessageError("an IPC message needs a sender")
+        _check.text("sender", self.sender)
+        for name in ("task_id", "recipient", "topic"):
+            _check.optional_text(name, getattr(self, name))
+        _check.text("id", self.id)
+        object.__setattr__(self, "created_at", _check.number("created_at", self.created_at))
         if (self.recipient is None) == (self.topic is None):
             raise InvalidMessageError("an IPC message needs exactly one of recipient or topic")
         if self.topic is not None and self.task_id is None:
@@ -73,8 +85,47 @@ class IPCMessage:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IPCMessage:
-        """The inverse of :meth:`to_dict`."""
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            InvalidMessageError: unknown fields, or a missing sender or payload.
+            InvalidTypeError: ``d`` is not a mapping, or a field has the wrong type.
+
+        """
+        d = _check.mapping("d", d)
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise InvalidMessageError(f"an IPC message has no fields {sorted(unknown)}")
+        missing = {"sender", "payload"} - set(d)
+        if missing:
+            raise InvalidMessageError(f"an IPC message needs {sorted(missing)}")
         return cls(**d)
+
+
+# -- the argument checks every bus makes, written once -----------------------------------------
+
+
+def check_agent(agent_id: Any, name: str = "agent_id") -> str:
+    """``agent_id`` if it is a non-empty string of valid Unicode (else a typed error)."""
+    return _check.text(name, agent_id)
+
+
+def check_message(message: Any) -> IPCMessage:
+    """``message`` if it is an :class:`IPCMessage` (which checked its own fields)."""
+    return _check.instance("message", message, IPCMessage, "an IPCMessage")  # type: ignore[no-any-return]
+
+
+def check_receive(max_messages: Any, timeout: Any) -> tuple[int, float]:
+    """``(max_messages, timeout)`` of a receive: an int and a finite number of seconds."""
+    return _check.integer("max_messages", max_messages), max(_check.number("timeout", timeout), 0.0)
+
+
+def check_ids(ids: Any) -> list[str]:
+    """The message ids to ack, as a list of strings."""
+    out = _check.iterable("ids", ids)
+    for i in out:
+        _check.text("a message id", i)
+    return out
 
 
 @runtime_checkable
@@ -130,6 +181,8 @@ class InProcessBus:
 
     def register(self, agent_id: str, task_id: str | None) -> None:
         """Make the agent known as a member of ``task_id``."""
+        check_agent(agent_id)
+        _check.optional_text("task_id", task_id)
         with self._cond:
             old = self._tasks.get(agent_id)
             if old != task_id:
@@ -140,6 +193,8 @@ class InProcessBus:
 
     def subscribe(self, agent_id: str, topic: str) -> None:
         """Subscribe the agent to a topic of its task."""
+        check_agent(agent_id)
+        _check.text("topic", topic)
         with self._cond:
             if agent_id not in self._tasks:
                 raise UnknownAgentError(f"agent {agent_id!r} has not joined a task")
@@ -147,6 +202,7 @@ class InProcessBus:
 
     def send(self, message: IPCMessage) -> str:
         """Queue the message for its recipient or the topic's subscribers."""
+        check_message(message)
         with self._cond:
             if message.recipient is not None:
                 targets = {message.recipient}
@@ -167,6 +223,8 @@ class InProcessBus:
         """Take up to ``max_messages``, those :meth:`recover` put back first; they stay pending
         until acked.
         """
+        check_agent(agent_id)
+        max_messages, timeout = check_receive(max_messages, timeout)
         deadline = time.monotonic() + timeout
         with self._cond:
             q, replay = self._queues[agent_id], self._replay[agent_id]
@@ -192,6 +250,8 @@ class InProcessBus:
 
     def ack(self, agent_id: str, ids: Iterable[str]) -> None:
         """Forget handled messages."""
+        check_agent(agent_id)
+        ids = check_ids(ids)
         with self._cond:
             for i in ids:
                 self._pending[agent_id].pop(i, None)
@@ -200,6 +260,7 @@ class InProcessBus:
         """Deliver every unacked message again, first (after a crash); returns how many are
         unacked.
         """
+        check_agent(agent_id)
         with self._cond:
             pending = self._pending[agent_id]
             self._replay[agent_id] = deque(pending)
@@ -210,6 +271,7 @@ class InProcessBus:
         self, agent_id: str, handler: Callable[[IPCMessage], None], *, timeout: float = 0
     ) -> int:
         """Run ``handler`` once per message id, then ack."""
+        _check.has_method("handler", handler, "__call__", "function")
         n = 0
         for m in self.receive(agent_id, timeout=timeout):
             if m.id not in self._handled[agent_id]:

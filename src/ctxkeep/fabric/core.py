@@ -13,6 +13,12 @@ Three layers (:class:`ContextLayer`):
 Everything crosses the boundary as a copy: what a caller passes in is copied, what the fabric
 returns can be mutated freely, and :meth:`ContextFabric.context_view` is a read-only snapshot
 (mutating it raises ``TypeError``).
+
+Every public method checks its arguments before it changes anything: agent and task ids are
+non-empty strings, state is a mapping with string keys, a value that cannot be copied is
+refused, so malformed input raises a typed :class:`~ctxkeep.errors.CtxkeepError` (such as
+:class:`~ctxkeep.errors.InvalidTypeError`, also a ``TypeError``) and leaves the fabric as it
+was. The checks live here, in front of every bus, so a Redis bus gets the same answers.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from ctxkeep.cognition import CognitiveState, decode_cognitive_state
-from ctxkeep.errors import StaleTaskStateError, UnknownAgentError
+from ctxkeep import _check
+from ctxkeep.cognition import CognitiveState, decode_cognitive_state, encode_cognitive_state
+from ctxkeep.errors import ConfigError, StaleTaskStateError, UnknownAgentError, describe
 from ctxkeep.fabric.bus import InProcessBus, IPCMessage, MessageBus
 
 DEFAULT_TASK = "default"
@@ -72,11 +79,13 @@ class ContextView:
 
     def layer(self, layer: ContextLayer) -> Mapping[str, Any]:
         """One layer of the view (IPC has no state here: use the bus)."""
-        if layer is ContextLayer.TASK_SHARED:
+        if layer == ContextLayer.TASK_SHARED:
             return self.task
-        if layer is ContextLayer.AGENT_PRIVATE:
+        if layer == ContextLayer.AGENT_PRIVATE:
             return self.private
-        raise ValueError("the IPC layer has no snapshot; receive messages from fabric.bus")
+        if layer == ContextLayer.IPC:
+            raise ConfigError("the IPC layer has no snapshot; receive messages from fabric.bus")
+        raise ConfigError(f"no context layer {describe(layer)}; use a ContextLayer")
 
 
 @dataclass
@@ -118,10 +127,16 @@ class ContextFabric:
 
         Raises:
             StaleTaskStateError: the task exists and ``mapping`` would change it.
+            InvalidTypeError: an id that is not a string, a ``mapping`` that is not a mapping
+                with string keys or cannot be copied (a ``TypeError``; nothing changes).
+            ConfigError: an empty id (a ``ValueError``).
 
         """
-        tid = task_id or str(mapping.get("task_id") or DEFAULT_TASK)
-        data = copy.deepcopy(dict(mapping))
+        _check.text("agent_id", agent_id)
+        data = _check.deep_copy("mapping", _check.mapping("mapping", mapping))
+        tid = _check.optional_text("task_id", task_id) or _check.text(
+            "mapping['task_id']", data.get("task_id") or DEFAULT_TASK
+        )
         with self._lock:
             task = self._tasks.get(tid)
             if task is None:
@@ -138,8 +153,10 @@ class ContextFabric:
 
         Raises:
             UnknownAgentError: the agent has joined no task.
+            InvalidTypeError: ``agent_id`` is not a string.
 
         """
+        _check.text("agent_id", agent_id)
         with self._lock:
             try:
                 return self._agent_task[agent_id]
@@ -155,6 +172,7 @@ class ContextFabric:
 
     def task_version(self, task_id: str) -> int:
         """The version of a task's shared state (0 if it has none)."""
+        _check.text("task_id", task_id)
         with self._lock:
             task = self._tasks.get(task_id)
             return task.version if task else 0
@@ -170,9 +188,14 @@ class ContextFabric:
 
         Raises:
             StaleTaskStateError: someone wrote since ``expected_version`` was read.
+            UnknownAgentError: the agent has joined no task.
+            InvalidTypeError: ``changes`` is not a mapping with string keys or cannot be
+                copied, or ``expected_version`` is not an int (nothing changes).
 
         """
-        data = copy.deepcopy(dict(changes))
+        _check.text("agent_id", agent_id)
+        data = _check.deep_copy("changes", _check.mapping("changes", changes))
+        _check.integer("expected_version", expected_version, minimum=0)
         with self._lock:
             tid = self.task_id_of(agent_id)
             task = self._tasks[tid]
@@ -184,26 +207,35 @@ class ContextFabric:
 
     def agents(self, task_id: str) -> list[str]:
         """The agents bound to a task."""
+        _check.text("task_id", task_id)
         with self._lock:
             return sorted(a for a, t in self._agent_task.items() if t == task_id)
 
     # -- agent-private -------------------------------------------------------------------
 
     def set_private(self, agent_id: str, key: str, value: Any) -> None:
-        """Put a copy of ``value`` under ``key`` in the agent's private layer."""
-        if not isinstance(key, str):
-            raise TypeError(f"private keys are strings, got {type(key).__name__}")
-        v = copy.deepcopy(value)
+        """Put a copy of ``value`` under ``key`` in the agent's private layer.
+
+        Raises:
+            InvalidTypeError: ``agent_id`` or ``key`` is not a string, or ``value`` cannot be
+                copied (a ``TypeError``; nothing changes).
+
+        """
+        _check.text("agent_id", agent_id)
+        _check.text("key", key, empty=True)
+        v = _check.deep_copy("value", value)
         with self._lock:
             self._private.setdefault(agent_id, {})[key] = v
 
     def private(self, agent_id: str) -> dict[str, Any]:
         """A copy of the agent's private layer (empty if it has none)."""
+        _check.text("agent_id", agent_id)
         with self._lock:
             return copy.deepcopy(self._private.get(agent_id, {}))
 
     def clear_private(self, agent_id: str) -> None:
         """Empty the agent's private layer."""
+        _check.text("agent_id", agent_id)
         with self._lock:
             self._private[agent_id] = {}
 
@@ -211,6 +243,7 @@ class ContextFabric:
 
     def context_view(self, agent_id: str) -> ContextView:
         """A read-only snapshot of the agent's task state and its own private layer."""
+        _check.text("agent_id", agent_id)
         with self._lock:
             tid = self._agent_task.get(agent_id)
             task = self._tasks.get(tid) if tid is not None else None
@@ -232,7 +265,15 @@ class ContextFabric:
         recipient: str | None = None,
         topic: str | None = None,
     ) -> str:
-        """Send a message from ``sender`` (within its task); returns the message id."""
+        """Send a message from ``sender`` (within its task); returns the message id.
+
+        Raises:
+            UnknownAgentError: ``sender`` has joined no task.
+            InvalidMessageError: a payload that is not JSON data, or not exactly one of
+                ``recipient`` and ``topic``.
+            InvalidTypeError: an id that is not a string.
+
+        """
         tid = self.task_id_of(sender)
         return self.bus.send(
             IPCMessage(
@@ -249,14 +290,23 @@ class ContextFabric:
 
         Raises:
             CognitiveStateSchemaVersionError: a state newer than this ctxkeep.
+            InvalidTypeError: ``agent_id`` is not a string, ``state`` is not a
+                CognitiveState, a mapping or None, or holds a value with no faithful JSON
+                form, which no checkpoint could hold (nothing changes).
 
         """
+        _check.text("agent_id", agent_id)
+        _check.instance(
+            "state", state, (CognitiveState, Mapping, type(None)), "a CognitiveState or a mapping"
+        )
         decoded = decode_cognitive_state(state)
+        encode_cognitive_state(decoded)  # refuse now what no checkpoint could hold
         with self._lock:
             self._cognitive[agent_id] = decoded
 
     def cognitive_state(self, agent_id: str) -> CognitiveState:
         """A copy of the agent's cognitive state (empty if none was set)."""
+        _check.text("agent_id", agent_id)
         with self._lock:
             st = self._cognitive.get(agent_id)
             return st.copy() if st is not None else CognitiveState()
@@ -270,6 +320,9 @@ class ContextFabric:
 
         Only this agent's own private layer goes into its record. Returns the checkpoint id.
         """
+        _check.text("agent_id", agent_id)
+        _check.has_method("store", store, "save", "CheckpointStore")
+        _check.optional_text("session_id", session_id)
         with self._lock:
             tid = self._agent_task.get(agent_id)
             state = self.cognitive_state(agent_id)
@@ -282,6 +335,9 @@ class ContextFabric:
         """Restore the agent's cognitive state and private layer from its latest (or the
         given) checkpoint; False if there is none.
         """
+        _check.text("agent_id", agent_id)
+        _check.has_method("store", store, "latest", "CheckpointStore")
+        _check.optional_text("checkpoint_id", checkpoint_id)
         cp = store.load(checkpoint_id) if checkpoint_id else store.latest(agent_id)
         if cp is None:
             return False

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote
 
+from ctxkeep import _check
 from ctxkeep._redis import DEFAULT_PREFIX, Migration, Pipeline, RedisClient, redis, translated
 from ctxkeep.errors import (
     ConfigError,
@@ -72,7 +73,13 @@ from ctxkeep.errors import (
     SchemaVersionError,
     UnknownAgentError,
 )
-from ctxkeep.fabric.bus import IPCMessage
+from ctxkeep.fabric.bus import (
+    IPCMessage,
+    check_agent,
+    check_ids,
+    check_message,
+    check_receive,
+)
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +268,7 @@ class RedisStreamBus:
     def register(self, agent_id: str, task_id: str | None) -> None:
         """Make ``agent_id`` a member of ``task_id`` (moving drops its old subscriptions)."""
         check_name("agent_id", agent_id)
+        _check.optional_text("task_id", task_id)
         keys = self.keys
 
         def body(pipe: Pipeline) -> None:
@@ -286,6 +294,7 @@ class RedisStreamBus:
             UnknownAgentError: the agent never registered.
 
         """
+        check_agent(agent_id)
         raw = cast("str | None", self.db.conn.hget(self.keys.agents, agent_id))
         if raw is None:
             raise UnknownAgentError(f"agent {agent_id!r} has not joined a task")
@@ -294,6 +303,7 @@ class RedisStreamBus:
     @translated
     def subscribe(self, agent_id: str, topic: str) -> None:
         """Deliver ``topic`` messages of the agent's task to it."""
+        check_agent(agent_id)
         check_name("topic", topic)
         keys = self.keys
 
@@ -316,7 +326,7 @@ class RedisStreamBus:
         """Append the message to its recipient's inbox, or to every subscriber's; returns
         its id.
         """
-        entry = encode_entry(message)
+        entry = encode_entry(check_message(message))
         keys = self.keys
         if message.recipient is not None:
             self.db.conn.xadd(keys.inbox(message.recipient), entry)  # type: ignore[arg-type]
@@ -344,6 +354,8 @@ class RedisStreamBus:
         for ``claim_idle_ms``, then new ones, waiting up to ``timeout`` s. They stay pending
         (and are redelivered) until acked.
         """
+        check_agent(agent_id)
+        max_messages, timeout = check_receive(max_messages, timeout)
         return [m for _, m in self._take(agent_id, max_messages, timeout)]
 
     @translated
@@ -351,7 +363,8 @@ class RedisStreamBus:
         """Mark messages received here as handled: they leave the inbox for good. Ids this
         bus did not hand out are ignored.
         """
-        self._settle(agent_id, list(ids), mark=False)
+        check_agent(agent_id)
+        self._settle(agent_id, check_ids(ids), mark=False)
 
     def handle(
         self,
@@ -368,6 +381,9 @@ class RedisStreamBus:
         pending and are redelivered (after ``claim_idle_ms``, or at once after
         :meth:`recover`).
         """
+        check_agent(agent_id)
+        _check.has_method("handler", handler, "__call__", "function")
+        max_messages, timeout = check_receive(max_messages, timeout)
         taken = self._take(agent_id, max_messages, timeout)
         if not taken:
             return 0
@@ -385,6 +401,8 @@ class RedisStreamBus:
 
     def handled_mark(self, agent_id: str, message_id: str) -> HandledMark:
         """The mark :meth:`handle` checks, to commit in the same transaction as an effect."""
+        check_agent(agent_id)
+        _check.text("message_id", message_id)
         return HandledMark(self.keys.handled(agent_id), message_id)
 
     @translated
@@ -398,6 +416,7 @@ class RedisStreamBus:
         ``claim_idle_ms`` (for a process restarted under its old consumer name); returns how
         many there are.
         """
+        check_agent(agent_id)
         self._ensure_group(agent_id)
         summary: dict[str, Any] = self.db.conn.xpending(self.keys.inbox(agent_id), agent_id)
         mine = sum(

@@ -25,8 +25,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from ctxkeep import _check
 from ctxkeep._redis import Migration, Pipeline, RedisClient, translated
-from ctxkeep.errors import SchemaVersionError, StaleTaskStateError
+from ctxkeep.errors import InvalidTypeError, SchemaVersionError, StaleTaskStateError
 from ctxkeep.fabric.redis_bus import HandledMark, RedisBusKeys, check_name
 
 if TYPE_CHECKING:
@@ -83,13 +84,14 @@ class RedisTaskState:
     @staticmethod
     def _encode(changes: Mapping[str, Any]) -> dict[FieldT, EncodableT]:
         out: dict[FieldT, EncodableT] = {}
-        for k, v in changes.items():
-            if not isinstance(k, str):
-                raise TypeError(f"task state keys are strings, got {type(k).__name__}")
+        for k, v in _check.mapping("changes", changes).items():
+            _check.text("a task state key", k)
             try:
                 out[f"data:{k}"] = json.dumps(v, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"task state value of {k!r} is not JSON data: {exc}") from exc
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise InvalidTypeError(
+                    f"task state value of {k!r} is not JSON data: {exc}"
+                ) from exc
         return out
 
     @translated
@@ -116,10 +118,13 @@ class RedisTaskState:
 
         Raises:
             StaleTaskStateError: someone wrote since ``expected_version`` was read.
-            TypeError: a value that is not JSON data (nothing is written).
+            InvalidTypeError: ``changes`` is not a mapping with string keys, a value is not
+                JSON data, or ``expected_version`` is not an int (a ``TypeError``; nothing is
+                written).
 
         """
         encoded = self._encode(changes)
+        _check.integer("expected_version", expected_version, minimum=0)
 
         def body(pipe: Pipeline) -> int:
             version, _ = self._decode(cast("dict[str, str]", pipe.hgetall(self.key)))
@@ -145,6 +150,8 @@ class RedisTaskState:
             The new version, or None if nothing was written.
 
         """
+        _check.has_method("change", change, "__call__", "function")
+        _check.instance("once", once, (HandledMark, type(None)), "a HandledMark or None")
 
         def body(pipe: Pipeline) -> int | None:
             if once is not None and once.is_set(pipe):
