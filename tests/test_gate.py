@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ctxkeep import ConfigError, CtxkeepError, Message, PromptGate, PromptTooLongError, ToolCall
+from ctxkeep.config import ConfigWarning
 from ctxkeep.tokens import TiktokenCounter
 
 CJK = "漢"  # one code point, three UTF-8 bytes
@@ -149,6 +150,15 @@ def test_a_config_file_that_is_not_toml_is_a_config_error(config_file: Path) -> 
     config_file.write_text("max_prompt_length = = 3\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="not valid TOML"):
         PromptGate()
+
+
+def test_a_misspelled_key_in_the_config_file_warns_naming_it(config_file: Path) -> None:
+    config_file.write_text("max_prompt_lenght = 300\n", encoding="utf-8")
+    with pytest.warns(
+        ConfigWarning, match=r"'max_prompt_lenght'.*did you mean 'max_prompt_length'"
+    ):
+        gate = PromptGate()
+    assert gate.max_prompt_length == 8192
 
 
 @pytest.mark.parametrize("value", [-1, True, 1.5, "100"])

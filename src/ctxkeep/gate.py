@@ -32,11 +32,20 @@ class PromptGate:
     """Refuses prompts over a length (code points) or token limit.
 
     Args:
-        max_prompt_length: code points allowed; ``0`` or ``None`` means the config file's
-            ``max_prompt_length``, ``CTXKEEP_MAX_PROMPT_LENGTH``, or 8192.
+        max_prompt_length: code points allowed; ``0`` or ``None`` means
+            ``CTXKEEP_MAX_PROMPT_LENGTH``, else the config file's ``max_prompt_length``,
+            else 8192.
         max_prompt_tokens: exact tokens allowed (``None``/``0``: from
-            ``CTXKEEP_MAX_PROMPT_TOKENS`` or the config file, else no token limit).
-        counter: the token counter for ``max_prompt_tokens`` (default o200k_base).
+            ``CTXKEEP_MAX_PROMPT_TOKENS``, else the config file, else no token limit).
+        counter: the token counter for ``max_prompt_tokens`` (default: :func:`get_counter`,
+            which follows the ``encoding`` setting).
+
+    Settings are read by :mod:`ctxkeep.config`; an unknown key in the config file (a typo
+    such as ``max_prompt_lenght``) warns with a :class:`~ctxkeep.config.ConfigWarning` naming
+    it and the known keys.
+
+    Raises:
+        ConfigError: a setting that is not a non-negative integer.
 
     """
 

@@ -6,6 +6,8 @@ Each module defines ``register(subparsers)`` which adds its command and sets ``f
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -35,18 +37,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a process killed by SIGPIPE (128 + 13), as `yes | head` gives.
+EXIT_BROKEN_PIPE = 128 + getattr(signal, "SIGPIPE", 13)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (2 for usage and input errors)."""
+    """Run the CLI; returns the exit code.
+
+    0 on success; 2 for usage and input errors (one line on stderr, no traceback; argparse
+    exits with 2 itself for a malformed command line); 141, quietly, when the reader of the
+    output went away (``ctxkeep sessions list --json | head``), as Unix tools do.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        # Output to a pipe is block-buffered: a reader that left shows up here at the latest.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
     except CtxkeepError as exc:
         print(f"ctxkeep: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

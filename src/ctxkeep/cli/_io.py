@@ -82,9 +82,18 @@ def parse_messages(name: str, text: str, *, allow_text: bool) -> Loaded:
     return Loaded(name, coerce_messages(data), None)  # type: ignore[arg-type]
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Leave a closed pipe to :func:`ctxkeep.cli.main`, which exits quietly for every
+        command alike (rich's own handler would exit with 1).
+        """
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def console(*, stderr: bool = False) -> Console:
     """A rich console; wide when output is not a terminal, so tables are not squeezed."""
-    c = Console(stderr=stderr)
+    c = _Console(stderr=stderr)
     if not c.is_terminal:
-        c = Console(stderr=stderr, width=160)
+        c = _Console(stderr=stderr, width=160)
     return c

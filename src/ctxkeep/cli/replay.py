@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from ctxkeep.cli._args import non_negative_int, positive_int
 from ctxkeep.cli._io import console as make_console
 from ctxkeep.cli._io import parse_messages, read_source
 from ctxkeep.messages import Message
@@ -40,8 +41,10 @@ examples:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", type=int, default=6000, help="token budget (default 6000)")
-    p.add_argument("--last-n", type=int, default=6, help="recent messages to keep (default 6)")
+    p.add_argument("--budget", type=positive_int, default=6000, help="token budget (default 6000)")
+    p.add_argument(
+        "--last-n", type=non_negative_int, default=6, help="recent messages to keep (default 6)"
+    )
     p.add_argument("--encoding", "-e", default="o200k_base", help="encoding or model name")
     p.add_argument("--plot", metavar="FILE.png", help="draw tokens per step (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -64,7 +67,9 @@ def register(sub: Any) -> None:
         description=DEMO_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    d.add_argument("--steps", type=int, default=120, help="agent steps to generate")
+    d.add_argument(
+        "--steps", type=positive_int, default=120, help="agent steps to generate (default 120)"
+    )
     d.add_argument("--seed", type=int, default=7, help="random seed")
     d.add_argument("--db", help="where to store the session (default: the embedded SQLite file)")
     _common(d)

@@ -9,6 +9,13 @@ from typing import Any
 
 from rich.table import Table
 
+from ctxkeep.cli._args import (
+    Option,
+    add_action,
+    add_shared_options,
+    non_negative_int,
+    positive_int,
+)
 from ctxkeep.cli._io import console as make_console
 from ctxkeep.tokens import get_counter
 
@@ -16,13 +23,21 @@ HELP = """List, show and delete stored sessions in any session store.
 
 --db takes a URL (memory://, sqlite:///path.db, redis://host:port/db, postgresql://...);
 the default is the embedded SQLite file ($CTXKEEP_DB or the user data directory).
+--db and --json go before or after the action.
 
 examples:
   ctxkeep sessions list
   ctxkeep sessions list --agent demo-agent --limit 10 --json
+  ctxkeep sessions list --db sqlite:///agents.db
   ctxkeep sessions show 3f2a... --last 20
   ctxkeep sessions delete 3f2a...
 """
+
+
+OPTIONS = (
+    Option(("--db",), {"help": "session store URL (default: the embedded SQLite file)"}),
+    Option(("--json",), {"action": "store_true", "help": "print JSON instead of tables"}),
+)
 
 
 def register(sub: Any) -> None:
@@ -33,19 +48,26 @@ def register(sub: Any) -> None:
         description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--db", help="session store URL (default: the embedded SQLite file)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ss = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ls = ss.add_parser("list", help="list sessions, newest first")
+    ls = add_action(
+        ss,
+        "list",
+        "list sessions, newest first",
+        "ctxkeep sessions list --agent demo-agent --limit 10",
+        "ctxkeep sessions list --db sqlite:///agents.db --json",
+    )
     ls.add_argument("--agent", help="only this agent's sessions")
     ls.add_argument("--task", help="only this task's sessions")
-    ls.add_argument("--limit", type=int, default=50)
-    ls.add_argument("--offset", type=int, default=0)
-    show = ss.add_parser("show", help="show a session's messages")
+    ls.add_argument("--limit", type=positive_int, default=50, help="at most N (default 50)")
+    ls.add_argument("--offset", type=non_negative_int, default=0, help="skip the newest N")
+    show = add_action(
+        ss, "show", "show a session's messages", "ctxkeep sessions show 3f2a... --last 20"
+    )
     show.add_argument("session_id")
-    show.add_argument("--last", type=int, help="only the newest N messages")
-    delete = ss.add_parser("delete", help="delete a session")
+    show.add_argument("--last", type=positive_int, help="only the newest N messages")
+    delete = add_action(ss, "delete", "delete a session", "ctxkeep sessions delete 3f2a...")
     delete.add_argument("session_id")
+    add_shared_options(p, ss, OPTIONS)
     p.set_defaults(func=run)
 
 
