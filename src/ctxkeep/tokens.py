@@ -12,8 +12,10 @@ Message counts follow OpenAI's documented accounting: every message costs
 ``tokens_per_message`` (3) plus its role, content and name (+1 for a name); a conversation is
 primed with ``reply_priming`` (3) tokens for the reply. Tool calls count their id, name and
 arguments plus a small fixed overhead (3), a tool result its ``tool_call_id``; images count by
-OpenAI's tile formula, not by base64 length. Counts are cached per message object, so counting
-a history that grew by one message costs that one message.
+OpenAI's tile formula, not by base64 length. Anthropic thinking parts count their ``thinking``
+text (not the ``signature``), redacted thinking its ``data``, with every counter, although
+``to_openai`` leaves them out: a budget then holds for either provider. Counts are cached per
+message object, so counting a history that grew by one message costs that one message.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import gzip
 import hashlib
 import importlib.util
 import math
-import os
 import struct
 import threading
 from collections.abc import Iterable, Mapping
@@ -32,7 +33,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ctxkeep.errors import TokenizerError, UnknownEncodingError
+from ctxkeep.config import setting_str
+from ctxkeep.errors import InvalidTypeError, TokenizerError, UnknownEncodingError
 from ctxkeep.messages import Message, coerce_message
 
 _ENDOFTEXT = "<|endoftext|>"
@@ -316,6 +318,14 @@ class _CachingCounter:
                 total += self.count_text(str(part.get("text", part.get("refusal", ""))))
             elif kind == "image_url":
                 total += _image_part_tokens(part)
+            elif kind == "thinking":
+                # Anthropic's reasoning text counts as text; the signature is a check value
+                # the provider verifies, not context the model reads, so it is not counted.
+                total += self.count_text(str(part.get("thinking", "")))
+            elif kind == "redacted_thinking":
+                # The encrypted reasoning: its data stands in for the hidden text (it is
+                # longer than the text, so budgets err on the safe side).
+                total += self.count_text(str(part.get("data", "")))
             else:
                 # Audio, files and unknown parts: count their JSON so they are never free.
                 import json
@@ -352,10 +362,20 @@ class _CachingCounter:
 
     def count_messages(self, messages: Iterable[Any]) -> int:
         """Tokens of a prompt: each message plus the reply priming."""
-        return sum(self.count_message(m) for m in messages) + self.overhead.reply_priming
+        try:
+            items = iter(messages)
+        except TypeError:
+            raise InvalidTypeError(
+                f"messages must be an iterable of messages, got {type(messages).__name__}"
+            ) from None
+        return sum(self.count_message(m) for m in items) + self.overhead.reply_priming
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, exact={self.exact})"
+
+
+def _not_text(value: Any) -> InvalidTypeError:
+    return InvalidTypeError(f"text to count must be a string, got {type(value).__name__}")
 
 
 def _message_cache(m: Message) -> dict[Any, int]:
@@ -373,17 +393,25 @@ class TiktokenCounter(_CachingCounter):
     exact = True
 
     def __init__(self, encoding: str = DEFAULT_ENCODING, overhead: Overhead | None = None) -> None:
+        if not isinstance(encoding, str):
+            raise InvalidTypeError(f"encoding must be a string, got {type(encoding).__name__}")
         self.name = encoding
         self.encoding = load_encoding(encoding)
         super().__init__(overhead)
 
     def count_text(self, text: str) -> int:
         """Exact tokens of ``text``; special-token strings count as ordinary text."""
-        return len(self.encoding.encode_ordinary(text))
+        try:
+            return len(self.encoding.encode_ordinary(text))
+        except TypeError:  # tiktoken's own refusal of a non-string
+            raise _not_text(text) from None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (special-token strings as ordinary text)."""
-        return list(self.encoding.encode_ordinary(text))
+        try:
+            return list(self.encoding.encode_ordinary(text))
+        except TypeError:  # tiktoken's own refusal of a non-string
+            raise _not_text(text) from None
 
     def decode(self, tokens: list[int]) -> str:
         """Text of token ids."""
@@ -402,6 +430,8 @@ class HeuristicCounter(_CachingCounter):
 
     def count_text(self, text: str) -> int:
         """``ceil(len(text) / chars_per_token)``."""
+        if not isinstance(text, str):
+            raise _not_text(text)
         return math.ceil(len(text) / self.chars_per_token)
 
 
@@ -464,16 +494,18 @@ class CalibratedCounter(_CachingCounter):
 def get_counter(name: str | None = None) -> TokenCounter:
     """A token counter for an encoding, a model name or ``heuristic``.
 
-    ``None`` means ``CTXKEEP_ENCODING`` from the environment, else ``o200k_base``.
+    ``None`` (or an empty name) means the ``encoding`` setting: ``CTXKEEP_ENCODING`` from the
+    environment, else ``encoding`` in the config file (:mod:`ctxkeep.config`), else
+    ``o200k_base``.
 
     Raises:
         UnknownEncodingError: a name ctxkeep does not know.
+        ConfigError: the config file's ``encoding`` is not a string.
 
     """
-    name = name or os.environ.get("CTXKEEP_ENCODING") or DEFAULT_ENCODING
-    if not isinstance(name, str):
+    if name is not None and not isinstance(name, str):
         raise UnknownEncodingError(f"encoding must be a string, got {name!r}")
-    key = name.strip()
+    key = setting_str("encoding", name, DEFAULT_ENCODING)
     if key == "heuristic":
         return _shared("heuristic")
     if key in _ENCODINGS:
