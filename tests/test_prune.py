@@ -360,6 +360,21 @@ def test_history_older_than_the_budget_is_not_read() -> None:
     # the pruner reads only what it keeps (the report still accounts for every message).
     msgs = _big_history(steps=40, size=50)
     msgs.insert(3, Message("tool", "orphan", tool_call_id="ghost"))
-    out, report = TokenPruner(2000, 4, counter=COUNTER, repair=False).prune_with_report(msgs)
+    pruner = TokenPruner(2000, 4, counter=COUNTER, repair=False, cache_stable=False)
+    out, report = pruner.prune_with_report(msgs)
     validate_sequence(out)
     assert len(report.decisions) == len(msgs)
+
+
+def test_cache_stable_mode_reads_the_whole_history() -> None:
+    # The cache-stable mode replays the history from its start, so without repair the same
+    # damaged stretch is refused.
+    msgs = _big_history(steps=40, size=50)
+    msgs.insert(3, Message("tool", "orphan", tool_call_id="ghost"))
+    with pytest.raises(OrphanToolResultError):
+        TokenPruner(2000, 4, counter=COUNTER, repair=False, cache_stable=True).prune(msgs)
+
+
+def test_cache_stable_is_the_default_without_a_summarizer() -> None:
+    assert TokenPruner().cache_stable is True
+    assert TokenPruner(summarizer=_Summarizer()).cache_stable is False

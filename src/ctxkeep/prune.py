@@ -22,6 +22,11 @@ Rules, in the order they apply:
    is still too much, :class:`~ctxkeep.errors.BudgetExceededError` says by how much and what
    is in the way.
 
+In the **cache-stable mode** (the default; ``cache_stable=False`` turns it off) these rules
+apply only at a cut: when the prompt would overflow the budget it is cut down to
+``low_water`` of the budget, then each new message is appended as it is until the budget is
+full again, so consecutive prompts share their prefix byte for byte (:mod:`ctxkeep.cache`).
+
 The budget counts every output message with its overhead plus the reply priming, with the
 configured counter. Token counts are cached per message, so the walk back from the newest
 message costs what is kept, not the length of the history; the per-message report is built
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
+from ctxkeep.cache import _StableFolds
 from ctxkeep.errors import (
     BudgetExceededError,
     ConfigError,
@@ -109,6 +115,11 @@ class PruneReport:
     """Why no summary stands in for dropped history, if a summarizer was given and failed."""
     notes: list[str] = field(default_factory=list)
     """Notable events (recent outputs compressed, recent units dropped, pending calls)."""
+    stable_prefix_messages: int | None = None
+    """Cache-stable mode: how many leading output messages stay exactly as they are until the
+    next cut (what a provider cache written at the cut can hit); None in the default mode."""
+    stable_prefix_tokens: int | None = None
+    """Cache-stable mode: the tokens of those messages (overhead included)."""
     _messages: Sequence[Message] = field(default=(), repr=False)
     _tokens: Any = field(default=None, repr=False)
     _fates: dict[int, tuple[Action, str, int, str | None]] = field(default_factory=dict, repr=False)
@@ -153,6 +164,8 @@ class PruneReport:
             "summarised": self.count("summarised"),
             "summary_error": self.summary_error,
             "notes": list(self.notes),
+            "stable_prefix_messages": self.stable_prefix_messages,
+            "stable_prefix_tokens": self.stable_prefix_tokens,
         }
 
 
@@ -192,6 +205,18 @@ class _Plan:
     notes: list[str]
     budget_for_summary: int
     fix: _Repairs
+    stable_before: int | None = None  # cache-stable: inputs before this index are a stable prefix
+
+
+@dataclass
+class _Fit:
+    kept: list[_Unit]
+    compressed: dict[int, Message]
+    dropped: list[_Unit]
+    rest: Any
+    pending: _Unit | None
+    total: int
+    summary_room: int
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -230,6 +255,19 @@ class TokenPruner:
         compress_oversized_user: when the system messages and the newest user message alone
             exceed the budget, compress that user message (head, tail and an artifact ref)
             rather than refuse; with ``False`` the pruner raises ``BudgetExceededError``.
+        cache_stable: prune in jumps so that consecutive prompts of a growing history share
+            their prefix byte for byte (what provider prompt caches discount): when the budget
+            overflows, cut down to ``low_water`` of it, then append until it is full again.
+            The prompt is a pure function of the history (see :mod:`ctxkeep.cache`). The
+            default (None) is on, except with a ``summarizer`` (a summary rewritten each turn
+            would change the prefix; ``True`` with one is a ``ConfigError``). On the real
+            trajectories it halves the Anthropic input cost of the default mode at equal
+            validity (BENCHMARKS.md, "Prompt caching"); ``False`` prunes every turn to the
+            full budget and reads only what it keeps (the first prune of a long history in
+            the cache-stable mode counts every message once).
+        low_water: with ``cache_stable``, the fraction of the budget a cut prunes down to
+            (0 < low_water <= 1; the recent units and the newest user message are kept even
+            above it).
 
     """
 
@@ -246,6 +284,8 @@ class TokenPruner:
         summary_max_tokens: int = 400,
         repair: bool = True,
         compress_oversized_user: bool = True,
+        cache_stable: bool | None = None,
+        low_water: float = 0.7,
     ) -> None:
         _check_int("max_token_budget", max_token_budget, 1)
         _check_int("preserve_last_n", preserve_last_n, 0)
@@ -293,6 +333,24 @@ class TokenPruner:
         self.summary_max_tokens = summary_max_tokens
         self.repair = repair
         self.compress_oversized_user = compress_oversized_user
+        if (
+            isinstance(low_water, bool)
+            or not isinstance(low_water, int | float)
+            or not 0 < low_water <= 1
+        ):
+            raise ConfigError(f"low_water must be a number in (0, 1], got {describe(low_water)}")
+        if cache_stable is None:
+            cache_stable = summarizer is None
+        if not isinstance(cache_stable, bool):
+            raise ConfigError(f"cache_stable must be True or False, got {describe(cache_stable)}")
+        if cache_stable and summarizer is not None:
+            raise ConfigError(
+                "cache_stable=True does not take a summarizer: a summary rewritten every turn "
+                "would change the prompt's prefix every turn"
+            )
+        self.cache_stable = cache_stable
+        self.low_water = float(low_water)
+        self._stable = _StableFolds(self) if cache_stable else None
         self._priming = self.counter.count_messages([])
         # The compressed form is cached on the message, keyed by the store object itself (a
         # strong reference: a store's id could be reused after it is collected).
@@ -321,7 +379,7 @@ class TokenPruner:
                 with no content or duplicate tool call ids in one message.
 
         """
-        plan = self._plan(messages)
+        plan = self._plan_either(messages)
         summary, error = None, None
         if self._wants_summary(plan):
             summarize = getattr(self.summarizer, "summarize", None)
@@ -342,7 +400,7 @@ class TokenPruner:
         self, messages: Sequence[Any]
     ) -> tuple[list[Message], PruneReport]:
         """Async :meth:`prune_with_report` (awaits an async summarizer)."""
-        plan = self._plan(messages)
+        plan = self._plan_either(messages)
         summary, error = None, None
         if self._wants_summary(plan):
             dropped = self._dropped_messages(plan)
@@ -358,6 +416,10 @@ class TokenPruner:
             except Exception as exc:  # a failing summarizer must not lose the prompt
                 error = f"summarizer failed: {type(exc).__name__}: {exc}"
         return self._assemble(plan, summary, error)
+
+    def _plan_either(self, messages: Sequence[Any]) -> _Plan:
+        plan = self._stable.plan(messages) if self._stable is not None else None
+        return plan if plan is not None else self._plan(messages)
 
     def tokens(self, message: Message) -> int:
         """Tokens of one message with this pruner's counter (cached)."""
@@ -401,7 +463,14 @@ class TokenPruner:
 
     # -- planning ------------------------------------------------------------------------
 
-    def _units_backwards(self, msgs: list[Message], sys_set: set[int], fix: _Repairs) -> Any:
+    def _units_backwards(
+        self,
+        msgs: list[Message],
+        sys_set: set[int],
+        fix: _Repairs,
+        lo: int = 0,
+        hi: int | None = None,
+    ) -> Any:
         """Yield ``(unit, state)`` from the newest back, checking tool sequences as it goes.
 
         ``state`` is ``"pending"`` for a trailing tool call whose results have not arrived
@@ -411,20 +480,24 @@ class TokenPruner:
         and a message with no content is dropped (a tool result gets ``""``); without it
         each raises. Repaired messages replace their originals in ``msgs`` (the pruner's own
         list; ``fix.originals`` keeps the input's for the report).
+
+        The walk covers ``msgs[lo:hi]`` (``hi`` defaults to the end). ``lo`` must be a unit
+        boundary (the cache-stable fold walks only the messages added since its frontier);
+        with ``hi`` given, the range ends at a unit boundary too and nothing in it is pending.
         """
-        i = len(msgs) - 1
-        first = True
-        while i >= 0:
+        i = (len(msgs) if hi is None else hi) - 1
+        first = hi is None
+        while i >= lo:
             if i in sys_set:
                 i -= 1
                 continue
             m = msgs[i]
             if m.role == "tool" or m.tool_calls:
                 members: list[int] = []
-                while i >= 0 and msgs[i].role == "tool":
+                while i >= lo and msgs[i].role == "tool":
                     members.append(i)
                     i -= 1
-                owner = msgs[i] if i >= 0 and i not in sys_set else None
+                owner = msgs[i] if i >= lo and i not in sys_set else None
                 if owner is None or not owner.tool_calls:
                     # Results with no call right before them.
                     if not self.repair:
@@ -596,6 +669,7 @@ class TokenPruner:
         notes: list[str] = []
 
         walker = self._units_backwards(msgs, sys_set, fix)
+        limit = budget - (self.summary_max_tokens if self.summarizer is not None else 0)
         # The newest user message is pinned wherever it is; a reverse scan of roles finds it
         # without walking (and checking) the units in between. One with no content is no
         # message to pin (the walk drops it or raises): the one before it is pinned.
@@ -603,6 +677,41 @@ class TokenPruner:
         while user_idx >= 0 and missing_content(msgs[user_idx]):
             self._drop_empty(msgs, user_idx, fix)
             user_idx = next((j for j in range(user_idx - 1, -1, -1) if roles[j] == "user"), -1)
+        fit = self._fit(msgs, system, sys_tokens, walker, user_idx, limit, {}, notes)
+        return _Plan(
+            msgs=msgs,
+            system=system,
+            kept=fit.kept,
+            compressed=fit.compressed,
+            dropped_units=fit.dropped,
+            rest=fit.rest,
+            user_idx=user_idx,
+            pending=fit.pending,
+            total=fit.total,
+            notes=notes,
+            budget_for_summary=fit.summary_room,
+            fix=fix,
+        )
+
+    def _fit(
+        self,
+        msgs: list[Message],
+        system: list[int],
+        sys_tokens: int,
+        walker: Any,
+        user_idx: int,
+        limit: int,
+        compressed: dict[int, Message],
+        notes: list[str],
+    ) -> _Fit:
+        """Choose the units of a prompt from ``walker`` (``(unit, state)``, newest first).
+
+        The recent units and the newest user message (``user_idx``) must fit the budget (recent
+        outputs compressed, then the oldest recent units dropped, if not); older units are
+        added newest first while the total stays within ``limit``. ``compressed`` holds the
+        messages already compressed (the cache-stable mode keeps them so) and is filled in.
+        """
+        budget = self.max_token_budget
         recent: list[_Unit] = []
         pending: _Unit | None = None
         seen = 0
@@ -628,7 +737,6 @@ class TokenPruner:
         if user_idx >= 0 and pinned_user is None and not any(u.pinned for u in recent):
             pinned_user = _Unit(user_idx, [user_idx], tool=False, pinned=True)
 
-        compressed: dict[int, Message] = {}
         must = (
             sys_tokens + self._priming + sum(self._unit_tokens(msgs, u, compressed) for u in recent)
         )
@@ -691,7 +799,6 @@ class TokenPruner:
             walking = iter(candidates)
             rest_walker = walker
             stop = False
-            room_for_summary = self.summarizer is not None
             while not stop:
                 u_next = next(walking, None)
                 if u_next is None:
@@ -702,7 +809,6 @@ class TokenPruner:
                     if u_next.start == user_idx:
                         continue  # the pinned user message, already kept
                 u = u_next
-                limit = budget - (self.summary_max_tokens if room_for_summary else 0)
                 if u.tool and self.compress_threshold is not None:
                     self._compress_unit(msgs, u, compressed, self.compress_threshold)
                 cost = self._unit_tokens(msgs, u, compressed)
@@ -727,20 +833,7 @@ class TokenPruner:
             dropped.extend(u for u in older if not u.pinned)
             rest = walker
             summary_room = budget - total
-        return _Plan(
-            msgs=msgs,
-            system=system,
-            kept=kept,
-            compressed=compressed,
-            dropped_units=dropped,
-            rest=rest,
-            user_idx=user_idx,
-            pending=pending,
-            total=total,
-            notes=notes,
-            budget_for_summary=summary_room,
-            fix=fix,
-        )
+        return _Fit(kept, compressed, dropped, rest, pending, total, summary_room)
 
     def _wants_summary(self, plan: _Plan) -> bool:
         return self.summarizer is not None and bool(plan.dropped_units)
@@ -771,7 +864,12 @@ class TokenPruner:
             fates[i] = ("kept", "system message", n, None)
             sections["system"] += n
         for u in plan.kept:
-            reason = "newest user message" if u.pinned else "fits the budget"
+            if u.start == plan.user_idx:
+                reason = "newest user message"
+            elif u.pinned:
+                reason = "kept for a stable prompt prefix (the newest user message at the last cut)"
+            else:
+                reason = "fits the budget"
             for j in u.members:
                 m = plan.compressed.get(j)
                 if m is not None:
@@ -840,6 +938,10 @@ class TokenPruner:
             entries.append((summary_at - 0.5, summary_msg))
         entries.sort(key=lambda e: e[0])
         out = [m.copy() for _, m in entries]
+        stable_n = stable_t = None
+        if plan.stable_before is not None:
+            stable_n = sum(1 for i, _ in entries if i < plan.stable_before)
+            stable_t = sum(t(m) for _, m in entries[:stable_n])
         total = sum(sections.values())
         if total > self.max_token_budget:  # pragma: no cover - a bug, never an input
             raise AssertionError(f"pruner produced {total} > {self.max_token_budget} tokens")
@@ -853,6 +955,8 @@ class TokenPruner:
             _tokens=t,
             _fates=fates,
             _default_fate=("dropped", "older history over the budget"),
+            stable_prefix_messages=stable_n,
+            stable_prefix_tokens=stable_t,
         )
         return out, report
 

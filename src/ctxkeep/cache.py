@@ -1,0 +1,395 @@
+"""Prompts a provider cache can hit: the cache-stable pruning fold and Anthropic breakpoints.
+
+Providers discount the part of a prompt that repeats the start of an earlier request
+(Anthropic bills cache reads at 0.1x the input price and cache writes at 1.25x; OpenAI bills
+cached input at 0.5x or less). A pruner that drops the oldest message every turn changes the
+start of the prompt every turn, so nothing is ever read from a cache.
+
+**The cache-stable mode** (``TokenPruner(cache_stable=True)``) prunes in jumps: when the
+prompt would exceed the budget, it is cut down to a low-water mark (``low_water`` of the
+budget) and then only grows, each new message appended, until the budget is full again. Between
+two cuts every prompt starts with the previous one, byte for byte.
+
+*Which* prompt a history gets is a pure function of the history, not of the calls that came
+before: the pruner replays the history message by message as it grew (a fold), cutting where
+the budget overflowed. A replay is incremental: the fold state of a history is kept (a few
+histories, least recently used first out) and reused when the next history starts with the
+same messages (the same objects, or equal ones), so a turn costs the messages added since.
+This was chosen over state that remembers the last prompt because:
+
+* a process that restarts, another worker of a service, or a second pruner sends the same
+  prompt for the same history, so the provider's cache (which outlives a process) still hits;
+* one pruner can serve many sessions, interleaved, without one session's cuts moving
+  another's: a different history simply has a different fold;
+* a history that is trimmed or edited is replayed as it now is: a prompt never shows a
+  message its history no longer holds, and no cached cut can point past the history's end.
+
+The price is that the first prune of a long history counts every message once (a replay of
+the whole history; token counts are cached per message, so only once), where the default mode
+reads only what it keeps; and with ``repair=False`` damage anywhere in the history raises.
+
+How a fold step goes (``_StableFolds.advance``): each unit (an assistant message with its tool
+results, or one message) and each system message is taken in order. If the prompt with it
+stays within the budget, it is appended as it is. If not, the prompt is cut again with the
+default mode's rules (system messages, the recent units, the newest user message; recent
+outputs compressed, then the oldest recent units dropped, if those alone do not fit), but the
+older units are added only up to the low-water mark (up to the budget, as the default mode
+does, when the messages that must be kept are already above the mark: the next unit cuts
+again anyway). A message compressed once stays
+compressed, the same way (the compressed form is content-addressed); a user message that was
+the newest at a cut and lies before it stays in the prompt until the next cut, so a newer
+user message does not change the prefix.
+
+:func:`place_cache_breakpoints` turns a pruned prompt into an Anthropic payload with
+``cache_control`` breakpoints on its stable prefix.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from operator import is_
+from typing import TYPE_CHECKING, Any, Literal
+
+from ctxkeep.errors import BudgetExceededError, ConfigError, describe
+from ctxkeep.messages import SYSTEM_ROLES, AnthropicPayload, Message, coerce_messages, to_anthropic
+
+if TYPE_CHECKING:
+    from ctxkeep.prune import TokenPruner, _Plan, _Repairs, _Unit
+
+ANTHROPIC_MAX_BREAKPOINTS = 4
+"""Anthropic accepts at most four ``cache_control`` breakpoints per request."""
+
+# -- the cache-stable fold ----------------------------------------------------------------------
+
+
+@dataclass
+class _Fold:
+    """Where the replay of one history stands (see the module docstring)."""
+
+    fix: _Repairs
+    total: int
+    """Tokens of the prompt so far (system, window, pinned user, priming)."""
+    seen: list[Message] = field(default_factory=list)
+    """The input messages folded, as given (the frontier is ``len(seen)``)."""
+    msgs: list[Message] = field(default_factory=list)
+    """The same, repairs applied (the pruner's own list)."""
+    system: list[int] = field(default_factory=list)
+    sys_tokens: int = 0
+    units: list[_Unit] = field(default_factory=list)
+    """The window: every unit from the cut on, oldest first."""
+    pinned: _Unit | None = None
+    """A user message before the cut, kept (the newest one when the cut was made)."""
+    compressed: dict[int, Message] = field(default_factory=dict)
+    last_user: int = -1
+    cut_end: int = 0
+    """Messages before this index are in the prompt as they were right after the last cut."""
+    notes: list[str] = field(default_factory=list)
+    """What the last cut did (reported until the next one)."""
+    error: BudgetExceededError | None = None
+    """Set while the must-keep messages do not fit: the next unit cuts again."""
+
+
+def _starts_with(msgs: list[Message], seen: list[Message]) -> bool:
+    """Whether ``msgs`` begins with ``seen``: the same objects, or equal messages."""
+    n = len(seen)
+    if len(msgs) < n:
+        return False
+    if n == 0 or all(map(is_, msgs, seen)):
+        return True
+    return all(a is b or a == b for a, b in zip(msgs, seen, strict=False))
+
+
+class _StableFolds:
+    """The fold states of the last few histories a cache-stable pruner saw (LRU, locked)."""
+
+    def __init__(self, pruner: TokenPruner, size: int = 16) -> None:
+        self.pruner = pruner
+        self.size = size
+        self._folds: list[_Fold] = []  # least recently used first
+        self._lock = threading.Lock()
+
+    def plan(self, messages: Sequence[Any]) -> _Plan | None:
+        """The cache-stable plan of ``messages``, or None where the default mode must do."""
+        inp = coerce_messages(messages)
+        with self._lock:
+            fold = self._find(inp)
+            try:
+                return self._advance(fold, inp)
+            except BaseException:
+                self._folds.remove(fold)  # half advanced: never reuse it
+                raise
+
+    def _find(self, inp: list[Message]) -> _Fold:
+        from ctxkeep.prune import _Repairs
+
+        n = len(inp)
+        candidates = [
+            f
+            for f in self._folds
+            if len(f.seen) <= n
+            and (
+                not f.seen
+                or f.seen[-1] is inp[len(f.seen) - 1]
+                or f.seen[-1] == inp[len(f.seen) - 1]
+            )
+        ]
+        candidates.sort(key=lambda f: len(f.seen), reverse=True)
+        fold = next((f for f in candidates if _starts_with(inp, f.seen)), None)
+        if fold is None:
+            fold = _Fold(fix=_Repairs(), total=self.pruner._priming)
+        else:
+            self._folds.remove(fold)
+        self._folds.append(fold)
+        if len(self._folds) > self.size:
+            del self._folds[0]
+        return fold
+
+    def _advance(self, fold: _Fold, inp: list[Message]) -> _Plan | None:
+        """Fold the messages added since the frontier; the plan of the whole of ``inp``."""
+        from ctxkeep.prune import _Plan, _Repairs
+
+        p = self.pruner
+        lo = len(fold.seen)
+        msgs = fold.msgs + inp[lo:]
+        n = len(msgs)
+        new_sys = [i for i in range(lo, n) if msgs[i].role in SYSTEM_ROLES]
+        sys_set = set(new_sys)
+        fix = _Repairs()
+        walked = list(p._units_backwards(msgs, sys_set, fix, lo=lo))
+        pending: _Unit | None = None
+        hi = n
+        if walked and walked[0][1] == "pending":
+            # The newest unit waits for its results: fold up to it, leave it out, and take
+            # it in whole once its results are there.
+            pending = walked[0][0]
+            hi = pending.start
+            if any(i > hi for i in new_sys):
+                return None  # a system message after a pending call: the default mode's
+            msgs = fold.msgs + inp[lo:]
+            fix = _Repairs()
+            walked = list(p._units_backwards(msgs, sys_set, fix, lo=lo, hi=hi))
+        fold.fix.orphans.extend(fix.orphans)
+        fold.fix.empty |= fix.empty
+        fold.fix.originals.update(fix.originals)
+        fold.fix.notes.extend(fix.notes)
+        fold.msgs = msgs[:hi]
+        events: list[tuple[int, _Unit | None]] = [(i, None) for i in new_sys if i < hi]
+        events += [(u.start, u) for u, _ in walked]
+        events.sort(key=lambda e: e[0])
+        budget = p.max_token_budget
+        for i, u in events:
+            if u is None:
+                if p._drop_empty(msgs, i, fold.fix):
+                    continue
+                t = p.tokens(msgs[i])
+                fold.system.append(i)
+                fold.sys_tokens += t
+                fold.total += t
+                end = i + 1
+            else:
+                if msgs[u.start].role == "user":
+                    fold.last_user = u.start
+                fold.units.append(u)
+                fold.total += p._unit_tokens(msgs, u, {})
+                end = u.members[-1] + 1
+            if fold.error is not None or fold.total > budget:
+                self._cut(fold, msgs, end)
+        fold.seen = inp[:hi]
+        if fold.error is not None:
+            e = fold.error
+            raise BudgetExceededError(budget=e.budget, required=e.required, blocking=e.blocking)
+        notes = list(fold.notes)
+        if pending is not None:
+            notes.append("dropped a trailing tool call whose results have not arrived")
+        kept = list(fold.units)
+        if fold.pinned is not None:
+            kept.append(fold.pinned)
+        return _Plan(
+            msgs=msgs,
+            system=list(fold.system),
+            kept=kept,
+            compressed=dict(fold.compressed),
+            dropped_units=[],
+            rest=None,
+            user_idx=fold.last_user,
+            pending=pending,
+            total=fold.total,
+            notes=notes,
+            budget_for_summary=0,
+            fix=_Repairs(
+                orphans=list(fold.fix.orphans),
+                empty=set(fold.fix.empty),
+                originals=dict(fold.fix.originals),
+                notes=list(fold.fix.notes),
+            ),
+            stable_before=fold.cut_end,
+        )
+
+    def _cut(self, fold: _Fold, msgs: list[Message], end: int) -> None:
+        """Cut the window down to the low-water mark (the default mode's rules otherwise)."""
+        p = self.pruner
+        notes: list[str] = []
+        compressed = dict(fold.compressed)
+        low = math.floor(p.low_water * p.max_token_budget)
+        for u in fold.units:
+            u.pinned = False  # a fit marks the newest user's unit; an earlier one may have failed
+        walker = ((u, None) for u in reversed(fold.units))
+        try:
+            fit = p._fit(
+                msgs, fold.system, fold.sys_tokens, walker, fold.last_user, low, compressed, notes
+            )
+            if fit.total > low:
+                # What must be kept is already above the low-water mark, so the next unit
+                # will cut again anyway: keep as much as the default mode would meanwhile.
+                compressed, notes = dict(fold.compressed), []
+                walker = ((u, None) for u in reversed(fold.units))
+                fit = p._fit(
+                    msgs,
+                    fold.system,
+                    fold.sys_tokens,
+                    walker,
+                    fold.last_user,
+                    p.max_token_budget,
+                    compressed,
+                    notes,
+                )
+        except BudgetExceededError as exc:
+            fold.error = exc
+            return
+        pinned = next((u for u in fit.kept if u.pinned), None)
+        window = [u for u in fit.kept if not u.pinned]
+        cut = min((u.start for u in window), default=math.inf)
+        if pinned is not None and pinned.start > cut:
+            window.append(pinned)  # inside the window: an ordinary unit from now on
+            pinned = None
+        for u in window:
+            u.pinned = False
+        window.sort(key=lambda u: u.start)
+        keep = {j for u in window for j in u.members}
+        if pinned is not None:
+            keep.add(pinned.start)
+        fold.units = window
+        fold.pinned = pinned
+        fold.compressed = {j: c for j, c in fit.compressed.items() if j in keep}
+        fold.total = fit.total
+        fold.error = None
+        fold.cut_end = end
+        notes.append(
+            f"cache-stable: cut at message {end - 1} down to {fit.total} tokens "
+            f"(low-water mark {low}); the prompt grows from here until the budget is full"
+        )
+        fold.notes = notes
+
+
+# -- Anthropic breakpoints ----------------------------------------------------------------------
+
+
+def _mark(block_holder: dict[str, Any], key: str, control: dict[str, str]) -> bool:
+    """Put ``cache_control`` on the last block of ``block_holder[key]`` (text becomes a block)."""
+    content = block_holder.get(key)
+    if isinstance(content, str):
+        if not content:
+            return False  # Anthropic refuses cache_control on an empty text block
+        content = [{"type": "text", "text": content}]
+        block_holder[key] = content
+    if not isinstance(content, list) or not content:
+        return False
+    last = content[-1]
+    if last.get("type") in ("thinking", "redacted_thinking"):
+        return False  # thinking blocks cannot carry cache_control
+    last["cache_control"] = dict(control)
+    return True
+
+
+def _count_marks(payload: AnthropicPayload) -> int:
+    n = sum(1 for b in payload.system if "cache_control" in b)
+    for m in payload.messages:
+        if isinstance(m["content"], list):
+            n += sum(1 for b in m["content"] if isinstance(b, dict) and "cache_control" in b)
+    return n
+
+
+def place_cache_breakpoints(
+    messages: Iterable[Any],
+    *,
+    stable_prefix: int = 0,
+    ttl: Literal["5m", "1h"] | None = None,
+    max_breakpoints: int = ANTHROPIC_MAX_BREAKPOINTS,
+) -> AnthropicPayload:
+    """``messages`` as an Anthropic payload with ``cache_control`` breakpoints on its prefix.
+
+    Breakpoints go, in this order of priority, on the last block of the last message (the
+    whole prompt is written to the cache, so the next turn, which starts with it, reads it),
+    on the last system block (tools and system are read even after a cut), and on the block
+    that ends the first ``stable_prefix`` messages (a prompt's prefix that stays until the
+    next cut: :attr:`~ctxkeep.prune.PruneReport.stable_prefix_messages`). A prefix shorter
+    than the model's minimum (1,024 tokens on most Claude models) is simply not cached;
+    Anthropic does not refuse it.
+
+    Args:
+        messages: the prompt (``Message`` objects or OpenAI dicts), as pruned.
+        stable_prefix: how many leading messages stay the same until the next cut (0: none).
+        ttl: ``"5m"`` or ``"1h"``; None leaves Anthropic's default (5 minutes).
+        max_breakpoints: at most this many breakpoints in all (1-4; those already in the
+            payload's content count too).
+
+    Returns:
+        The :class:`~ctxkeep.messages.AnthropicPayload` (``.kwargs()`` for
+        ``messages.create``).
+
+    Raises:
+        ConfigError: a bad ``stable_prefix``, ``ttl`` or ``max_breakpoints``.
+
+    """
+    if isinstance(max_breakpoints, bool) or not isinstance(max_breakpoints, int):
+        raise ConfigError(f"max_breakpoints must be an int, got {describe(max_breakpoints)}")
+    if not 1 <= max_breakpoints <= ANTHROPIC_MAX_BREAKPOINTS:
+        raise ConfigError(
+            f"max_breakpoints must be 1-{ANTHROPIC_MAX_BREAKPOINTS} (Anthropic's limit), "
+            f"got {max_breakpoints}"
+        )
+    if ttl not in (None, "5m", "1h"):
+        raise ConfigError(f"ttl must be '5m', '1h' or None, got {describe(ttl)}")
+    if isinstance(stable_prefix, bool) or not isinstance(stable_prefix, int) or stable_prefix < 0:
+        raise ConfigError(f"stable_prefix must be an int >= 0, got {describe(stable_prefix)}")
+    msgs = coerce_messages(messages)
+    payload = to_anthropic(msgs)
+    control: dict[str, str] = {"type": "ephemeral"}
+    if ttl is not None:
+        control["ttl"] = ttl
+    room = max_breakpoints - _count_marks(payload)
+    marks: list[tuple[dict[str, Any], str]] = []
+    if payload.messages:
+        marks.append((payload.messages[-1], "content"))
+    if payload.system:
+        marks.append(({"system": payload.system}, "system"))
+    stable = min(stable_prefix, len(msgs))
+    head = to_anthropic(msgs[:stable]).messages if 0 < stable < len(msgs) else []
+    if head:
+        # The prefix ends in message k-1 of the whole payload, after as many blocks as the
+        # prefix alone has there (the tool results of one turn are merged into one message).
+        k = len(head)
+        target = payload.messages[k - 1]
+        n_blocks = _blocks(head[-1])
+        if not (k == len(payload.messages) and n_blocks == _blocks(target)):
+            if isinstance(target["content"], list) and n_blocks < len(target["content"]):
+                marks.append(({"content": target["content"][:n_blocks]}, "content"))
+            else:
+                marks.append((target, "content"))
+    for holder, key in marks:
+        if room <= 0:
+            break
+        if _mark(holder, key, control):
+            room -= 1
+    return payload
+
+
+def _blocks(message: dict[str, Any]) -> int:
+    content = message["content"]
+    return len(content) if isinstance(content, list) else 1
+
+
+__all__ = ["ANTHROPIC_MAX_BREAKPOINTS", "place_cache_breakpoints"]
