@@ -110,6 +110,45 @@ def _artifacts() -> Any:
 
 REF = ctxkeep.open_artifacts("memory://").put("text")
 
+
+_LLM_SERVER: list[Any] = []
+
+
+def _llm_url() -> str:
+    """A local OpenAI-compatible server (tests/_llm_servers.py), started on first use."""
+    if not _LLM_SERVER:
+        from _llm_servers import ScriptedServer, openai_default
+
+        _LLM_SERVER.append(ScriptedServer(openai_default).start())
+    return f"{_LLM_SERVER[0].url}/v1"
+
+
+LLM_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+def _llm_kwargs() -> dict[str, Any]:
+    return {
+        "model": "gpt-4o",
+        "provider": "openai",
+        "api_key": "test",
+        "base_url": _llm_url(),
+        "client": None,
+        "max_retries": 0,
+        "timeout": 10.0,
+        "context_window": 8000,
+        "max_output_tokens": 1000,
+        "max_prompt_length": 20_000,
+        "max_prompt_tokens": 6000,
+        "counter": None,
+        "memory": None,
+        "builder": None,
+    }
+
+
+def _chat_client(**changes: Any) -> Any:
+    return ctxkeep.ChatClient(**{**_llm_kwargs(), **changes})
+
+
 CALLS: list[Call] = [
     # messages
     Call("Message", lambda: ctxkeep.Message, {"role": "user", "content": "hi", "name": None}),
@@ -322,10 +361,91 @@ CALLS: list[Call] = [
         lambda: ctxkeep.EpisodeFilter.parse,
         {"filters": {"agent_id": ["a", "b"], "metadata": {"k": [1]}, "since": 0}},
     ),
+    # the builder
+    Call(
+        "ContextBuilder",
+        lambda: ctxkeep.ContextBuilder,
+        {
+            "memory": _mem(),
+            "episodic": _episodic(),
+            "counter": None,
+            "max_prompt_tokens": 1000,
+            "reserve_output_tokens": 100,
+            "gate": None,
+            "fabric": _fabric(),
+            "pruner": None,
+            "max_prior_tokens": 200,
+            "max_fabric_tokens": 200,
+            "recall_top_k": 3,
+            "recall_min_score": 0.0,
+            "recall_scope": "all",
+            "recall_current_session": False,
+            "max_prompt_length": None,
+            "cache_stable": None,
+        },
+    ),
+    Call(
+        "ContextBuilder.build",
+        lambda: ctxkeep.ContextBuilder(_mem(), episodic=_episodic(), fabric=_fabric()).build,
+        {"session_id": "s", "system": "be brief", "query": "goal", "agent_id": "agent"},
+    ),
     Call(
         "open_async_memory",
         lambda: ctxkeep.open_async_memory,
         {"url": "memory://", "config": None},
+    ),
+    # LLM clients (against a local server)
+    Call("ChatClient", lambda: ctxkeep.ChatClient, _llm_kwargs()),
+    Call("AsyncChatClient", lambda: ctxkeep.AsyncChatClient, _llm_kwargs()),
+    Call(
+        "ChatClient.complete",
+        lambda: _chat_client().complete,
+        {
+            "messages": CALL_MSGS,
+            "system": "be brief",
+            "tools": LLM_TOOLS,
+            "tool_choice": "auto",
+            "max_tokens": 50,
+            "options": {"user": "u"},
+        },
+    ),
+    Call(
+        "ChatClient.chat",
+        lambda: _chat_client(memory=_mem()).chat,
+        {
+            "session_id": "s",
+            "text": "hi",
+            "system": "be brief",
+            "tools": LLM_TOOLS,
+            "tool_choice": "auto",
+            "max_tokens": 50,
+            "options": {"user": "u"},
+        },
+    ),
+    Call(
+        "LLMSummarizer",
+        lambda: ctxkeep.LLMSummarizer,
+        {
+            "client": _chat_client(),
+            "instructions": "Summarise.",
+            "max_tokens": 100,
+            "max_message_chars": 1000,
+        },
+    ),
+    Call(
+        "LLMSummarizer.summarize",
+        lambda: ctxkeep.LLMSummarizer(_chat_client()).summarize,
+        {"messages": CALL_MSGS},
+    ),
+    Call(
+        "AsyncLLMSummarizer",
+        lambda: ctxkeep.AsyncLLMSummarizer,
+        {
+            "client": ctxkeep.AsyncChatClient(**_llm_kwargs()),
+            "instructions": "Summarise.",
+            "max_tokens": 100,
+            "max_message_chars": 1000,
+        },
     ),
 ]
 
@@ -365,12 +485,12 @@ def test_every_public_callable_is_covered() -> None:
     covered = {c.name.split(".")[0] for c in CALLS}
     exempt = {
         # protocols, abstract bases and plain records without validation of their own
-        "AnthropicPayload", "ArtifactStore", "AsyncMemoryManager", "AsyncSummarizer",
+        "AnthropicPayload", "ArtifactStore", "AsyncMemoryManager", "AsyncSummarizer", "BuiltPrompt",
         "Checkpoint", "CheckpointStore", "ContextLayer", "ContextView", "DirectoryArtifactStore",
         "Embedder", "Episode", "EpisodicMemoryStore", "Evicted", "Hit", "InProcessBus",
         "MemoryArtifactStore", "MemoryManager", "MessageBus", "MessageDecision",
         "MigrationRegistry", "PruneReport", "SQLiteArtifactStore", "SessionInfo", "Summarizer",
-        "TokenCounter", "default_memory_config",
+        "TokenCounter", "default_memory_config", "ChatResult",
     }  # fmt: skip
     names = {
         n

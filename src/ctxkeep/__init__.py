@@ -17,6 +17,7 @@ from ctxkeep.artifacts import (
     open_artifacts,
     read_artifact_tool,
 )
+from ctxkeep.builder import BuiltPrompt, ContextBuilder
 from ctxkeep.checkpoints import Checkpoint, CheckpointStore, open_checkpoints
 from ctxkeep.cognition import (
     CognitiveState,
@@ -30,6 +31,7 @@ from ctxkeep.errors import (
     CheckpointNotFoundError,
     CognitiveStateSchemaVersionError,
     ConfigError,
+    ContextWindowExceededError,
     CorruptRecordError,
     CtxkeepError,
     EpisodeNotFoundError,
@@ -104,6 +106,13 @@ if _TYPE_CHECKING:
         format_prior_context,
         open_episodic,
     )
+    from ctxkeep.llm import (
+        AsyncChatClient,
+        AsyncLLMSummarizer,
+        ChatClient,
+        ChatResult,
+        LLMSummarizer,
+    )
 
 # Episodic memory needs numpy: it is imported on first use, so ``import ctxkeep`` stays light.
 _LAZY = {
@@ -119,6 +128,14 @@ _LAZY = {
         "open_episodic",
     )
 }
+# The LLM clients import their SDK (openai, anthropic) only when a client is made, and the
+# module itself on first use.
+_LAZY.update(
+    dict.fromkeys(
+        ("AsyncChatClient", "AsyncLLMSummarizer", "ChatClient", "ChatResult", "LLMSummarizer"),
+        "ctxkeep.llm",
+    )
+)
 
 
 def __getattr__(name: str) -> _Any:
@@ -139,19 +156,26 @@ __all__ = [
     "AnthropicPayload",
     "ArtifactNotFoundError",
     "ArtifactStore",
+    "AsyncChatClient",
+    "AsyncLLMSummarizer",
     "AsyncMemoryManager",
     "AsyncSummarizer",
     "BudgetExceededError",
+    "BuiltPrompt",
     "CalibratedCounter",
+    "ChatClient",
+    "ChatResult",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CheckpointStore",
     "CognitiveState",
     "CognitiveStateSchemaVersionError",
     "ConfigError",
+    "ContextBuilder",
     "ContextFabric",
     "ContextLayer",
     "ContextView",
+    "ContextWindowExceededError",
     "CorruptRecordError",
     "CtxkeepError",
     "DirectoryArtifactStore",
@@ -169,6 +193,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidSequenceError",
     "InvalidTypeError",
+    "LLMSummarizer",
     "MemoryArtifactStore",
     "MemoryConfig",
     "MemoryManager",

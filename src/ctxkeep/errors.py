@@ -16,6 +16,7 @@ Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueEr
     ├── TokenizerError                            an encoding cannot be loaded
     │   └── UnknownEncodingError (ValueError)     an encoding or model name ctxkeep does not know
     ├── PromptTooLongError (ValueError)           the gate refused a prompt (carries a breakdown)
+    ├── ContextWindowExceededError (ValueError)   the provider said the prompt overflows its window
     ├── BudgetExceededError (ValueError)          pruning cannot fit the must-keep messages
     ├── StaleTaskStateError (ValueError)          a task-state write based on an old version
     ├── UnknownAgentError (LookupError)           an agent the fabric does not know
@@ -135,6 +136,44 @@ class PromptTooLongError(CtxkeepError, ValueError):
     def excess(self) -> int:
         """By how much the prompt is over the limit."""
         return self.actual - self.limit
+
+
+class ContextWindowExceededError(CtxkeepError, ValueError):
+    """The provider refused a prompt as longer than the model's context window.
+
+    ctxkeep's gate let the prompt through (its count was an estimate, or the window it was
+    given is larger than the model's), and the provider said no. The provider's own error is
+    chained as ``__cause__``.
+
+    Attributes:
+        provider: ``"openai"`` or ``"anthropic"``.
+        model: the model the request named.
+        limit: the window the provider reported, in tokens, when it said.
+        actual: the prompt's size the provider reported, in tokens, when it said.
+        detail: the provider's error message.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        provider: str,
+        model: str,
+        detail: str,
+        limit: int | None = None,
+        actual: int | None = None,
+    ) -> None:
+        self.provider = provider
+        self.model = model
+        self.detail = detail
+        self.limit = limit
+        self.actual = actual
+        size = f" ({actual} tokens > {limit})" if limit is not None and actual is not None else ""
+        super().__init__(
+            f"{provider} refused the prompt as too long for {model}'s context window{size}: "
+            f"{detail}. Give the client the model's real context_window (or a smaller "
+            "max_prompt_tokens) so the gate stops such prompts, or prune the history harder."
+        )
 
 
 class BudgetExceededError(CtxkeepError, ValueError):
