@@ -145,6 +145,11 @@ def _llm_kwargs() -> dict[str, Any]:
     }
 
 
+def _echo(text: str = "") -> str:
+    """Echo the text."""
+    return text
+
+
 def _chat_client(**changes: Any) -> Any:
     return ctxkeep.ChatClient(**{**_llm_kwargs(), **changes})
 
@@ -395,6 +400,25 @@ CALLS: list[Call] = [
         {"url": "memory://", "config": None},
     ),
     # LLM clients (against a local server)
+    Call(
+        "run_agent",
+        lambda: ctxkeep.run_agent,
+        {
+            "session_id": None,
+            "task": "say hi",
+            "tools": [_echo],
+            "client": _chat_client(memory=ctxkeep.open_memory("memory://")),
+            "max_steps": 2,
+            "agent_id": "a",
+            "system": None,
+        },
+    ),
+    Call("tool_spec", lambda: ctxkeep.tool_spec, {"fn": _echo}),
+    Call(
+        "place_cache_breakpoints",
+        lambda: ctxkeep.place_cache_breakpoints,
+        {"messages": CALL_MSGS, "stable_prefix": 1, "ttl": "5m", "max_breakpoints": 4},
+    ),
     Call("ChatClient", lambda: ctxkeep.ChatClient, _llm_kwargs()),
     Call("AsyncChatClient", lambda: ctxkeep.AsyncChatClient, _llm_kwargs()),
     Call(
@@ -485,7 +509,8 @@ def test_every_public_callable_is_covered() -> None:
     covered = {c.name.split(".")[0] for c in CALLS}
     exempt = {
         # protocols, abstract bases and plain records without validation of their own
-        "AnthropicPayload", "ArtifactStore", "AsyncMemoryManager", "AsyncSummarizer", "BuiltPrompt",
+        "AgentRun", "AnthropicPayload", "ArtifactStore", "AsyncMemoryManager", "AsyncSummarizer",
+        "BuiltPrompt",
         "Checkpoint", "CheckpointStore", "ContextLayer", "ContextView", "DirectoryArtifactStore",
         "Embedder", "Episode", "EpisodicMemoryStore", "Evicted", "Hit", "InProcessBus",
         "MemoryArtifactStore", "MemoryManager", "MessageBus", "MessageDecision",

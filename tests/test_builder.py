@@ -159,7 +159,7 @@ def test_the_system_prompt_and_old_history_stay_byte_identical_between_turns(
     assert (
         first.to_anthropic().system
         == second.to_anthropic().system
-        == [{"type": "text", "text": "You are careful."}]
+        == [{"type": "text", "text": "You are careful.", "cache_control": {"type": "ephemeral"}}]
     )
 
 
@@ -189,9 +189,39 @@ def test_the_payloads_are_valid_for_openai_and_anthropic(mem: MemoryManager) -> 
     openai = built.to_openai()
     assert openai[0] == {"role": "system", "content": "s"}
     assert validate_sequence(openai)
-    anthropic = built.to_anthropic()
+    anthropic = built.to_anthropic(cache=False)
     assert anthropic.system == [{"type": "text", "text": "s"}]
     assert all(m["role"] in ("user", "assistant") for m in anthropic.messages)
+    from anthropic.types import MessageParam
+    from pydantic import TypeAdapter
+
+    for payload in (anthropic, built.to_anthropic()):
+        for m in payload.messages:
+            TypeAdapter(MessageParam).validate_python(m)
+
+
+def test_the_anthropic_payload_marks_the_system_prompt_and_the_stable_prefix_for_caching(
+    mem: MemoryManager,
+) -> None:
+    sid = _session(mem)
+    for i in range(40):  # enough history for the cache-stable pruner to cut
+        mem.add_message(sid, "user", f"question {i} " + "words " * 200)
+        mem.add_message(sid, "assistant", f"answer {i} " + "words " * 200)
+    mem.add_message(sid, "user", QUESTION)
+    built = ContextBuilder(mem, max_prompt_tokens=6000, reserve_output_tokens=500).build(
+        sid, system="s"
+    )
+    payload = built.to_anthropic()
+    marked = [
+        (i, b)
+        for i, m in enumerate(payload.messages)
+        for b in (m["content"] if isinstance(m["content"], list) else [])
+        if "cache_control" in b
+    ]
+    assert payload.system[-1]["cache_control"] == {"type": "ephemeral"}
+    assert marked and marked[-1][0] == len(payload.messages) - 1  # the whole prompt is written
+    assert 0 < built.stable_prefix <= len(built.messages)
+    assert len(marked) + 1 <= 4  # Anthropic's limit, the system block included
 
 
 # -- the fabric view -----------------------------------------------------------------------

@@ -181,7 +181,9 @@ def test_async_chat_stores_both_turns(memory: MemoryManager, ant: ScriptedServer
     assert (user.content, reply.content) == ("Hi there", "ok")
     assert reply.metadata["provider"] == "anthropic"
     assert result.message.id == reply.id
-    assert ant.requests[0].body["system"] == [{"type": "text", "text": "Be brief."}]
+    assert ant.requests[0].body["system"] == [
+        {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}
+    ]
 
 
 def test_a_user_message_object_keeps_its_fields(memory: MemoryManager, oai: ScriptedServer) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 from ctxkeep._version import __version__
+from ctxkeep.agent import AgentRun, run_agent, tool_spec
 from ctxkeep.artifacts import (
     READ_ARTIFACT_TOOL,
     ArtifactStore,
@@ -18,6 +19,7 @@ from ctxkeep.artifacts import (
     read_artifact_tool,
 )
 from ctxkeep.builder import BuiltPrompt, ContextBuilder
+from ctxkeep.cache import place_cache_breakpoints
 from ctxkeep.checkpoints import Checkpoint, CheckpointStore, open_checkpoints
 from ctxkeep.cognition import (
     CognitiveState,
@@ -153,6 +155,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "READ_ARTIFACT_TOOL",
+    "AgentRun",
     "AnthropicPayload",
     "ArtifactNotFoundError",
     "ArtifactStore",
@@ -241,8 +244,11 @@ __all__ = [
     "open_checkpoints",
     "open_episodic",
     "open_memory",
+    "place_cache_breakpoints",
     "read_artifact_tool",
+    "run_agent",
     "to_anthropic",
     "to_openai",
+    "tool_spec",
     "validate_sequence",
 ]

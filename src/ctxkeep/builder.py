@@ -214,9 +214,26 @@ class BuiltPrompt:
         """The messages as OpenAI chat dicts."""
         return to_openai(self.messages)
 
-    def to_anthropic(self) -> AnthropicPayload:
-        """The messages in Anthropic's format (``system`` blocks and ``messages``)."""
-        return to_anthropic(self.messages)
+    @property
+    def stable_prefix(self) -> int:
+        """How many leading messages stay the same from turn to turn until the pruner's next
+        cut (0 when the pruner is not cache-stable): what a provider's prompt cache can hit.
+        """
+        n = self.report.prune.stable_prefix_messages or 0
+        return n if self.context_at is None else min(n, self.context_at)
+
+    def to_anthropic(
+        self, *, cache: bool = True, ttl: Literal["5m", "1h"] | None = None
+    ) -> AnthropicPayload:
+        """The messages in Anthropic's format (``system`` blocks and ``messages``), with
+        ``cache_control`` breakpoints on the stable prefix unless ``cache`` is False (see
+        :func:`~ctxkeep.cache.place_cache_breakpoints`).
+        """
+        if not cache:
+            return to_anthropic(self.messages)
+        from ctxkeep.cache import place_cache_breakpoints
+
+        return place_cache_breakpoints(self.messages, stable_prefix=self.stable_prefix, ttl=ttl)
 
 
 class _AsStored:
