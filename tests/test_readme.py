@@ -5,10 +5,22 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_python_examples_run() -> None:
+def test_readme_python_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from _llm_servers import openai_default, running
+
+    with running(openai_default) as server:  # the OpenAI-compatible server the SDK finds
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/v1")
+        monkeypatch.setenv("OPENAI_API_KEY", "test")
+        _run_blocks()
+        assert server.requests, "the README's agent block never called the model"
+
+
+def _run_blocks() -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
     assert blocks
     for i, code in enumerate(blocks):
