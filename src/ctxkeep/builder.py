@@ -690,9 +690,7 @@ class ContextBuilder:
         for i, h in enumerate(hits):
             if not self.recall_current_session and h.episode.session_id == info.session_id:
                 fates[i] = _decision(h, "dropped", "from the session being built")
-            elif self.recall_min_score is not None and not (
-                h.lexical > 0 and h.score >= self.recall_min_score
-            ):
+            elif self.recall_min_score is not None and not h.is_relevant(self.recall_min_score):
                 fates[i] = _decision(h, "dropped", "not relevant enough")
             elif len(chosen) >= k:
                 fates[i] = _decision(h, "dropped", f"beyond recall_top_k={k}")

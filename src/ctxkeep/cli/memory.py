@@ -131,7 +131,7 @@ def register(sub: Any) -> None:
 
 def relevant(hits: Sequence[Hit], min_score: float = DEFAULT_MIN_SCORE) -> list[Hit]:
     """The hits that are relevant: lexical evidence and a score of at least ``min_score``."""
-    return [h for h in hits if h.lexical > 0 and h.score >= min_score]
+    return [h for h in hits if h.is_relevant(min_score)]
 
 
 def parse_metadata(text: str | None) -> dict[str, Any] | None:

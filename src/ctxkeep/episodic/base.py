@@ -80,6 +80,17 @@ class Hit:
     lexical: float = 0.0
     dense: float = 0.0
 
+    def is_relevant(self, min_score: float = 0.0) -> bool:
+        """Whether the hit is evidence, not just the nearest of unrelated episodes: some query
+        word matched (in the episode or its session neighbours) and the fused score, a z-score
+        over the searched episodes, is at least ``min_score`` (0: no worse than average).
+
+        Meaning alone (a paraphrase with no shared word) is not enough: on LoCoMo, unrelated
+        queries still get fused scores of 2-5 from the embedding, relevant ones 4-16 and
+        always some lexical evidence.
+        """
+        return self.lexical > 0 and self.score >= min_score
+
 
 @dataclass(frozen=True)
 class RetrievalConfig:
