@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxkeep.errors import ContextWindowExceededError, InvalidMessageError, MissingDependencyError
-from ctxkeep.llm._common import Prompt, RequestOptions
+from ctxkeep.llm._common import Adapter, Prompt, RequestOptions
 from ctxkeep.llm.types import ChatResult, Usage
 from ctxkeep.messages import Message, from_anthropic, to_anthropic
 
@@ -59,33 +59,17 @@ def _tool_choice(choice: str | Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "tool", "name": choice}
 
 
-class AnthropicAdapter:
+class AnthropicAdapter(Adapter):
     """Messages: ``POST /v1/messages``."""
 
     name = "anthropic"
 
-    def make_client(
-        self,
-        *,
-        is_async: bool,
-        api_key: str | None,
-        base_url: str | None,
-        max_retries: int | None,
-        timeout: float | None,
-    ) -> Any:
-        """A new ``Anthropic`` or ``AsyncAnthropic`` client."""
-        anthropic = sdk()
-        kwargs: dict[str, Any] = {"api_key": api_key, "base_url": base_url}
-        if max_retries is not None:
-            kwargs["max_retries"] = max_retries
-        if timeout is not None:
-            kwargs["timeout"] = timeout
-        return (anthropic.AsyncAnthropic if is_async else anthropic.Anthropic)(**kwargs)
+    sync_client = "Anthropic"
+    async_client = "AsyncAnthropic"
 
-    def client_types(self, *, is_async: bool) -> tuple[type, ...]:
-        """The SDK client classes a caller may pass in."""
-        anthropic = sdk()
-        return (anthropic.AsyncAnthropic,) if is_async else (anthropic.Anthropic,)
+    def sdk(self) -> Any:
+        """The ``anthropic`` SDK."""
+        return sdk()
 
     def endpoint(self, client: Any) -> Any:
         """The SDK method that makes the call."""

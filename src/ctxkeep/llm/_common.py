@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ctxkeep import _check
 from ctxkeep.errors import ConfigError, ContextWindowExceededError, InvalidTypeError, describe
@@ -116,10 +117,21 @@ class StreamState(Protocol):
         ...
 
 
-class Adapter(Protocol):
-    """One provider's API, I/O-free but for making its SDK client."""
+class Adapter(ABC):
+    """One provider's API, I/O-free but for making its SDK client. A subclass names its SDK
+    (:meth:`sdk` imports it) and the SDK's sync and async client classes; making clients is
+    the same for every SDK and lives here.
+    """
 
-    name: str
+    name: ClassVar[str]
+    sync_client: ClassVar[str]
+    """The SDK's sync client class (``OpenAI``, ``Anthropic``)."""
+    async_client: ClassVar[str]
+    """The SDK's async client class."""
+
+    @abstractmethod
+    def sdk(self) -> Any:
+        """The SDK module (imported on first use; MissingDependencyError naming the extra)."""
 
     def make_client(
         self,
@@ -130,31 +142,41 @@ class Adapter(Protocol):
         max_retries: int | None,
         timeout: float | None,
     ) -> Any:
-        """A new SDK client."""
-        ...
+        """A new SDK client (the SDK's defaults where an argument is None)."""
+        kwargs: dict[str, Any] = {"api_key": api_key, "base_url": base_url}
+        if max_retries is not None:
+            kwargs["max_retries"] = max_retries
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        return self.client_types(is_async=is_async)[0](**kwargs)
 
     def client_types(self, *, is_async: bool) -> tuple[type, ...]:
         """The SDK client classes a caller may pass in."""
-        ...
+        return (getattr(self.sdk(), self.async_client if is_async else self.sync_client),)
 
+    @abstractmethod
     def endpoint(self, client: Any) -> Any:
         """The SDK method that makes the call."""
         ...
 
+    @abstractmethod
     def request(
         self, model: str, prompt: Prompt, opts: RequestOptions, *, stream: bool
     ) -> dict[str, Any]:
         """Keyword arguments for the SDK method."""
         ...
 
+    @abstractmethod
     def parse(self, response: Any) -> ChatResult:
         """A result from the SDK's response object."""
         ...
 
+    @abstractmethod
     def stream_state(self) -> StreamState:
         """A fresh stream accumulator."""
         ...
 
+    @abstractmethod
     def context_error(self, exc: BaseException, model: str) -> ContextWindowExceededError | None:
         """The context-length error ``exc`` stands for, if it is one."""
         ...

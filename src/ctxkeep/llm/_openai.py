@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxkeep.errors import ContextWindowExceededError, MissingDependencyError
-from ctxkeep.llm._common import Prompt, RequestOptions
+from ctxkeep.llm._common import Adapter, Prompt, RequestOptions
 from ctxkeep.llm.types import ChatResult, Usage
 from ctxkeep.messages import Message, ToolCall
 
@@ -51,33 +51,17 @@ def _tool_choice(choice: str | Mapping[str, Any]) -> Any:
     return {"type": "function", "function": {"name": choice}}
 
 
-class OpenAIAdapter:
+class OpenAIAdapter(Adapter):
     """Chat Completions: ``POST /chat/completions``."""
 
     name = "openai"
 
-    def make_client(
-        self,
-        *,
-        is_async: bool,
-        api_key: str | None,
-        base_url: str | None,
-        max_retries: int | None,
-        timeout: float | None,
-    ) -> Any:
-        """A new ``OpenAI`` or ``AsyncOpenAI`` client."""
-        openai = sdk()
-        kwargs: dict[str, Any] = {"api_key": api_key, "base_url": base_url}
-        if max_retries is not None:
-            kwargs["max_retries"] = max_retries
-        if timeout is not None:
-            kwargs["timeout"] = timeout
-        return (openai.AsyncOpenAI if is_async else openai.OpenAI)(**kwargs)
+    sync_client = "OpenAI"
+    async_client = "AsyncOpenAI"
 
-    def client_types(self, *, is_async: bool) -> tuple[type, ...]:
-        """The SDK client classes a caller may pass in."""
-        openai = sdk()
-        return (openai.AsyncOpenAI,) if is_async else (openai.OpenAI,)
+    def sdk(self) -> Any:
+        """The ``openai`` SDK."""
+        return sdk()
 
     def endpoint(self, client: Any) -> Any:
         """The SDK method that makes the call."""
