@@ -16,24 +16,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ctxkeep.errors import ContextWindowExceededError, InvalidMessageError, MissingDependencyError
+from ctxkeep.errors import ContextWindowExceededError, InvalidMessageError
 from ctxkeep.llm._common import Adapter, Prompt, RequestOptions
 from ctxkeep.llm.types import ChatResult, Usage
 from ctxkeep.messages import Message, from_anthropic, to_anthropic
-
-
-def sdk() -> Any:
-    """The ``anthropic`` module.
-
-    Raises:
-        MissingDependencyError: it is not installed (``pip install 'ctxkeep[anthropic]'``).
-
-    """
-    try:
-        import anthropic
-    except ImportError as exc:
-        raise MissingDependencyError("anthropic", "anthropic") from exc
-    return anthropic
 
 
 def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,10 +52,7 @@ class AnthropicAdapter(Adapter):
 
     sync_client = "Anthropic"
     async_client = "AsyncAnthropic"
-
-    def sdk(self) -> Any:
-        """The ``anthropic`` SDK."""
-        return sdk()
+    module = "anthropic"
 
     def endpoint(self, client: Any) -> Any:
         """The SDK method that makes the call."""
@@ -116,7 +99,7 @@ class AnthropicAdapter(Adapter):
         Anthropic answers 400 ``invalid_request_error`` with "prompt is too long: N tokens >
         M maximum", or "input length and `max_tokens` exceed context limit: a + b > M".
         """
-        anthropic = sdk()
+        anthropic = self.sdk()
         if not isinstance(exc, anthropic.BadRequestError):
             return None
         detail = str(getattr(exc, "api_message", None) or getattr(exc, "message", exc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -9,7 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from ctxkeep import _check
-from ctxkeep.errors import ConfigError, ContextWindowExceededError, InvalidTypeError, describe
+from ctxkeep.errors import (
+    ConfigError,
+    ContextWindowExceededError,
+    InvalidTypeError,
+    MissingDependencyError,
+    describe,
+)
 from ctxkeep.llm.types import ChatResult
 from ctxkeep.messages import AnthropicPayload, Message
 
@@ -129,9 +136,20 @@ class Adapter(ABC):
     async_client: ClassVar[str]
     """The SDK's async client class."""
 
-    @abstractmethod
+    module: ClassVar[str]
+    """The SDK's module, and ctxkeep's extra that installs it (``openai``, ``anthropic``)."""
+
     def sdk(self) -> Any:
-        """The SDK module (imported on first use; MissingDependencyError naming the extra)."""
+        """The SDK module, imported on first use.
+
+        Raises:
+            MissingDependencyError: it is not installed (``pip install 'ctxkeep[<module>]'``).
+
+        """
+        try:
+            return importlib.import_module(self.module)
+        except ImportError as exc:
+            raise MissingDependencyError(self.module, self.module) from exc
 
     def make_client(
         self,

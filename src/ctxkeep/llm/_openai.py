@@ -12,24 +12,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ctxkeep.errors import ContextWindowExceededError, MissingDependencyError
+from ctxkeep.errors import ContextWindowExceededError
 from ctxkeep.llm._common import Adapter, Prompt, RequestOptions
 from ctxkeep.llm.types import ChatResult, Usage
 from ctxkeep.messages import Message, ToolCall
-
-
-def sdk() -> Any:
-    """The ``openai`` module.
-
-    Raises:
-        MissingDependencyError: it is not installed (``pip install 'ctxkeep[openai]'``).
-
-    """
-    try:
-        import openai
-    except ImportError as exc:
-        raise MissingDependencyError("openai", "openai") from exc
-    return openai
 
 
 def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -58,10 +44,7 @@ class OpenAIAdapter(Adapter):
 
     sync_client = "OpenAI"
     async_client = "AsyncOpenAI"
-
-    def sdk(self) -> Any:
-        """The ``openai`` SDK."""
-        return sdk()
+    module = "openai"
 
     def endpoint(self, client: Any) -> Any:
         """The SDK method that makes the call."""
@@ -118,7 +101,7 @@ class OpenAIAdapter(Adapter):
         OpenAI says ``code: context_length_exceeded``; compatible servers (vLLM, llama.cpp,
         LiteLLM) say "maximum context length" in a plain 400.
         """
-        openai = sdk()
+        openai = self.sdk()
         if not isinstance(exc, openai.BadRequestError):
             return None
         detail = str(getattr(exc, "message", exc))
