@@ -1,0 +1,299 @@
+"""The plan: which units of a history go into a prompt, and which outputs are compressed.
+
+:meth:`_Fitter._plan` is the default mode (rules 2 to 5 of :mod:`ctxkeep.prune`): it pins the
+newest user message, walks the units from the newest back (:mod:`ctxkeep.prune.units`) and
+hands them to :meth:`_Fitter._fit`, which keeps the recent units (compressing their tool
+outputs, then dropping the oldest of them, if they do not fit) and adds older units while they
+fit. The cache-stable fold (:mod:`ctxkeep.cache`) calls ``_fit`` at each cut with its own walk
+and limit.
+
+A unit costs the tokens of its messages (counted once per message and cached), a compressed
+message counted in its compressed form. :meth:`_Fitter.compress` turns a tool output into its
+head, its tail and a ref to the full text, which is stored in the pruner's artifact store first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ctxkeep.errors import BudgetExceededError
+from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message, coerce_messages, missing_content
+from ctxkeep.prune.units import _Plan, _Repairs, _Unit, _Walk
+
+if TYPE_CHECKING:
+    from ctxkeep.artifacts import ArtifactStore
+    from ctxkeep.prune.summary import AsyncSummarizer, Summarizer
+    from ctxkeep.tokens import TokenCounter
+
+
+@dataclass
+class _Fit:
+    kept: list[_Unit]
+    compressed: dict[int, Message]
+    dropped: list[_Unit]
+    rest: Any
+    pending: _Unit | None
+    total: int
+    summary_room: int
+
+
+class _Fitter(_Walk):
+    """Token costs, compression and the choice of units: the second layer of
+    :class:`~ctxkeep.TokenPruner`.
+    """
+
+    # Set by TokenPruner.__init__ (see its docstring).
+    max_token_budget: int
+    preserve_last_n: int
+    counter: TokenCounter
+    artifacts: ArtifactStore
+    compress_threshold: int | None
+    excerpt_tokens: int
+    summarizer: Summarizer | AsyncSummarizer | None
+    summary_max_tokens: int
+    compress_oversized_user: bool
+    _priming: int
+    _compress_key: tuple[str, Any, int]
+
+    def tokens(self, message: Message) -> int:
+        """Tokens of one message with this pruner's counter (cached)."""
+        return self.counter.count_message(message)
+
+    # -- compression ---------------------------------------------------------------------
+
+    def compress(self, message: Message) -> Message:
+        """The compressed form of a tool output: head, tail, and a ref to the full text.
+
+        The full text is stored in :attr:`artifacts` first, so nothing is lost.
+        """
+        message = coerce_message(message)
+        cache: dict[Any, Message] = message.__dict__.setdefault("_ctxkeep_compressed", {})
+        hit = cache.get(self._compress_key) if self._compress_key[1] is not None else None
+        if hit is not None:
+            return hit
+        full = message.text if isinstance(message.content, list) else (message.content or "")
+        ref = self.artifacts.put(full)
+        chars = max(0, self.excerpt_tokens * 3)
+        if len(full) <= 2 * chars + 200:
+            head, tail = full[: len(full) // 3], ""
+        else:
+            head, tail = full[:chars], full[-chars:]
+        omitted = len(full) - len(head) - len(tail)
+        marker = (
+            f"[ctxkeep: {omitted} of {len(full)} characters omitted "
+            f"({self.tokens(message)} tokens in full); full output is artifact {ref}: "
+            f"call read_artifact to read it]"
+        )
+        body = "\n".join(p for p in (head, marker, tail) if p)
+        meta = dict(message.metadata)
+        meta["ctxkeep_compressed"] = {"ref": ref, "original_chars": len(full)}
+        out = message.replace(
+            content=body,
+            artifact_refs=(*message.artifact_refs, ref),
+            metadata=meta,
+        )
+        cache[self._compress_key] = out
+        return out
+
+    # -- planning ------------------------------------------------------------------------
+
+    def _unit_tokens(self, msgs: list[Message], u: _Unit, compressed: dict[int, Message]) -> int:
+        t = self.tokens
+        n = sum(t(compressed.get(j, msgs[j])) for j in u.members)
+        if u.synthetic:
+            n += sum(t(m) for m in u.synthetic)
+        return n
+
+    def _compress_unit(
+        self, msgs: list[Message], u: _Unit, compressed: dict[int, Message], threshold: int
+    ) -> bool:
+        changed = False
+        for j in u.members:
+            m = msgs[j]
+            if m.role == "tool" and j not in compressed and self.tokens(m) > threshold:
+                c = self.compress(m)
+                if self.tokens(c) < self.tokens(m):
+                    compressed[j] = c
+                    changed = True
+        return changed
+
+    def _plan(self, messages: Sequence[Any]) -> _Plan:
+        msgs = coerce_messages(messages)
+        budget = self.max_token_budget
+        roles = [m.role for m in msgs]
+        system = [i for i, r in enumerate(roles) if r in SYSTEM_ROLES]
+        sys_set = set(system)
+        fix = _Repairs()
+        if any(missing_content(msgs[i]) for i in system):
+            system = [i for i in system if not self._drop_empty(msgs, i, fix)]
+        sys_tokens = sum(self.tokens(msgs[i]) for i in system)
+        notes: list[str] = []
+
+        walker = self._units_backwards(msgs, sys_set, fix)
+        limit = budget - (self.summary_max_tokens if self.summarizer is not None else 0)
+        # The newest user message is pinned wherever it is; a reverse scan of roles finds it
+        # without walking (and checking) the units in between. One with no content is no
+        # message to pin (the walk drops it or raises): the one before it is pinned.
+        user_idx = len(roles) - 1 - roles[::-1].index("user") if "user" in roles else -1
+        while user_idx >= 0 and missing_content(msgs[user_idx]):
+            self._drop_empty(msgs, user_idx, fix)
+            user_idx = next((j for j in range(user_idx - 1, -1, -1) if roles[j] == "user"), -1)
+        fit = self._fit(msgs, system, sys_tokens, walker, user_idx, limit, {}, notes)
+        return _Plan(
+            msgs=msgs,
+            system=system,
+            kept=fit.kept,
+            compressed=fit.compressed,
+            dropped_units=fit.dropped,
+            rest=fit.rest,
+            user_idx=user_idx,
+            pending=fit.pending,
+            total=fit.total,
+            notes=notes,
+            budget_for_summary=fit.summary_room,
+            fix=fix,
+        )
+
+    def _fit(
+        self,
+        msgs: list[Message],
+        system: list[int],
+        sys_tokens: int,
+        walker: Any,
+        user_idx: int,
+        limit: int,
+        compressed: dict[int, Message],
+        notes: list[str],
+    ) -> _Fit:
+        """Choose the units of a prompt from ``walker`` (``(unit, state)``, newest first).
+
+        The recent units and the newest user message (``user_idx``) must fit the budget (recent
+        outputs compressed, then the oldest recent units dropped, if not); older units are
+        added newest first while the total stays within ``limit``. ``compressed`` holds the
+        messages already compressed (the cache-stable mode keeps them so) and is filled in.
+        """
+        budget = self.max_token_budget
+        recent: list[_Unit] = []
+        pending: _Unit | None = None
+        seen = 0
+        pinned_user: _Unit | None = None
+        older: list[_Unit] = []  # a unit walked past once the recent ones are complete
+        for unit, state in walker:
+            if state == "pending":
+                pending = unit
+                notes.append("dropped a trailing tool call whose results have not arrived")
+                continue
+            if seen < self.preserve_last_n:
+                recent.append(unit)
+                seen += len(unit.members)
+                if unit.start == user_idx:
+                    unit.pinned = True
+                continue
+            if unit.start == user_idx:
+                unit.pinned = True
+                pinned_user = unit
+            else:
+                older.append(unit)
+            break
+        if user_idx >= 0 and pinned_user is None and not any(u.pinned for u in recent):
+            pinned_user = _Unit(user_idx, [user_idx], tool=False, pinned=True)
+
+        must = (
+            sys_tokens + self._priming + sum(self._unit_tokens(msgs, u, compressed) for u in recent)
+        )
+        if pinned_user is not None:
+            must += self.tokens(msgs[pinned_user.start])
+
+        dropped: list[_Unit] = []
+        rest: Any = None  # the part of the walk not taken yet (all of it dropped)
+        kept: list[_Unit] = list(recent)
+        if must > budget:
+            # Compress recent tool outputs, oldest first, then drop the oldest recent units.
+            for u in reversed(recent):
+                if must <= budget:
+                    break
+                if u.tool:
+                    before = self._unit_tokens(msgs, u, compressed)
+                    if self._compress_unit(msgs, u, compressed, 0):
+                        must += self._unit_tokens(msgs, u, compressed) - before
+                        notes.append("compressed recent tool output to fit the budget")
+            for u in reversed(recent):
+                if must <= budget:
+                    break
+                if u.pinned:
+                    continue
+                must -= self._unit_tokens(msgs, u, compressed)
+                kept.remove(u)
+                dropped.append(u)
+                for j in u.members:
+                    compressed.pop(j, None)
+                notes.append("dropped a recent unit to fit the budget")
+            user_unit = pinned_user or next((u for u in kept if u.pinned), None)
+            if must > budget and self.compress_oversized_user and user_unit is not None:
+                j = user_unit.start
+                c = self.compress(msgs[j])
+                if self.tokens(c) < self.tokens(msgs[j]):
+                    must += self.tokens(c) - self.tokens(msgs[j])
+                    compressed[j] = c
+                    notes.append("compressed the newest user message: alone it exceeds the budget")
+            if must > budget:
+                blocking = [f"system messages: {sys_tokens} tokens"] if system else []
+                blocking += [
+                    f"message {u.start} ({msgs[u.start].role}): "
+                    f"{self._unit_tokens(msgs, u, compressed)} tokens"
+                    for u in kept
+                ]
+                if pinned_user is not None:
+                    j = pinned_user.start
+                    blocking.append(
+                        f"newest user message {j}: {self.tokens(compressed.get(j, msgs[j]))} tokens"
+                    )
+                raise BudgetExceededError(budget=budget, required=must, blocking=blocking)
+
+        if pinned_user is not None:
+            kept.append(pinned_user)
+        total = must
+        summary_room = 0
+        if not dropped:
+            # Fill with older units, newest first; continue the walk past the pinned user.
+            candidates = [u for u in older if not u.pinned]
+            walking = iter(candidates)
+            rest_walker = walker
+            stop = False
+            while not stop:
+                u_next = next(walking, None)
+                if u_next is None:
+                    nxt = next(rest_walker, None)
+                    if nxt is None:
+                        break
+                    u_next = nxt[0]
+                    if u_next.start == user_idx:
+                        continue  # the pinned user message, already kept
+                u = u_next
+                if u.tool and self.compress_threshold is not None:
+                    self._compress_unit(msgs, u, compressed, self.compress_threshold)
+                cost = self._unit_tokens(msgs, u, compressed)
+                if total + cost > limit and u.tool and self._compress_unit(msgs, u, compressed, 0):
+                    cost = self._unit_tokens(msgs, u, compressed)
+                if total + cost <= limit:
+                    kept.append(u)
+                    total += cost
+                    continue
+                for j in u.members:
+                    compressed.pop(j, None)
+                dropped.append(u)
+                stop = True
+            if stop:
+                # Everything older than the first unit that did not fit is dropped, except
+                # the pinned user message (already kept). The rest of the walk is left to
+                # be done lazily: only a summary needs it, so a prune costs what it keeps.
+                dropped.extend(walking)
+                rest = rest_walker
+                summary_room = budget - total
+        else:
+            dropped.extend(u for u in older if not u.pinned)
+            rest = walker
+            summary_room = budget - total
+        return _Fit(kept, compressed, dropped, rest, pending, total, summary_room)
