@@ -1,4 +1,4 @@
-"""How long one prune of a long session takes: ctxkeep vs LangChain ``trim_messages``.
+"""How long one prune of a long session takes: ctxkeep's two modes vs LangChain ``trim_messages``.
 
 The session is a system prompt, a user task, then assistant tool-call / tool-result pairs
 whose contents cycle through the real steps of the mini-swe trajectories in
@@ -7,14 +7,26 @@ whose contents cycle through the real steps of the mini-swe trajectories in
 ``ctxkeep.demo.demo_session`` (generated file listings, source files, test logs, JSON; outputs
 cut to 1,500 characters so the session is about as heavy per message as the real one).
 
-Measured, with ``time.perf_counter`` and garbage collection left on:
+ctxkeep runs in both of its modes, side by side in one process (their runs interleaved):
+``TokenPruner(6000, 6, counter, cache_stable=False)`` (every prompt pruned to the full
+budget; the default before the cache-stable mode) and ``cache_stable=True`` (the default:
+cut to 0.7 of the budget, then append; its first prune of a history replays all of it).
+Measured for each, with ``time.perf_counter`` and garbage collection left on:
 
-* ctxkeep ``TokenPruner(6000, 6).prune(session)``: the cold first call (no token counts
-  cached on the messages yet), then the median and p90 of repeated warm calls;
-* one ``trim_messages`` call on the same session (already converted to LangChain messages)
-  with an exact counter (ctxkeep's counter over ``convert_to_openai_messages``), the
-  median of a few calls, and the ratio trim / ctxkeep;
-* how ctxkeep's warm prune scales with history length (1k, 10k, 100k messages by default).
+* cold first prune: a new pruner on a freshly built session (no token counts cached on its
+  messages: what a process that just loaded a long session pays), the median of
+  ``--cold-runs`` sessions;
+* first prune by a new pruner of a session whose counts are cached (the cold run's session
+  again): the same minus counting tokens;
+* warm prune: the same pruner on the same history again (the figure quoted before the
+  cache-stable mode existed);
+* one new turn: a tool-call unit appended to the history (fresh messages), then a prune,
+  ``--turns`` times in a row: the per-turn cost of an agent loop;
+
+then one ``trim_messages`` call on the same session (already converted to LangChain messages)
+with an exact counter (ctxkeep's counter over ``convert_to_openai_messages``), the median of a
+few calls, and the ratios trim / ctxkeep; and how each mode scales with history length (1k,
+10k, 100k messages by default; one cold run per size other than ``--messages``).
 
 Usage:
     python bench/prune_speed.py
@@ -25,11 +37,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rich.console import Console
@@ -125,7 +139,9 @@ def build_session(n: int, system: Message, task: Message, units: list[Unit]) -> 
             ids[tc.id] = f"call_{call}"
             calls.append(ToolCall(id=ids[tc.id], name=tc.name, arguments=tc.arguments))
         out.append(Message("assistant", call_msg.content, tool_calls=calls))
-        out.extend(Message("tool", r.content, tool_call_id=ids[r.tool_call_id]) for r in results)
+        out.extend(
+            Message("tool", r.content, tool_call_id=ids[r.tool_call_id or ""]) for r in results
+        )
     return out
 
 
@@ -165,37 +181,168 @@ def timed(fn: Callable[[], Any], runs: int) -> tuple[Timing, Any]:
     return Timing(samples), out
 
 
+@dataclass(frozen=True)
+class Mode:
+    key: str
+    label: str
+    cache_stable: bool
+
+    def pruner(self, counter: TokenCounter) -> TokenPruner:
+        return TokenPruner(BUDGET, LAST_N, counter, cache_stable=self.cache_stable)
+
+    def call(self) -> str:
+        return (
+            f"TokenPruner({BUDGET}, {LAST_N}, get_counter({ENCODING!r}), "
+            f"cache_stable={self.cache_stable}).prune(session)"
+        )
+
+
+MODES = (
+    Mode("full", "cache_stable=False", cache_stable=False),
+    Mode("stable", "cache-stable (default)", cache_stable=True),
+)
+
+
+def new_turns(units: list[Unit], turns: int, offset: int) -> list[list[Message]]:
+    """``turns`` fresh tool-call units (new messages, new call ids) to append to a session."""
+    out = []
+    for j in range(turns):
+        call_msg, results = units[(offset + j) % len(units)]
+        ids = {tc.id: f"turn_{j}_{i}" for i, tc in enumerate(call_msg.tool_calls)}
+        calls = [
+            ToolCall(id=ids[tc.id], name=tc.name, arguments=tc.arguments)
+            for tc in call_msg.tool_calls
+        ]
+        unit = [Message("assistant", call_msg.content, tool_calls=calls)]
+        unit += [
+            Message("tool", r.content, tool_call_id=ids[r.tool_call_id or ""]) for r in results
+        ]
+        out.append(unit)
+    return out
+
+
 @dataclass
-class CtxkeepResult:
+class ModeResult:
+    mode: Mode
     messages: int
     history_tokens: int
-    cold_s: float
-    warm: Timing
+    cold: Timing  # a new pruner, a freshly built session (nothing counted)
+    counted: Timing  # a new pruner, a session whose token counts are cached
+    warm: Timing  # the same pruner, the same history again
+    turn: Timing  # one unit appended, then a prune
     kept: int
     sent_tokens: int
     valid: bool
+    turns_over_budget: int
+    turns_invalid: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.label,
+            "call": self.mode.call(),
+            "messages": self.messages,
+            "history_tokens": self.history_tokens,
+            "cold_first_prune": self.cold.ms(),
+            "first_prune_counts_cached": self.counted.ms(),
+            "warm_same_history": self.warm.ms(),
+            "new_turn": self.turn.ms(),
+            "kept_messages": self.kept,
+            "sent_tokens": self.sent_tokens,
+            "valid": self.valid,
+            "turns_over_budget": self.turns_over_budget,
+            "turns_invalid": self.turns_invalid,
+            "goal_ms": GOAL_MS,
+            "goal_met_warm": self.warm.median * 1e3 <= GOAL_MS,
+            "goal_met_turn": self.turn.median * 1e3 <= GOAL_MS,
+        }
 
 
-def time_ctxkeep(
-    session: list[Message], counter: TokenCounter, runs: int, max_seconds: float
-) -> CtxkeepResult:
-    """Cold first prune, then ``runs`` warm ones (fewer, at least 5, if they would be slow)."""
-    pruner = TokenPruner(BUDGET, LAST_N, counter)
-    t0 = time.perf_counter()
-    pruner.prune(session)  # cold: nothing counted or compressed yet
-    cold = time.perf_counter() - t0
-    probe, _ = timed(lambda: pruner.prune(session), 1)
-    runs = min(runs, max(5, int(max_seconds / max(probe.median, 1e-9))))
-    warm, out = timed(lambda: pruner.prune(session), runs)
-    return CtxkeepResult(
-        messages=len(session),
-        history_tokens=counter.count_messages(session),  # after timing: this fills the caches
-        cold_s=cold,
-        warm=warm,
-        kept=len(out),
-        sent_tokens=counter.count_messages(out),
-        valid=is_valid_sequence(out),
-    )
+def measure(
+    n: int,
+    material: tuple[Message, Message, list[Unit]],
+    counter: TokenCounter,
+    *,
+    runs: int,
+    turns: int,
+    cold_runs: int,
+    max_seconds: float,
+) -> dict[str, ModeResult]:
+    """Both modes on ``n``-message sessions, their runs interleaved (see the docstring).
+
+    Each mode gets its own sessions (fresh messages): token counts are cached on the message
+    objects, so sharing them would hand one mode's counting to the other.
+    """
+    system, task, units = material
+    session: dict[str, list[Message]] = {}
+    pruner: dict[str, TokenPruner] = {}
+    cold: dict[str, list[float]] = {m.key: [] for m in MODES}
+    for _ in range(cold_runs):
+        for m in MODES:
+            session[m.key] = build_session(n, system, task, units)
+            pruner[m.key] = m.pruner(counter)
+            t0 = time.perf_counter()
+            pruner[m.key].prune(session[m.key])
+            cold[m.key].append(time.perf_counter() - t0)
+
+    counted: dict[str, list[float]] = {m.key: [] for m in MODES}
+    for _ in range(cold_runs):
+        for m in MODES:
+            fresh = m.pruner(counter)
+            t0 = time.perf_counter()
+            fresh.prune(session[m.key])
+            counted[m.key].append(time.perf_counter() - t0)
+
+    # Warm: as many runs as fit in max_seconds per mode (at least 5), interleaved.
+    todo = {}
+    for m in MODES:
+        probe, _ = timed(partial(pruner[m.key].prune, session[m.key]), 1)
+        todo[m.key] = min(runs, max(5, int(max_seconds / max(probe.median, 1e-9))))
+    warm: dict[str, list[float]] = {m.key: [] for m in MODES}
+    out: dict[str, list[Message]] = {}
+    for r in range(max(todo.values())):
+        for m in MODES:
+            if r < todo[m.key]:
+                t0 = time.perf_counter()
+                out[m.key] = pruner[m.key].prune(session[m.key])
+                warm[m.key].append(time.perf_counter() - t0)
+
+    # New turns: the history grows by one unit per prune (each mode its own fresh units);
+    # the lists are built before timing, as an agent loop holds its history already.
+    prompts: dict[str, list[list[Message]]] = {}
+    for m in MODES:
+        hist = list(session[m.key])
+        prompts[m.key] = []
+        for unit in new_turns(units, turns, offset=n):
+            hist = hist + unit
+            prompts[m.key].append(hist)
+    turn: dict[str, list[float]] = {m.key: [] for m in MODES}
+    over = dict.fromkeys(todo, 0)
+    invalid = dict.fromkeys(todo, 0)
+    for j in range(turns):
+        for m in MODES:
+            t0 = time.perf_counter()
+            sent = pruner[m.key].prune(prompts[m.key][j])
+            turn[m.key].append(time.perf_counter() - t0)
+            over[m.key] += counter.count_messages(sent) > BUDGET
+            invalid[m.key] += not is_valid_sequence(sent)
+
+    return {
+        m.key: ModeResult(
+            mode=m,
+            messages=n,
+            history_tokens=counter.count_messages(session[m.key]),  # after timing
+            cold=Timing(cold[m.key]),
+            counted=Timing(counted[m.key]),
+            warm=Timing(warm[m.key]),
+            turn=Timing(turn[m.key]),
+            kept=len(out[m.key]),
+            sent_tokens=counter.count_messages(out[m.key]),
+            valid=is_valid_sequence(out[m.key]),
+            turns_over_budget=over[m.key],
+            turns_invalid=invalid[m.key],
+        )
+        for m in MODES
+    }
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -210,14 +357,23 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--messages", type=int, default=10_000, help="session length (10000)")
-    p.add_argument("--runs", type=int, default=50, help="timed warm ctxkeep prunes (50)")
+    p.add_argument("--runs", type=int, default=50, help="timed warm ctxkeep prunes per mode (50)")
+    p.add_argument(
+        "--turns", type=int, default=50, help="timed new turns (a unit appended) per mode (50)"
+    )
+    p.add_argument(
+        "--cold-runs",
+        type=int,
+        default=3,
+        help="fresh sessions pruned cold per mode, at --messages (3; 1 at the other sizes)",
+    )
     p.add_argument("--trim-runs", type=int, default=5, help="timed trim_messages calls (5)")
     p.add_argument(
         "--max-seconds",
         type=float,
         default=5.0,
-        help="cap on the warm ctxkeep runs' time per session size: fewer runs (at least 5) "
-        "when they would take longer (5)",
+        help="cap on the warm ctxkeep runs' time per mode and session size: fewer runs (at "
+        "least 5) when they would take longer (5)",
     )
     p.add_argument(
         "--sizes",
@@ -235,19 +391,30 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     if args.messages < 3 or any(s < 3 for s in sizes):
         sys.exit("error: sessions need at least 3 messages")
+    if min(args.runs, args.turns, args.cold_runs, args.trim_runs) < 1:
+        sys.exit("error: --runs, --turns, --cold-runs and --trim-runs must be at least 1")
     require_langchain()
 
+    load_before = os.getloadavg()
     counter = get_counter(ENCODING)
     counter.count_text("warm up the encoder")
     where, system, task, units = source_material()
+    material = (system, task, units)
     tables_out = args.json != "-"
     console = Console()
     if not console.is_terminal:
-        console = Console(width=120)
+        console = Console(width=160)
 
-    # ctxkeep on the main session, then trim_messages on the same (fresh) session.
-    session = build_session(args.messages, system, task, units)
-    main_ck = time_ctxkeep(session, counter, args.runs, args.max_seconds)
+    # ctxkeep's two modes on the main session, then trim_messages on the same (fresh) session.
+    main_ck = measure(
+        args.messages,
+        material,
+        counter,
+        runs=args.runs,
+        turns=args.turns,
+        cold_runs=args.cold_runs,
+        max_seconds=args.max_seconds,
+    )
     trim = TrimPruner(BUDGET, counter)
     lc_session = to_langchain(build_session(args.messages, system, task, units))
     trim_t, trim_out = timed(lambda: trim.trim(lc_session), args.trim_runs)
@@ -255,33 +422,41 @@ def main(argv: list[str] | None = None) -> int:
     trim_tokens = counter.count_messages(trim_sent)
     trim_valid = is_valid_sequence(trim_sent)
 
-    scaling: list[CtxkeepResult] = []
+    scaling: list[dict[str, ModeResult]] = []
     for n in sizes:
         if n == args.messages:
             scaling.append(main_ck)
         else:
-            big = build_session(n, system, task, units)
-            scaling.append(time_ctxkeep(big, counter, args.runs, args.max_seconds))
+            scaling.append(
+                measure(
+                    n,
+                    material,
+                    counter,
+                    runs=args.runs,
+                    turns=args.turns,
+                    cold_runs=1,
+                    max_seconds=args.max_seconds,
+                )
+            )
 
-    ratio_warm = trim_t.median / main_ck.warm.median
-    ratio_cold = trim_t.median / main_ck.cold_s
+    history_tokens = main_ck["full"].history_tokens
+    ratios = {
+        m.key: {
+            "warm": round(trim_t.median / main_ck[m.key].warm.median, 1),
+            "new_turn": round(trim_t.median / main_ck[m.key].turn.median, 1),
+            "cold": round(trim_t.median / main_ck[m.key].cold.median, 2),
+        }
+        for m in MODES
+    }
     payload: dict[str, Any] = {
         "session_source": where,
         "messages": args.messages,
-        "history_tokens": main_ck.history_tokens,
+        "history_tokens": history_tokens,
         "budget": BUDGET,
         "last_n": LAST_N,
         "encoding": ENCODING,
-        "ctxkeep": {
-            "call": f"TokenPruner({BUDGET}, {LAST_N}, get_counter({ENCODING!r})).prune(session)",
-            "cold_ms": round(main_ck.cold_s * 1e3, 4),
-            "warm": main_ck.warm.ms(),
-            "kept_messages": main_ck.kept,
-            "sent_tokens": main_ck.sent_tokens,
-            "valid": main_ck.valid,
-            "goal_ms": GOAL_MS,
-            "goal_met": main_ck.warm.median * 1e3 <= GOAL_MS,
-        },
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "ctxkeep": {m.key: main_ck[m.key].to_dict() for m in MODES},
         "trim_messages": {
             "call": trim_kwargs_text(BUDGET),
             "counter": "ctxkeep counter.count_messages(convert_to_openai_messages(msgs))",
@@ -290,94 +465,116 @@ def main(argv: list[str] | None = None) -> int:
             "sent_tokens": trim_tokens,
             "valid": trim_valid,
         },
-        "ratio_trim_over_ctxkeep_warm": round(ratio_warm, 1),
-        "ratio_trim_over_ctxkeep_cold": round(ratio_cold, 1),
-        "scaling": [
-            {
-                "messages": r.messages,
-                "history_tokens": r.history_tokens,
-                "cold_ms": round(r.cold_s * 1e3, 4),
-                "warm": r.warm.ms(),
-                "kept_messages": r.kept,
-                "sent_tokens": r.sent_tokens,
-                "valid": r.valid,
-            }
-            for r in scaling
-        ],
+        "ratio_trim_over_ctxkeep": ratios,
+        "scaling": [r[m.key].to_dict() for r in scaling for m in MODES],
     }
 
     if tables_out:
         t = Table(
             title=f"one prune of a {args.messages:,}-message session "
-            f"({main_ck.history_tokens:,} tokens), budget {BUDGET}, last {LAST_N}",
+            f"({history_tokens:,} tokens), budget {BUDGET}, last {LAST_N}: medians in ms "
+            f"(p90)",
             title_justify="left",
         )
-        for col in ("pruner", "runs", "median ms", "p90 ms", "cold ms", "kept", "sent", "valid"):
-            t.add_column(col, justify="left" if col == "pruner" else "right", no_wrap=True)
-        t.add_row(
-            "ctxkeep (warm)",
-            str(len(main_ck.warm.samples)),
-            ms(main_ck.warm.median),
-            ms(main_ck.warm.p90),
-            ms(main_ck.cold_s),
-            f"{main_ck.kept:,}",
-            f"{main_ck.sent_tokens:,}",
-            "yes" if main_ck.valid else "NO",
+        cols = (
+            "pruner",
+            "cold first prune",
+            "new pruner, counts cached",
+            "warm, same history",
+            "one new turn",
+            "kept",
+            "sent",
+            "valid",
         )
+        for col in cols:
+            t.add_column(col, justify="left" if col == "pruner" else "right")
+        for m in MODES:
+            r = main_ck[m.key]
+            t.add_row(
+                f"ctxkeep {m.label}",
+                f"{ms(r.cold.median)} ({len(r.cold.samples)} runs)",
+                ms(r.counted.median),
+                f"{ms(r.warm.median)} ({ms(r.warm.p90)}, {len(r.warm.samples)} runs)",
+                f"{ms(r.turn.median)} ({ms(r.turn.p90)}, {len(r.turn.samples)} turns)",
+                f"{r.kept:,}",
+                f"{r.sent_tokens:,}",
+                "yes" if r.valid and not r.turns_invalid and not r.turns_over_budget else "NO",
+            )
         t.add_row(
             "trim_messages",
-            str(len(trim_t.samples)),
-            ms(trim_t.median),
-            ms(trim_t.p90),
-            ms(trim_t.samples[0]),
+            f"{ms(trim_t.samples[0])} (first call)",
+            "-",
+            f"{ms(trim_t.median)} ({ms(trim_t.p90)}, {len(trim_t.samples)} runs)",
+            "-",
             f"{len(trim_out):,}",
             f"{trim_tokens:,}",
             "yes" if trim_valid else "NO",
         )
         console.print(t)
-        goal = "met" if payload["ctxkeep"]["goal_met"] else "NOT met"
-        console.print(
-            f"  trim_messages / ctxkeep: {ratio_warm:,.0f}x (warm median), "
-            f"{ratio_cold:,.0f}x (ctxkeep cold first call)"
-        )
-        console.print(f"  goal <= {GOAL_MS:g} ms warm: {goal}")
+        for m in MODES:
+            r, q = main_ck[m.key], ratios[m.key]
+            goal = "met" if r.warm.median * 1e3 <= GOAL_MS else "NOT met"
+            goal_turn = "met" if r.turn.median * 1e3 <= GOAL_MS else "NOT met"
+            console.print(
+                f"  {m.label}: trim_messages / ctxkeep {q['warm']:,.0f}x (warm), "
+                f"{q['new_turn']:,.0f}x (new turn), {q['cold']:,.2f}x (cold first prune); "
+                f"goal <= {GOAL_MS:g} ms: warm {goal}, new turn {goal_turn}; turns over "
+                f"budget {r.turns_over_budget}, invalid {r.turns_invalid}"
+            )
         console.print(f"  {ANCHOR}\n")
 
-        s = Table(title="ctxkeep warm prune vs history length", title_justify="left")
+        s = Table(
+            title="ctxkeep vs history length: medians in ms (cold: 1 run except at "
+            f"{args.messages:,})",
+            title_justify="left",
+        )
         for col in (
             "messages",
             "history tokens",
-            "runs",
-            "cold ms",
-            "warm median ms",
-            "warm p90 ms",
+            "mode",
+            "cold first prune",
+            "new pruner, counts cached",
+            "warm",
+            "warm p90",
+            "one new turn",
+            "turn p90",
             "kept",
             "sent",
             "valid",
         ):
-            s.add_column(col, justify="right", no_wrap=True)
-        for r in scaling:
-            s.add_row(
-                f"{r.messages:,}",
-                f"{r.history_tokens:,}",
-                str(len(r.warm.samples)),
-                ms(r.cold_s),
-                ms(r.warm.median),
-                ms(r.warm.p90),
-                f"{r.kept:,}",
-                f"{r.sent_tokens:,}",
-                "yes" if r.valid else "NO",
-            )
+            s.add_column(col, justify="left" if col == "mode" else "right")
+        for row in scaling:
+            for m in MODES:
+                r = row[m.key]
+                s.add_row(
+                    f"{r.messages:,}",
+                    f"{r.history_tokens:,}",
+                    m.label,
+                    ms(r.cold.median),
+                    ms(r.counted.median),
+                    ms(r.warm.median),
+                    ms(r.warm.p90),
+                    ms(r.turn.median),
+                    ms(r.turn.p90),
+                    f"{r.kept:,}",
+                    f"{r.sent_tokens:,}",
+                    "yes" if r.valid and not r.turns_invalid and not r.turns_over_budget else "NO",
+                )
         console.print(s)
         console.print(f"session: {where}")
+        console.print(
+            "load average (1 min) before / after: "
+            + " / ".join(str(x) for x in payload["load_average_before_after"])
+        )
         console.print(f"trim_messages: {trim_kwargs_text(BUDGET)}")
         console.print(
             "  exact = ctxkeep counter.count_messages(convert_to_openai_messages(msgs)); "
             "input converted to LangChain messages before timing"
         )
         console.print(
-            "  'cold ms' of trim_messages is its first call; it keeps no cache, so every call "
-            "is cold"
+            "  cold first prune: a new pruner on a freshly built session (no token counts "
+            "cached); new pruner, counts cached: the same session again; one new turn: a "
+            "tool-call unit appended, then a prune"
         )
     if args.json:
         write_json(payload, args.json)

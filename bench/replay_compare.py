@@ -1,5 +1,9 @@
 """Replay real agent runs through ctxkeep, LangChain ``trim_messages`` and a naive pruner.
 
+ctxkeep runs twice, side by side: its default (``ctxkeep replay``'s pruner, the cache-stable
+mode: prune to 0.7 of the budget at a cut, then append until the budget is full) and
+``cache_stable=False`` (every prompt pruned to the full budget; the default before).
+
 Every assistant step of every trajectory in ``../shared/data/trajectories`` is replayed: the
 prompt before it goes through each pruner, and what the pruner would send is measured with the
 same exact counter (o200k_base, OpenAI's message accounting, reply priming included):
@@ -27,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rich.console import Console
@@ -74,6 +79,11 @@ ANCHORS = {
 }
 
 
+# ctxkeep's two modes: the default (cache-stable, low water 0.7) and the mode that prunes
+# every prompt to the full budget (the default before the cache-stable mode).
+CTXKEEP_KEYS = ("ctxkeep", "ctxkeep_full")
+
+
 @dataclass(frozen=True)
 class Contender:
     key: str
@@ -83,7 +93,16 @@ class Contender:
 
 def contenders(trim_variants: bool) -> list[Contender]:
     out = [
-        Contender("ctxkeep", "ctxkeep", lambda b, n, c: ctxkeep_pruner(b, n, c).prune),
+        Contender(
+            "ctxkeep",
+            "ctxkeep (default: cache-stable)",
+            lambda b, n, c: ctxkeep_pruner(b, n, c).prune,
+        ),
+        Contender(
+            "ctxkeep_full",
+            "ctxkeep cache_stable=False",
+            lambda b, n, c: ctxkeep_pruner(b, n, c, cache_stable=False).prune,
+        ),
         Contender("trim", "trim_messages", lambda b, n, c: TrimPruner(b, c)),
     ]
     if trim_variants:
@@ -157,7 +176,7 @@ def replay_group(
                 c.make(group.budget, group.last_n, counter),
                 counter,
                 group.budget,
-                on_step=lambda task=task: progress.advance(task),
+                on_step=partial(progress.advance, task),
             )
             res.runs.append(s)
             res.stats.add(s)
@@ -168,20 +187,28 @@ def replay_group(
 
 
 def checks(results: dict[str, Result]) -> list[tuple[str, bool]]:
-    """The issue's "Done when" for one group: ctxkeep 0 invalid, 0 over, no more than trim."""
-    ck, tr = results["ctxkeep"].stats, results["trim"].stats
-    return [
-        (f"ctxkeep over budget = {ck.over_budget}", ck.over_budget == 0),
-        (f"ctxkeep invalid = {ck.invalid}", ck.invalid == 0),
-        (f"ctxkeep refused = {ck.errors}", ck.errors == 0),
-        (
-            f"ctxkeep sends {ck.tokens_sent:,} <= trim_messages {tr.tokens_sent:,} "
-            f"({ck.tokens_sent / tr.tokens_sent - 1:+.1%})"
-            if tr.tokens_sent
-            else "trim_messages sent nothing",
-            ck.tokens_sent <= tr.tokens_sent,
-        ),
-    ]
+    """The issue's "Done when" for one group, checked for each ctxkeep mode.
+
+    0 prompts over budget, 0 invalid, 0 refused, and no more tokens sent than trim_messages.
+    """
+    tr = results["trim"].stats
+    out = []
+    for key in CTXKEEP_KEYS:
+        ck = results[key].stats
+        who = ck.name
+        out += [
+            (f"{who}: over budget = {ck.over_budget}", ck.over_budget == 0),
+            (f"{who}: invalid = {ck.invalid}", ck.invalid == 0),
+            (f"{who}: refused = {ck.errors}", ck.errors == 0),
+            (
+                f"{who}: sends {ck.tokens_sent:,} <= trim_messages {tr.tokens_sent:,} "
+                f"({ck.tokens_sent / tr.tokens_sent - 1:+.1%})"
+                if tr.tokens_sent
+                else "trim_messages sent nothing",
+                ck.tokens_sent <= tr.tokens_sent,
+            ),
+        ]
+    return out
 
 
 def table(title: str, rows: list[tuple[str, Result]], input_bad: int) -> Table:
@@ -199,7 +226,10 @@ def table(title: str, rows: list[tuple[str, Result]], input_bad: int) -> Table:
         "refused",
         "time s",
     ):
-        t.add_column(col, justify="left" if col == "pruner" else "right")
+        if col == "pruner":
+            t.add_column(col, justify="left", no_wrap=True)
+        else:
+            t.add_column(col, justify="right")
     for label, r in rows:
         s = r.stats
         t.add_row(
@@ -253,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     tables_out = args.json != "-"
     console = Console()
     if not console.is_terminal:
-        console = Console(width=140)
+        console = Console(width=160)
     err = Console(stderr=True)
 
     payload: dict[str, Any] = {

@@ -120,6 +120,18 @@ def replay_run(
     return stats
 
 
-def ctxkeep_pruner(budget: int, last_n: int, counter: TokenCounter) -> TokenPruner:
-    """The pruner ``ctxkeep replay`` uses."""
-    return TokenPruner(max_token_budget=budget, preserve_last_n=last_n, counter=counter)
+def ctxkeep_pruner(
+    budget: int, last_n: int, counter: TokenCounter, *, cache_stable: bool | None = None
+) -> TokenPruner:
+    """The pruner ``ctxkeep replay`` uses: :class:`TokenPruner`'s defaults otherwise.
+
+    ``cache_stable`` is passed through: None is the pruner's default (the cache-stable mode);
+    ``False`` gives the mode that prunes every prompt to the full budget (the benchmarks
+    compare the two).
+    """
+    return TokenPruner(
+        max_token_budget=budget,
+        preserve_last_n=last_n,
+        counter=counter,
+        cache_stable=cache_stable,
+    )
