@@ -22,6 +22,7 @@ from ctxkeep import from_openai, get_counter, open_checkpoints, open_memory, val
 from ctxkeep.agent import run_agent, tool_spec
 from ctxkeep.errors import ConfigError, InvalidTypeError
 from ctxkeep.llm import ChatClient
+from test_llm_openai import assert_valid_request
 
 WINDOW = 16_000
 RESERVE = 1_000
@@ -59,6 +60,7 @@ def test_a_50_step_run_stays_inside_the_window_with_valid_sequences(
     bodies = server.bodies()
     assert len(bodies) == 51
     for body in bodies:
+        assert_valid_request(body)  # the SDK's own request type, no unknown key
         msgs = from_openai(body["messages"])
         validate_sequence(msgs)
         tools_text = json.dumps(body.get("tools", []))

@@ -227,8 +227,8 @@ def run_agent(
                     sid,
                     "tool",
                     output,
-                    name=call.name,
                     tool_call_id=call.id,
+                    metadata={"tool": call.name},  # not `name`: OpenAI's tool messages have none
                     turn_id=assistant.turn_id,
                     parent_id=assistant.id,
                 )
