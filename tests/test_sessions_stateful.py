@@ -178,6 +178,24 @@ class SessionMachine(RuleBasedStateMachine):
         self.delete(sid, which)
         self.create(sid, which)
 
+    @rule(sid=st.sampled_from(IDS), which=st.integers(0, 1))
+    def pop(self, sid: str, which: int) -> None:
+        now = self._tick()
+        if not self.model.live(sid, now):
+            with pytest.raises(SessionNotFoundError):
+                self._manager(which).pop_message(sid)
+            return
+        s = self.model.sessions[sid]
+        s.accessed = now
+        # A whole unit at a time (a result, then its call), so no call is left waiting.
+        for _ in range(2 if s.roles and s.roles[-1] == "tool" else 1):
+            popped = self._manager(which).pop_message(sid)
+            if not s.contents:
+                assert popped is None
+                break
+            assert popped is not None and popped.content == s.contents[-1]
+            del s.contents[-1], s.roles[-1]
+
     @rule(seconds=st.sampled_from([10, 60, 150]))
     def time_passes(self, seconds: int) -> None:
         self.clock.advance(seconds)

@@ -88,6 +88,10 @@ class AsyncMemoryManager:
         """See :meth:`MemoryManager.get_latest_session_for_agent`."""
         return await asyncio.to_thread(self.sync.get_latest_session_for_agent, agent_id)
 
+    async def pop_message(self, session_id: str) -> Message | None:
+        """See :meth:`MemoryManager.pop_message`."""
+        return await asyncio.to_thread(self.sync.pop_message, session_id)
+
     async def has_session(self, session_id: str) -> bool:
         """See :meth:`MemoryManager.has_session`."""
         return await asyncio.to_thread(self.sync.has_session, session_id)

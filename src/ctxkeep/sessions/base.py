@@ -154,6 +154,13 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def pop_newest(self, session_id: str, generation: str) -> Row | None:
+        """Atomically remove and return the newest message, if the session still has
+        ``generation`` and holds one: ``pending`` follows (:func:`pending_after_pop`),
+        ``revision`` goes up by one, ``next_seq`` stays (a sequence number is never reused).
+        """
+
+    @abstractmethod
     def delete(self, session_id: str, generation: str | None = None) -> bool:
         """Delete a session and its messages (only if it has ``generation``, when given);
         False if nothing was deleted.
@@ -213,6 +220,7 @@ class _Cached:
     """A session's decoded history, as the prompt cache keeps it."""
 
     generation: str
+    revision: int
     seqs: list[int]
     messages: list[Message]
 
@@ -424,6 +432,20 @@ class MemoryManager:
             rows = rows[-limit:] if limit > 0 else []
         return [record_to_message(r) for _, r in rows]
 
+    def pop_message(self, session_id: str) -> Message | None:
+        """Take back the session's newest message and return it (None if it holds none).
+
+        A tool result taken back leaves its call waiting again; an assistant message taken
+        back takes its calls with it. Not archived: the caller took it back on purpose.
+
+        Raises:
+            SessionNotFoundError: unknown or expired session.
+
+        """
+        info = self._live(session_id, touch=True)
+        row = self.backend.pop_newest(session_id, info.generation)
+        return None if row is None else record_to_message(row[1])
+
     def archived_messages(self, session_id: str) -> list[Message]:
         """Messages trimmed or evicted from a session and kept in the archive."""
         return self.backend.archived(check_session_id(session_id))
@@ -477,17 +499,21 @@ class MemoryManager:
         with self._cache_lock:
             cached = self._prompt_cache.pop(session_id, None)
         info, rows = self._read(session_id, cached.seqs[-1] if cached and cached.seqs else 0)
-        if cached is not None and cached.generation != info.generation:
-            cached = None  # another session under this id: nothing of the old one is used
+        if cached is not None and (cached.generation, cached.revision) != (
+            info.generation,
+            info.revision,
+        ):
+            # Another session under this id, or messages taken back: read it all again.
+            cached = None
             info, rows = self._read(session_id)
         if cached is None:
-            cached = _Cached(info.generation, [], [])
+            cached = _Cached(info.generation, info.revision, [], [])
         # Trimmed since: drop what the session no longer holds.
         keep = bisect_left(cached.seqs, info.first_seq)
         seqs = cached.seqs[keep:] + [seq for seq, _ in rows]
         msgs = cached.messages[keep:] + [record_to_message(r) for _, r in rows]
         with self._cache_lock:
-            self._prompt_cache[session_id] = _Cached(info.generation, seqs, msgs)
+            self._prompt_cache[session_id] = _Cached(info.generation, info.revision, seqs, msgs)
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
         return info, list(msgs)

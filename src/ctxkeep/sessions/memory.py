@@ -33,7 +33,7 @@ from ctxkeep.sessions.base import (
     Snapshot,
     page,
 )
-from ctxkeep.sessions.records import Append, SessionInfo, dumps, loads
+from ctxkeep.sessions.records import Append, SessionInfo, dumps, loads, pending_after_pop
 
 
 @dataclass
@@ -116,6 +116,22 @@ class MemoryBackend(Backend):
                 message_count=len(s.rows),
                 first_seq=max(s.info.first_seq, upto_seq + 1),
             )
+
+    def pop_newest(self, session_id: str, generation: str) -> Row | None:
+        """Take the last row off, under the lock."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None or s.info.generation != generation or not s.rows:
+                return None
+            seq, text = s.rows.pop()
+            record = loads(text)
+            s.info = replace(
+                s.info,
+                message_count=len(s.rows),
+                pending=pending_after_pop(s.info.pending, record),
+                revision=s.info.revision + 1,
+            )
+            return seq, record
 
     def delete(self, session_id: str, generation: str | None = None) -> bool:
         """Forget a session."""

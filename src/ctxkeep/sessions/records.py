@@ -205,6 +205,9 @@ class SessionInfo:
     ``(session_id, generation)`` and never shows an earlier session's history."""
     first_seq: int = 1
     """The sequence number of the oldest message held (moved forward by trimming)."""
+    revision: int = 0
+    """How many times messages were taken back from the end (:meth:`MemoryManager.pop_message`):
+    part of a cache's key with the generation, since a popped sequence number is not held."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -267,6 +270,17 @@ def advance_pending(pending: Sequence[str], messages: Sequence[Message]) -> tupl
                 raise InvalidMessageError("duplicate tool call ids in one message", index=i)
             waiting = ids
     return tuple(waiting)
+
+
+def pending_after_pop(pending: Sequence[str], record: dict[str, Any]) -> tuple[str, ...]:
+    """The calls waiting for results once ``record``, the newest message, is taken back: a
+    tool result's call waits again; an assistant message's calls wait no more.
+    """
+    if record.get("role") == "tool" and record.get("tool_call_id"):
+        return (*pending, record["tool_call_id"])
+    if record.get("tool_calls"):
+        return ()
+    return tuple(pending)
 
 
 def trim_point(roles: Sequence[str], max_history: int) -> int:

@@ -78,6 +78,7 @@ from ctxkeep.sessions.records import (
     dumps_record,
     loads,
     new_generation,
+    pending_after_pop,
     record_to_message,
 )
 
@@ -160,6 +161,7 @@ def session_fields(info: SessionInfo) -> dict[FieldT, EncodableT]:
         "pending": dumps(list(info.pending)),
         "generation": info.generation,
         "first_seq": str(info.first_seq),
+        "revision": str(info.revision),
     }
     if info.task_id is not None:
         fields["task_id"] = info.task_id
@@ -186,6 +188,7 @@ def session_from_fields(session_id: str, fields: dict[str, str]) -> SessionInfo:
             pending=tuple(loads(fields["pending"])),
             generation=fields["generation"],
             first_seq=int(fields["first_seq"]),
+            revision=int(fields.get("revision", "0")),  # absent before pops existed
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageError(f"corrupt Redis session hash for {session_id!r}: {exc!r}") from exc
@@ -488,6 +491,36 @@ class RedisBackend(Backend):
             )
 
         self._atomic([keys.session(session_id)], body)
+
+    @translated
+    def pop_newest(self, session_id: str, generation: str) -> Row | None:
+        """WATCH the session, take the newest member off and update the hash, in one
+        MULTI/EXEC.
+        """
+        keys = self.keys
+
+        def body(pipe: Pipeline) -> Row | None:
+            fields = self._hash(pipe, session_id)
+            if not fields or fields.get("generation") != generation:
+                return None
+            newest = cast("list[str]", pipe.zrange(keys.messages(session_id), -1, -1))
+            if not newest:
+                return None
+            info = session_from_fields(session_id, fields)
+            seq, record = parse_member(newest[0])
+            pipe.multi()
+            pipe.zrem(keys.messages(session_id), newest[0])
+            pipe.hset(
+                keys.session(session_id),
+                mapping={
+                    "message_count": str(max(info.message_count - 1, 0)),
+                    "pending": dumps(list(pending_after_pop(info.pending, record))),
+                    "revision": str(info.revision + 1),
+                },
+            )
+            return seq, record
+
+        return self._atomic([keys.session(session_id), keys.messages(session_id)], body)
 
     @translated
     def delete(self, session_id: str, generation: str | None = None) -> bool:

@@ -33,12 +33,13 @@ from ctxkeep.sessions.records import (
     dumps,
     dumps_record,
     loads,
+    pending_after_pop,
     record_to_message,
 )
 
 COLUMNS = (
     "session_id, agent_id, task_id, metadata, created_at, accessed_at, message_count, "
-    "next_seq, pending, generation, first_seq"
+    "next_seq, pending, generation, first_seq, revision"
 )
 
 
@@ -147,6 +148,8 @@ def migrations(d: Dialect) -> list[str]:
                  WHERE m.session_id = ctxkeep_sessions.session_id),
                 next_seq);
         """,
+        # 3: messages taken back from the end (pop) are part of a session's identity.
+        f"ALTER TABLE ctxkeep_sessions ADD COLUMN revision {d.bigint} NOT NULL DEFAULT 0",
     ]
 
 
@@ -164,6 +167,7 @@ def row_to_info(row: Sequence[Any]) -> SessionInfo:
         pending=tuple(loads(row[8])),
         generation=row[9],
         first_seq=row[10],
+        revision=row[11],
     )
 
 
@@ -197,7 +201,7 @@ class SQLBackend(Backend):
             cur = conn.execute(
                 self._sql(
                     f"INSERT INTO ctxkeep_sessions ({COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, 0, 1, '[]', ?, 1) "
+                    "VALUES (?, ?, ?, ?, ?, ?, 0, 1, '[]', ?, 1, 0) "
                     "ON CONFLICT (session_id) DO NOTHING"
                 ),
                 (
@@ -313,6 +317,42 @@ class SQLBackend(Backend):
                 ),
                 (gone, upto_seq + 1, session_id),
             )
+
+    def pop_newest(self, session_id: str, generation: str) -> Row | None:
+        """Delete the newest row and update the session, in one write transaction."""
+        with self.db.tx("take back a message") as conn:
+            row = conn.execute(
+                self._sql(
+                    f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ? "
+                    "AND generation = ?" + self.dialect.for_update
+                ),
+                (session_id, generation),
+            ).fetchone()
+            if row is None:
+                return None
+            info = row_to_info(row)
+            newest = conn.execute(
+                self._sql(
+                    "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
+                    "ORDER BY seq DESC LIMIT 1"
+                ),
+                (session_id,),
+            ).fetchone()
+            if newest is None:
+                return None
+            seq, record = newest[0], loads(newest[1])
+            conn.execute(
+                self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = ?"),
+                (session_id, seq),
+            )
+            conn.execute(
+                self._sql(
+                    "UPDATE ctxkeep_sessions SET message_count = message_count - 1, "
+                    "pending = ?, revision = revision + 1 WHERE session_id = ?"
+                ),
+                (dumps(list(pending_after_pop(info.pending, record))), session_id),
+            )
+            return seq, record
 
     def delete(self, session_id: str, generation: str | None = None) -> bool:
         """Delete the session and its messages in one transaction."""

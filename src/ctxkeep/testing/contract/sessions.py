@@ -218,6 +218,69 @@ class SessionContract:
         memory.create_session("a", session_id="x")
         assert first and memory.get_session("x").generation not in ("", first)
 
+    # -- taking messages back (pop) ----------------------------------------------------------
+
+    def test_pop_takes_back_the_newest_message(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-pop")
+        for text in ("one", "two", "three"):
+            memory.add_message(sid, "user", text)
+        popped = memory.pop_message(sid)
+        assert popped is not None and popped.content == "three"
+        assert _texts(memory.get_messages(sid)) == ["one", "two"]
+        memory.add_message(sid, "user", "four")
+        assert _texts(memory.get_messages(sid)) == ["one", "two", "four"]
+        info = memory.get_session(sid)
+        assert info.message_count == 3 and info.revision == 1
+
+    def test_pop_of_an_empty_session_returns_none(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-pop-empty")
+        assert memory.pop_message(sid) is None
+        memory.add_message(sid, "user", "only")
+        assert memory.pop_message(sid) is not None
+        assert memory.pop_message(sid) is None
+        assert memory.get_messages(sid) == []
+
+    def test_pop_of_unknown_session_is_a_typed_error(self, memory: MemoryManager) -> None:
+        with pytest.raises(SessionNotFoundError):
+            memory.pop_message("no-such-session")
+
+    def test_pop_of_a_tool_result_leaves_its_call_waiting_again(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-pop-tool")
+        memory.add_message(sid, "user", "go")
+        memory.add_messages(sid, tool_unit(1, n=2))
+        popped = memory.pop_message(sid)
+        assert popped is not None and popped.role == "tool"
+        assert memory.get_session(sid).pending == (popped.tool_call_id,)
+        assert [m.role for m in memory.build_prompt_messages(sid)] == ["user"]
+        with pytest.raises(MissingToolResultError):
+            memory.add_message(sid, "user", "too early")
+        memory.add_structured_message(sid, popped)
+        assert memory.get_session(sid).pending == ()
+
+    def test_pop_of_a_tool_call_takes_its_calls_with_it(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-pop-call")
+        memory.add_message(sid, "user", "go")
+        memory.add_messages(sid, tool_unit(1, n=2)[:1])  # the call, results still to come
+        popped = memory.pop_message(sid)
+        assert popped is not None and popped.tool_calls
+        assert memory.get_session(sid).pending == ()
+        memory.add_message(sid, "user", "never mind")
+        validate_sequence(memory.get_messages(sid))
+
+    def test_prompt_after_another_manager_pops_shows_what_the_session_holds(
+        self, memory: MemoryManager
+    ) -> None:
+        other = MemoryManager(memory.backend, memory.config)
+        sid = memory.create_session("agent-pop-other")
+        for text in ("a", "b"):
+            memory.add_message(sid, "user", text)
+        assert _texts(memory.build_prompt_messages(sid)) == ["a", "b"]
+        other.pop_message(sid)
+        other.add_message(sid, "user", "c")
+        assert _texts(memory.build_prompt_messages(sid)) == ["a", "c"]
+
     def test_duplicate_session_id_is_a_typed_error(self, memory: MemoryManager) -> None:
         memory.create_session("a", session_id="dup")
         memory.add_message("dup", "user", "kept")
