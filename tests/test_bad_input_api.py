@@ -64,6 +64,12 @@ CALL_MSGS = [
     {"role": "tool", "tool_call_id": "c1", "content": "done"},
 ]
 ANTHROPIC = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+RESPONSES = [
+    {"role": "user", "content": "go"},
+    {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "id": "fc_1"},
+    {"type": "function_call_output", "call_id": "c1", "output": "done"},
+]
 
 
 @dataclass
@@ -163,6 +169,13 @@ CALLS: list[Call] = [
     Call("to_openai", lambda: ctxkeep.to_openai, {"messages": CALL_MSGS}),
     Call("from_anthropic", lambda: ctxkeep.from_anthropic, {"messages": ANTHROPIC, "system": "s"}),
     Call("to_anthropic", lambda: ctxkeep.to_anthropic, {"messages": CALL_MSGS}),
+    Call("from_responses", lambda: ctxkeep.from_responses, {"items": RESPONSES}),
+    Call("to_responses", lambda: ctxkeep.to_responses, {"messages": CALL_MSGS}),
+    Call(
+        "to_responses (from items)",
+        lambda: ctxkeep.to_responses,
+        {"messages": ctxkeep.from_responses(RESPONSES)},
+    ),
     Call("validate_sequence", lambda: ctxkeep.validate_sequence, {"messages": CALL_MSGS}),
     Call("is_valid_sequence", lambda: ctxkeep.is_valid_sequence, {"messages": CALL_MSGS}),
     Call("coerce_messages", lambda: ctxkeep.coerce_messages, {"messages": CALL_MSGS}),
@@ -246,6 +259,7 @@ CALLS: list[Call] = [
         {"agent_id": "agent"},
     ),
     Call("archived_messages", lambda: _mem().archived_messages, {"session_id": "s"}),
+    Call("pop_message", lambda: _mem().pop_message, {"session_id": "s"}),
     # the fabric
     Call("ContextFabric", lambda: ctxkeep.ContextFabric, {}),
     Call(

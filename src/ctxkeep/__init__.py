@@ -78,6 +78,7 @@ from ctxkeep.messages import (
     validate_sequence,
 )
 from ctxkeep.prune import AsyncSummarizer, MessageDecision, PruneReport, Summarizer, TokenPruner
+from ctxkeep.responses import from_responses, to_responses
 from ctxkeep.sessions import (
     AsyncMemoryManager,
     Evicted,
@@ -237,6 +238,7 @@ __all__ = [
     "format_prior_context",
     "from_anthropic",
     "from_openai",
+    "from_responses",
     "get_counter",
     "is_valid_sequence",
     "open_artifacts",
@@ -249,6 +251,7 @@ __all__ = [
     "run_agent",
     "to_anthropic",
     "to_openai",
+    "to_responses",
     "tool_spec",
     "validate_sequence",
 ]
