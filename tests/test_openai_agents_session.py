@@ -22,11 +22,21 @@ from agents import Agent, RunConfig, Runner, SQLiteSession, function_tool
 from agents.memory import SessionSettings
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from conftest_services import redis_prefix_factory, redis_url
+from conftest_services import (
+    postgres_schema_factory,
+    postgres_url,
+    redis_prefix_factory,
+    redis_url,
+)
 from ctxkeep import MemoryConfig, open_memory
 from ctxkeep.integrations.openai_agents import CtxkeepSession
 
-__all__ = ["redis_prefix_factory", "redis_url"]  # fixtures, re-exported for pytest
+__all__ = [
+    "postgres_schema_factory",
+    "postgres_url",
+    "redis_prefix_factory",
+    "redis_url",
+]  # fixtures, re-exported for pytest
 
 T = TypeVar("T")
 
@@ -40,6 +50,7 @@ KINDS = [
     "ctxkeep-memory",
     "ctxkeep-sqlite",
     pytest.param("ctxkeep-redis", marks=pytest.mark.redis),
+    pytest.param("ctxkeep-postgres", marks=pytest.mark.postgres),
 ]
 CTXKEEP_KINDS = [k for k in KINDS if not isinstance(k, str) or k.startswith("ctxkeep")]
 
@@ -47,11 +58,16 @@ Factory = Callable[..., Any]
 
 
 def _store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh store of ``kind``: Redis keys under a new prefix, removed after the test."""
+    """A fresh store of ``kind``: Redis keys under a new prefix or a new PostgreSQL schema,
+    removed after the test.
+    """
     if kind == "ctxkeep-memory":
         return "memory://"
     if kind == "ctxkeep-sqlite":
         return f"sqlite:///{tmp_path / 'ck.db'}"
+    if kind == "ctxkeep-postgres":  # a fresh schema, dropped after the test
+        schema_url: str = request.getfixturevalue("postgres_schema_factory")()
+        return schema_url
     url: str = request.getfixturevalue("redis_url")  # skips when no Redis answers
     prefix: str = request.getfixturevalue("redis_prefix_factory")()
     return f"{url}?prefix={prefix}"
