@@ -13,6 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,20 @@ def write_json(payload: dict[str, Any], target: str) -> None:
     else:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         Path(target).write_text(text + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A family of trajectories replayed with one budget (the figures BENCHMARKS.md quotes)."""
+
+    name: str
+    pattern: str
+    budget: int
+    last_n: int
+
+
+GROUPS = (
+    Group("mini-swe", "mini-swe-*.json", 6000, 6),
+    Group("tau", "tau-*.json", 4000, 6),
+    Group("swe-agent", "swe-agent-*.json", 6000, 6),
+)

@@ -69,7 +69,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from _common import ENCODING, TrimPruner, load_runs, require_langchain, require_shared_data
+from _common import (
+    ENCODING,
+    GROUPS,
+    TrimPruner,
+    load_runs,
+    require_langchain,
+    require_shared_data,
+)
 from _common import write_json as dump_json
 from ctxkeep.errors import BudgetExceededError, MessageError
 from ctxkeep.messages import Message, coerce_messages, validate_sequence
@@ -87,20 +94,6 @@ PRICES: dict[str, tuple[float, float | None, float]] = {
     "openai_gpt5": (1.25, None, 0.125),
 }
 
-
-@dataclass(frozen=True)
-class Group:
-    name: str
-    pattern: str
-    budget: int
-    last_n: int
-
-
-GROUPS = (
-    Group("mini-swe", "mini-swe-*.json", 6000, 6),
-    Group("tau", "tau-*.json", 4000, 6),
-    Group("swe-agent", "swe-agent-*.json", 6000, 6),
-)
 
 # A pruner here returns (prompt, stable prefix messages or 0).
 Prune = Callable[[list[Message]], tuple[list[Message], int]]

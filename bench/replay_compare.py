@@ -40,7 +40,9 @@ from rich.table import Table
 
 from _common import (
     ENCODING,
+    GROUPS,
     NAIVE_RULE,
+    Group,
     Pruner,
     TrimPruner,
     load_runs,
@@ -56,21 +58,6 @@ from ctxkeep.errors import MessageError
 from ctxkeep.messages import Message, coerce_messages, validate_sequence
 from ctxkeep.replay import RunStats, ctxkeep_pruner, replay_run, step_prompts
 from ctxkeep.tokens import TokenCounter, get_counter
-
-
-@dataclass(frozen=True)
-class Group:
-    name: str
-    pattern: str
-    budget: int
-    last_n: int
-
-
-GROUPS = (
-    Group("mini-swe", "mini-swe-*.json", 6000, 6),
-    Group("tau", "tau-*.json", 4000, 6),
-    Group("swe-agent", "swe-agent-*.json", 6000, 6),
-)
 
 # README anchors (mini-swe, 902 prompts, 6000 / 6, a "+4 per message" counter).
 ANCHORS = {
