@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_type_hints
@@ -133,15 +132,20 @@ def run_tool(tools: Mapping[str, Callable[..., Any]], call: ToolCall) -> str:
         return str(result)
 
 
-def _tools_by_name(tools: Iterable[Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+def _tools_by_name(
+    tools: Iterable[Callable[..., Any]],
+) -> tuple[dict[str, Callable[..., Any]], list[dict[str, Any]]]:
+    """The tools by name, and their function definitions (names must be unique)."""
     by_name: dict[str, Callable[..., Any]] = {}
+    specs: list[dict[str, Any]] = []
     for fn in _check.iterable("tools", tools):
         spec = tool_spec(fn)
         name = spec["function"]["name"]
         if name in by_name:
             raise ConfigError(f"two tools are named {name!r}")
         by_name[name] = fn
-    return by_name
+        specs.append(spec)
+    return by_name, specs
 
 
 def _default_checkpoints(memory: Any) -> Any:
@@ -193,8 +197,8 @@ def run_agent(
     agent_id = _check.text("agent_id", agent_id)
     max_steps = _check.integer("max_steps", max_steps, minimum=1)
     _check.optional_text("session_id", session_id)
-    by_name = _tools_by_name(tools)
-    specs = [tool_spec(fn) for fn in by_name.values()] or None
+    by_name, definitions = _tools_by_name(tools)
+    specs = definitions or None
     store = checkpoints if checkpoints is not None else _default_checkpoints(memory)
 
     sid, step, resumed = _resume(memory, store, agent_id, session_id)
@@ -285,23 +289,17 @@ def _last_message(memory: Any, sid: str) -> Message | None:
 
 
 def _waiting_calls(memory: Any, sid: str) -> tuple[Message, list[ToolCall]] | None:
-    """The assistant message whose calls still wait for results, and those calls."""
+    """The assistant message whose calls still wait for results, and those calls.
+
+    It is the newest message with tool calls (only its results can follow it), so the newest
+    few messages are read first and the whole session only if it lies further back.
+    """
     info = memory.get_session(sid)
     if not info.pending:
         return None
-    msgs: list[Message] = memory.get_messages(sid, limit=len(info.pending) + 1)
-    for m in reversed(msgs):
-        if m.tool_calls:
-            waiting = set(info.pending)
-            return m, [c for c in m.tool_calls if c.id in waiting]
-    # The calls are further back than the newest few messages: read the whole session.
-    for m in reversed(memory.get_messages(sid)):
-        if m.tool_calls:
-            waiting = set(info.pending)
-            return m, [c for c in m.tool_calls if c.id in waiting]
+    waiting = set(info.pending)
+    for limit in (2 * len(info.pending) + 1, None):
+        for m in reversed(memory.get_messages(sid, limit=limit)):
+            if m.tool_calls:
+                return m, [c for c in m.tool_calls if c.id in waiting]
     return None
-
-
-def new_id() -> str:
-    """A fresh id (hex)."""
-    return uuid.uuid4().hex
