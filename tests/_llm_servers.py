@@ -342,3 +342,22 @@ def running(default: Callable[[Any], Reply]) -> Iterator[ScriptedServer]:
         yield server
     finally:
         server.stop()
+
+
+def materialise(value: Any) -> Any:
+    """A validated value with pydantic's lazy iterables read (which validates them)."""
+    if isinstance(value, dict):
+        return {k: materialise(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [materialise(v) for v in value]
+    if hasattr(value, "__next__"):
+        return [materialise(v) for v in value]
+    return value
+
+
+def assert_valid_body(body: dict[str, Any], *, streaming: Any, non_streaming: Any) -> None:
+    """``body`` validates against the SDK's params type (a pydantic ``TypeAdapter``: the
+    streaming one when the body asks to stream) and has no key the type lacks.
+    """
+    adapter = streaming if body.get("stream") else non_streaming
+    assert materialise(adapter.validate_python(body)) == body

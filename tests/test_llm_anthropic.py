@@ -21,6 +21,7 @@ from _llm_servers import (
     anthropic_error,
     anthropic_events,
     anthropic_message,
+    assert_valid_body,
     running,
 )
 from ctxkeep import CalibratedCounter, Message, PromptTooLongError, to_anthropic
@@ -49,21 +50,9 @@ TOOLS = [
 ]
 
 
-def materialise(value: Any) -> Any:
-    """A validated value with pydantic's lazy iterables read (which validates them)."""
-    if isinstance(value, dict):
-        return {k: materialise(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [materialise(v) for v in value]
-    if hasattr(value, "__next__"):
-        return [materialise(v) for v in value]
-    return value
-
-
 def assert_valid_request(body: dict[str, Any]) -> None:
     """The body validates against the SDK's own params type and has no key it lacks."""
-    adapter = STREAMING if body.get("stream") else NON_STREAMING
-    assert materialise(adapter.validate_python(body)) == body
+    assert_valid_body(body, streaming=STREAMING, non_streaming=NON_STREAMING)
 
 
 @pytest.fixture

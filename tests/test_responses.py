@@ -16,6 +16,7 @@ pytest.importorskip("openai")
 from openai.types.responses import ResponseInputItemParam
 from pydantic import TypeAdapter
 
+from _llm_servers import materialise
 from ctxkeep import (
     BudgetExceededError,
     InvalidMessageError,
@@ -29,7 +30,6 @@ from ctxkeep import (
     validate_sequence,
 )
 from ctxkeep.responses import CARRIER_KIND, RESPONSES_KEY
-from test_llm_openai import materialise
 
 ITEM = TypeAdapter(ResponseInputItemParam)
 
