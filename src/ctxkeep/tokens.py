@@ -24,6 +24,7 @@ import base64
 import gzip
 import hashlib
 import importlib.util
+import json
 import math
 import struct
 import threading
@@ -328,8 +329,6 @@ class _CachingCounter:
                 total += self.count_text(str(part.get("data", "")))
             else:
                 # Audio, files and unknown parts: count their JSON so they are never free.
-                import json
-
                 total += self.count_text(json.dumps(part, ensure_ascii=False, sort_keys=True))
         return total
 
@@ -347,7 +346,25 @@ class _CachingCounter:
             )
         if m.tool_call_id:
             n += self.count_text(m.tool_call_id)
+        carried = m.metadata.get("responses_items")
+        if carried:
+            n += self._carried_tokens(carried)
         return n
+
+    def _carried_tokens(self, entries: Any) -> int:
+        """Tokens of the Responses items a message carries unmodelled (``reasoning`` with its
+        encrypted content, computer and MCP calls...; see :mod:`ctxkeep.responses`): their
+        JSON, so they are never free. The provider's own count of an encrypted reasoning item
+        is not knowable offline; its JSON is longer than the reasoning it stands for, so a
+        budget errs on the safe side.
+        """
+        if not isinstance(entries, list):
+            return 0
+        return sum(
+            self.count_text(json.dumps(e["item"], ensure_ascii=False, sort_keys=True))
+            for e in entries
+            if isinstance(e, dict) and isinstance(e.get("item"), dict)
+        )
 
     def count_message(self, message: Any) -> int:
         """Tokens of one message with its overhead; cached on the message object."""

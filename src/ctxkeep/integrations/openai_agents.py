@@ -46,13 +46,35 @@ Costs and limits:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from ctxkeep.errors import MissingDependencyError, SessionExistsError, SessionNotFoundError
+from ctxkeep import _check
+from ctxkeep.artifacts import (
+    READ_ARTIFACT_TOOL,
+    ArtifactStore,
+    MemoryArtifactStore,
+    open_artifacts,
+    read_artifact_tool,
+)
+from ctxkeep.errors import (
+    ArtifactNotFoundError,
+    BudgetExceededError,
+    InvalidMessageError,
+    MissingDependencyError,
+    SessionExistsError,
+    SessionNotFoundError,
+    describe,
+)
+from ctxkeep.messages import Message
+from ctxkeep.prune import PruneReport, TokenPruner
 from ctxkeep.responses import from_responses, to_responses
 from ctxkeep.sessions import MemoryConfig, MemoryManager, open_memory
+from ctxkeep.tokens import TokenCounter, get_counter
 
 try:
     from agents.memory.session_settings import (
@@ -64,9 +86,13 @@ except ImportError as exc:  # the extra is not installed
     raise MissingDependencyError("openai-agents", "agents") from exc
 
 if TYPE_CHECKING:
+    from agents import FunctionTool
     from agents.items import TResponseInputItem
+    from agents.run_config import CallModelData, ModelInputData
 
-__all__ = ["CtxkeepSession"]
+    from ctxkeep.episodic.base import EpisodicMemoryStore, Hit
+
+__all__ = ["CtxkeepInputFilter", "CtxkeepSession", "FilterReport", "ctxkeep_input_filter"]
 
 
 class CtxkeepSession:
@@ -230,3 +256,389 @@ class CtxkeepSession:
     def _clear(self) -> None:
         with self._lock:
             self.memory.delete_session(self.session_id)
+
+
+# -- the model-input filter ----------------------------------------------------------------
+
+
+@dataclass
+class FilterReport:
+    """What one :class:`CtxkeepInputFilter` call sent, and why."""
+
+    budget: int
+    """``max_tokens``: the most the instructions, tool definitions and input may count."""
+    tokens_sent: int
+    """Tokens of the instructions (recall included) and input items sent, plus
+    ``tools_tokens``; never more than ``budget``."""
+    tools_tokens: int
+    """The agent's function tool definitions, counted as their JSON (0 with
+    ``count_tools=False``)."""
+    recalled: int
+    """Episodes recalled into the instructions."""
+    prior_tokens: int
+    """Tokens the ``### Prior Historical Context`` block added to the instructions."""
+    items_in: int
+    """Input items given."""
+    items_out: int
+    """Input items sent."""
+    prune: PruneReport = field(repr=False)
+    """The pruner's report on the messages the items became (the instructions first)."""
+
+
+class CtxkeepInputFilter:
+    """A ``call_model_input_filter`` that fits every model call of an Agents SDK run into an
+    exact token budget. Build one with :func:`ctxkeep_input_filter`; see it for the arguments.
+
+    Each call converts the input items with :func:`~ctxkeep.from_responses`, prunes them
+    with a :class:`~ctxkeep.TokenPruner` (the instructions first, as a system message that is
+    never dropped), and converts what it kept back with :func:`~ctxkeep.to_responses`. So a
+    ``function_call`` is never sent without its ``function_call_output`` (nor an output
+    without its call, nor a ``reasoning`` item without the item it precedes); an old output
+    over ``compress_threshold`` tokens is sent as a head and tail excerpt naming the
+    artifact that holds it in full, which the agent reads back with :attr:`read_artifact`;
+    history that does not fit is dropped, oldest first, in whole units. Items sent unchanged
+    are the very objects given (the SDK matches them to its pending input by identity).
+
+    Attributes:
+        last_report: the :class:`FilterReport` of the latest call (None before the first).
+
+    """
+
+    def __init__(
+        self,
+        max_tokens: int,
+        *,
+        preserve_last_n: int = 6,
+        counter: TokenCounter | str | None = None,
+        artifacts: ArtifactStore | str | None = None,
+        compress_threshold: int | None = 256,
+        cache_stable: bool | None = None,
+        episodic: EpisodicMemoryStore | None = None,
+        recall_top_k: int = 3,
+        max_prior_tokens: int = 1500,
+        recall_min_score: float | None = 0.0,
+        recall_filters: Mapping[str, Any] | None = None,
+        count_tools: bool = True,
+        on_report: Callable[[FilterReport], None] | None = None,
+    ) -> None:
+        self.max_tokens = _check.integer("max_tokens", max_tokens, minimum=1)
+        self.preserve_last_n = _check.integer("preserve_last_n", preserve_last_n, minimum=0)
+        if isinstance(counter, TokenCounter):
+            self.counter = counter
+        else:
+            self.counter = get_counter(_check.optional_text("counter", counter))
+        if artifacts is None:
+            self.artifacts: ArtifactStore = MemoryArtifactStore()
+        elif isinstance(artifacts, str):
+            self.artifacts = open_artifacts(artifacts)
+        else:
+            self.artifacts = _check.instance(
+                "artifacts", artifacts, ArtifactStore, "an ArtifactStore or a URL"
+            )
+        self.compress_threshold = _check.optional_integer(
+            "compress_threshold", compress_threshold, minimum=0
+        )
+        if cache_stable is not None and not isinstance(cache_stable, bool):
+            raise TypeError(
+                f"cache_stable must be True, False or None, got {describe(cache_stable)}"
+            )
+        self.cache_stable = cache_stable
+        if episodic is not None:
+            _check.has_method("episodic", episodic, "search", "an episodic store")
+        self.episodic = episodic
+        self.recall_top_k = _check.integer("recall_top_k", recall_top_k, minimum=1)
+        self.max_prior_tokens = _check.integer("max_prior_tokens", max_prior_tokens, minimum=0)
+        self.recall_min_score = (
+            None
+            if recall_min_score is None
+            else _check.number("recall_min_score", recall_min_score)
+        )
+        self.recall_filters = (
+            None
+            if recall_filters is None
+            else dict(_check.mapping("recall_filters", recall_filters))
+        )
+        if not isinstance(count_tools, bool):
+            raise TypeError(f"count_tools must be True or False, got {describe(count_tools)}")
+        self.count_tools = count_tools
+        if on_report is not None and not callable(on_report):
+            raise TypeError(f"on_report must be callable, got {describe(on_report)}")
+        self.on_report = on_report
+        self.last_report: FilterReport | None = None
+        self._pruners: dict[int, TokenPruner] = {}  # by history budget (tools vary per agent)
+        self._lock = threading.Lock()
+
+    # -- the SDK's entry point -------------------------------------------------------------
+
+    def __call__(self, data: CallModelData[Any]) -> ModelInputData:
+        """Fit one model call's input (``data.model_data``) into ``max_tokens``.
+
+        Raises:
+            BudgetExceededError: the instructions, tool definitions and the newest user
+                message alone do not fit (even compressed).
+            InvalidMessageError: an input item ctxkeep cannot read.
+
+        """
+        from agents.run_config import ModelInputData
+
+        given = list(data.model_data.input)
+        plain = [_plain_item(item, i) for i, item in enumerate(given)]
+        messages = from_responses(plain)
+        tools_tokens = self._tools_tokens(data.agent) if self.count_tools else 0
+        budget = self.max_tokens - tools_tokens
+        if budget < 1:
+            raise BudgetExceededError(
+                budget=self.max_tokens,
+                required=tools_tokens,
+                blocking=[f"the agent's tool definitions ({tools_tokens} tokens)"],
+            )
+        instructions = data.model_data.instructions
+        hits, prior = self._recall(messages)
+        try:
+            text = _join(instructions, prior)
+            kept, report = self._prune(budget, text, messages)
+        except BudgetExceededError:
+            if not prior:
+                raise
+            hits, prior, text = [], "", instructions  # recall yields to the conversation
+            kept, report = self._prune(budget, text, messages)
+        items = _reuse(to_responses(kept), plain, given)
+        prior_tokens = 0
+        if prior:
+            prior_tokens = self.counter.count_text(text or "") - self.counter.count_text(
+                instructions or ""
+            )
+        self.last_report = FilterReport(
+            budget=self.max_tokens,
+            tokens_sent=report.tokens_after + tools_tokens,
+            tools_tokens=tools_tokens,
+            recalled=len(hits),
+            prior_tokens=prior_tokens,
+            items_in=len(given),
+            items_out=len(items),
+            prune=report,
+        )
+        if self.on_report is not None:
+            self.on_report(self.last_report)
+        return ModelInputData(input=cast("list[TResponseInputItem]", items), instructions=text)
+
+    @property
+    def read_artifact(self) -> FunctionTool:
+        """The ``read_artifact`` tool, as an Agents SDK ``FunctionTool`` reading this filter's
+        artifact store: give it to the agent (``Agent(tools=[..., flt.read_artifact])``) so
+        it can read a compressed output back in full.
+        """
+        return read_artifact_function_tool(self.artifacts)
+
+    # -- the parts ---------------------------------------------------------------------------
+
+    def _pruner(self, budget: int) -> TokenPruner:
+        with self._lock:
+            pruner = self._pruners.get(budget)
+            if pruner is None:
+                if len(self._pruners) >= 16:  # agents with different tools: keep a few
+                    self._pruners.pop(next(iter(self._pruners)))
+                pruner = TokenPruner(
+                    budget,
+                    self.preserve_last_n,
+                    self.counter,
+                    self.artifacts,
+                    compress_threshold=self.compress_threshold,
+                    cache_stable=self.cache_stable,
+                )
+                self._pruners[budget] = pruner
+            return pruner
+
+    def _prune(
+        self, budget: int, instructions: str | None, messages: list[Message]
+    ) -> tuple[list[Message], PruneReport]:
+        head = [] if instructions is None else [Message("system", instructions)]
+        kept, report = self._pruner(budget).prune_with_report(head + messages)
+        return kept[len(head) :], report
+
+    def _tools_tokens(self, agent: Any) -> int:
+        """The agent's function tools as the JSON definitions a Responses call sends."""
+        import json
+
+        from agents import FunctionTool
+
+        total = 0
+        for tool in getattr(agent, "tools", None) or ():
+            if isinstance(tool, FunctionTool):
+                spec = {
+                    "type": "function",
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.params_json_schema,
+                    "strict": tool.strict_json_schema,
+                }
+            else:  # hosted tools (web search, file search...): their config
+                spec = {"type": type(tool).__name__, "name": getattr(tool, "name", "")}
+            total += self.counter.count_text(
+                json.dumps(spec, ensure_ascii=False, sort_keys=True, default=str)
+            )
+        return total
+
+    def _recall(self, messages: list[Message]) -> tuple[list[Hit], str]:
+        """The best relevant episodes for the newest user message, as the block to add."""
+        if self.episodic is None or self.max_prior_tokens == 0:
+            return [], ""
+        query = next((m.text for m in reversed(messages) if m.role == "user" and m.text), "")
+        if not query.strip():
+            return [], ""
+        from ctxkeep.builder.sections import fit_hits
+
+        found = self.episodic.search(query, self.recall_top_k * 3, filters=self.recall_filters)
+        relevant = [
+            h
+            for h in found
+            if self.recall_min_score is None or h.is_relevant(self.recall_min_score)
+        ][: self.recall_top_k]
+        section, n, _ = fit_hits(relevant, self.max_prior_tokens, self.counter.count_message)
+        if section is None or n == 0:
+            return [], ""
+        return relevant[:n], section.text
+
+
+def ctxkeep_input_filter(
+    max_tokens: int,
+    *,
+    preserve_last_n: int = 6,
+    counter: TokenCounter | str | None = None,
+    artifacts: ArtifactStore | str | None = None,
+    compress_threshold: int | None = 256,
+    cache_stable: bool | None = None,
+    episodic: EpisodicMemoryStore | None = None,
+    recall_top_k: int = 3,
+    max_prior_tokens: int = 1500,
+    recall_min_score: float | None = 0.0,
+    recall_filters: Mapping[str, Any] | None = None,
+    count_tools: bool = True,
+    on_report: Callable[[FilterReport], None] | None = None,
+) -> CtxkeepInputFilter:
+    """A ``RunConfig(call_model_input_filter=...)`` keeping every model call in ``max_tokens``.
+
+    Every model call of an Agents SDK run is fitted into the budget, counted exactly::
+
+        flt = ctxkeep_input_filter(max_tokens=100_000, episodic=open_episodic())
+        agent = Agent(name="dev", tools=[run_shell, flt.read_artifact])
+        await Runner.run(agent, task, session=session,
+                         run_config=RunConfig(call_model_input_filter=flt))
+
+    Args:
+        max_tokens: the most the instructions (recall included), the agent's function tool
+            definitions and the input items may count together (>= 1). Leave the reply's
+            room out of it: it is the model's window minus the reply's ``max_tokens``.
+        preserve_last_n: input messages kept in full when they fit (a preference; the budget
+            wins). A run of parallel ``function_call`` items is one message.
+        counter: a :class:`~ctxkeep.TokenCounter` or a name for :func:`~ctxkeep.get_counter`
+            (an encoding or a model; the default is o200k_base, exact).
+        artifacts: where compressed outputs are kept in full (a store or an
+            :func:`~ctxkeep.open_artifacts` URL; default: in memory, for this process).
+        compress_threshold: an old output over this many tokens is sent compressed (head,
+            tail and the artifact's ref); ``None`` compresses only what would not fit.
+        cache_stable: the pruner's cache-stable mode (on by default: prompts of a growing
+            run share their prefix, which provider prompt caches discount).
+        episodic: an episodic store to recall from; the best relevant episodes for the
+            newest user message are appended to the instructions under
+            ``### Prior Historical Context`` (fenced, labelled as data). Recall yields: when
+            the conversation needs the room, nothing is recalled.
+        recall_top_k: episodes recalled at most.
+        max_prior_tokens: the most tokens the recalled block may take.
+        recall_min_score: an episode is recalled only with lexical evidence and at least
+            this fused score (:meth:`~ctxkeep.Hit.is_relevant`); None recalls the best hits.
+        recall_filters: filters for the episodic search (``{"agent_id": ...}``...).
+        count_tools: count the agent's tool definitions in ``max_tokens`` (their JSON; the
+            provider's own rendering of tools is not public, so this is an estimate).
+        on_report: called with each call's :class:`FilterReport` (what was sent, and why).
+
+    Raises:
+        InvalidTypeError / ValueError: an argument of the wrong type or out of range.
+
+    """
+    return CtxkeepInputFilter(
+        max_tokens,
+        preserve_last_n=preserve_last_n,
+        counter=counter,
+        artifacts=artifacts,
+        compress_threshold=compress_threshold,
+        cache_stable=cache_stable,
+        episodic=episodic,
+        recall_top_k=recall_top_k,
+        max_prior_tokens=max_prior_tokens,
+        recall_min_score=recall_min_score,
+        recall_filters=recall_filters,
+        count_tools=count_tools,
+        on_report=on_report,
+    )
+
+
+def read_artifact_function_tool(store: ArtifactStore) -> FunctionTool:
+    """The ``read_artifact`` tool as an Agents SDK ``FunctionTool`` over ``store``: a
+    compressed output names its artifact, and the agent calls this to read it back (paged by
+    ``offset`` and ``limit``, in characters). A bad call is answered with an error text the
+    model can act on.
+    """
+    import json
+
+    from agents import FunctionTool, RunContextWrapper
+
+    _check.instance("store", store, ArtifactStore, "an ArtifactStore")
+    spec = READ_ARTIFACT_TOOL["function"]
+
+    async def invoke(ctx: RunContextWrapper[Any], arguments: str) -> str:
+        try:
+            return await asyncio.to_thread(read_artifact_tool, store, arguments)
+        except (InvalidMessageError, ArtifactNotFoundError) as exc:
+            return json.dumps({"error": str(exc)})
+
+    return FunctionTool(
+        name=spec["name"],
+        description=spec["description"],
+        params_json_schema=spec["parameters"],
+        on_invoke_tool=invoke,
+        strict_json_schema=False,  # offset and limit are optional
+    )
+
+
+def _plain_item(item: Any, i: int) -> dict[str, Any]:
+    """An input item as a plain dict (the SDK's items are dicts; a pydantic item is dumped)."""
+    if isinstance(item, Mapping):
+        return cast("dict[str, Any]", item)
+    dump = getattr(item, "model_dump", None)
+    if callable(dump):
+        return cast("dict[str, Any]", dump(exclude_unset=True, mode="json"))
+    raise InvalidMessageError(
+        f"a Responses input item must be an object, got {describe(item)}", index=i
+    )
+
+
+def _join(instructions: str | None, prior: str) -> str | None:
+    if not prior:
+        return instructions
+    return f"{instructions}\n\n{prior}" if instructions else prior
+
+
+def _key(item: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (item.get("type"), item.get("role"), item.get("call_id"), item.get("id"))
+
+
+def _reuse(items: list[dict[str, Any]], plain: list[dict[str, Any]], given: list[Any]) -> list[Any]:
+    """``items`` with each one equal to a given item replaced by that very object, matched in
+    order (the pruner keeps the input's order), so the SDK sees what it sent unchanged.
+    """
+    where: dict[tuple[Any, ...], list[int]] = {}
+    for i, item in enumerate(plain):
+        where.setdefault(_key(item), []).append(i)
+    out: list[Any] = []
+    after = 0  # items before this were matched or passed
+    for item in items:
+        chosen: Any = item
+        positions = where.get(_key(item), [])
+        for k in range(bisect.bisect_left(positions, after), len(positions)):
+            j = positions[k]
+            if plain[j] == item:
+                chosen, after = given[j], j + 1
+                break
+        out.append(chosen)
+    return out
