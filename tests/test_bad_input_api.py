@@ -90,6 +90,13 @@ def _mem() -> Any:
     return mem
 
 
+def _mem_with_newest(newest_id: str) -> Any:
+    mem = ctxkeep.open_memory("memory://")
+    mem.create_session("agent", session_id="s")
+    mem.add_messages("s", [ctxkeep.Message("user", "hello", id=newest_id)])
+    return mem
+
+
 def _episodic() -> Any:
     store = ctxkeep.open_episodic("memory://", embedder="hash")
     store.save_episode("s", "goal", "summary", metadata={"k": 1}, agent_id="a")
@@ -260,6 +267,11 @@ CALLS: list[Call] = [
     ),
     Call("archived_messages", lambda: _mem().archived_messages, {"session_id": "s"}),
     Call("pop_message", lambda: _mem().pop_message, {"session_id": "s"}),
+    Call(
+        "replace_newest",
+        lambda: _mem_with_newest("n").replace_newest,
+        {"session_id": "s", "messages": [{"role": "user", "content": "x"}], "newest_id": "n"},
+    ),
     # the fabric
     Call("ContextFabric", lambda: ctxkeep.ContextFabric, {}),
     Call(

@@ -426,3 +426,53 @@ def test_runner_two_turns_with_tool_calls_reads_back_what_it_wrote(
     finally:
         ours.close()
         reference.close()
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "ctxkeep-sqlite",
+        pytest.param("ctxkeep-redis", marks=pytest.mark.redis),
+        pytest.param("ctxkeep-postgres", marks=pytest.mark.postgres),
+    ],
+)
+def test_two_instances_popping_parallel_calls_at_once_lose_and_repeat_nothing(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Each pop of a run of calls replaces the message in one transaction: two stores (as
+    two processes would have) popping the same session together get every item once."""
+    import threading
+
+    url = _store_url(kind, request, tmp_path)
+    a, b = CtxkeepSession("conv", url), CtxkeepSession("conv", url)
+    calls = [
+        {"type": "function_call", "call_id": f"c{k}", "name": "f", "arguments": "{}"}
+        for k in range(30)
+    ]
+    try:
+        run(a.add_items([user("go"), *calls]))
+        popped: list[Any] = []
+        lock = threading.Lock()
+
+        def drain(s: CtxkeepSession) -> None:
+            while True:
+                item = run(s.pop_item())
+                if item is None or item.get("role") == "user":
+                    with lock:
+                        popped.append(item)
+                    return
+                with lock:
+                    popped.append(item)
+
+        workers = [threading.Thread(target=drain, args=(s,)) for s in (a, b)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        got = [i for i in popped if i is not None and i.get("type") == "function_call"]
+        assert sorted(i["call_id"] for i in got) == sorted(c["call_id"] for c in calls)
+        assert sum(1 for i in popped if i is not None and i.get("role") == "user") == 1
+        assert run(a.get_items()) == []
+    finally:
+        a.close()
+        b.close()

@@ -24,6 +24,7 @@ Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueEr
     ├── StorageError                              a backend failed (driver errors wrapped here)
     │   ├── SessionNotFoundError (LookupError)    no session with that id
     │   ├── SessionExistsError (ValueError)       a session with that id already exists
+    │   ├── SessionChangedError                   a session changed under an atomic replace
     │   ├── CheckpointNotFoundError (LookupError) no checkpoint with that id
     │   ├── EpisodeNotFoundError (LookupError)    no episode with that id
     │   ├── CorruptRecordError (ValueError)       a stored or encoded value that cannot be decoded
@@ -232,6 +233,24 @@ class StorageError(CtxkeepError):
 
 class SessionNotFoundError(StorageError, LookupError):
     """No session with the given id."""
+
+
+class SessionChangedError(StorageError):
+    """The newest message of a session was no longer the one an atomic replace was based on
+    (another writer appended or took one back meanwhile): nothing was changed; read again and
+    retry.
+
+    Attributes:
+        session_id: the session.
+
+    """
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id!r} changed since its newest message was read; nothing was "
+            "replaced: read it again and retry"
+        )
 
 
 class SessionExistsError(StorageError, ValueError):

@@ -28,16 +28,15 @@ expired reads as empty, as one that was never written.
 Costs and limits:
 
 * ``pop_item`` returns the newest *item*. When the newest message stands for several items
-  (a run of parallel calls, or reasoning items carried with it), it takes the message back,
-  returns its last item and appends the rest again: a pop and an append, with the rest getting
-  fresh message ids. One instance serialises its own operations (a lock), so tasks sharing it
-  never see the message half-popped; two instances (or processes) popping the same session at
-  once may interleave.
+  (a run of parallel calls, or reasoning items carried with it), the message is replaced by
+  one without its last item, in one transaction (:meth:`~ctxkeep.MemoryManager.replace_newest`):
+  no reader, in this process or another, sees it half popped, and a crash loses nothing.
+  The rest get fresh message ids.
 * The stored history obeys ctxkeep's sequence rules: a ``function_call_output`` must answer a
   call still waiting. Items added while calls wait that do not start with an output (more
-  calls of the same run, a reasoning item) continue the newest message: it is taken back and
-  added again joined with them (a pop and an append, as for ``pop_item``). A message after
-  some outputs while other calls still wait is refused (``MissingToolResultError``), where
+  calls of the same run, a reasoning item) continue the newest message: it is replaced by
+  itself joined with them, in one transaction, as for ``pop_item``. A message after some
+  outputs while other calls still wait is refused (``MissingToolResultError``), where
   ``SQLiteSession`` would store it; the Runner never writes one.
 * ``get_items(limit)`` reads the newest ``limit`` messages (each stands for at least one item)
   and keeps the newest ``limit`` items of them.
@@ -66,6 +65,7 @@ from ctxkeep.errors import (
     BudgetExceededError,
     InvalidMessageError,
     MissingDependencyError,
+    SessionChangedError,
     SessionExistsError,
     SessionNotFoundError,
     describe,
@@ -91,6 +91,10 @@ if TYPE_CHECKING:
     from agents.run_config import CallModelData, ModelInputData
 
     from ctxkeep.episodic.base import EpisodicMemoryStore, Hit
+
+_RETRIES = 50
+"""Attempts at an atomic replace before giving up when other writers keep changing the
+session (each attempt reads the newest message again)."""
 
 __all__ = ["CtxkeepInputFilter", "CtxkeepSession", "FilterReport", "ctxkeep_input_filter"]
 
@@ -212,22 +216,23 @@ class CtxkeepSession:
 
     def _append(self, items: list[dict[str, Any]]) -> None:
         messages = from_responses(items)
-        info = self.memory.get_session(self.session_id)
-        if not info.pending or messages[0].role == "tool":
-            self.memory.add_messages(self.session_id, messages)
-            return
-        # Calls wait and the batch does not answer them: it continues the newest message (a
-        # run of function calls split over two batches, or items that came after it), as one
-        # list of items would. Take that message back and add it again joined with the batch.
-        newest = self.memory.pop_message(self.session_id)
-        assert newest is not None  # calls wait, so the session holds the message making them
-        try:
-            self.memory.add_messages(
-                self.session_id, from_responses(to_responses([newest]) + items)
-            )
-        except BaseException:
-            self.memory.add_messages(self.session_id, [newest])
-            raise
+        for _ in range(_RETRIES):
+            info = self.memory.get_session(self.session_id)
+            if not info.pending or messages[0].role == "tool":
+                self.memory.add_messages(self.session_id, messages)
+                return
+            # Calls wait and the batch does not answer them: it continues the newest message
+            # (a run of function calls split over two batches, or items that came after
+            # it), as one list of items would. Replace that message by it joined with the
+            # batch, in one transaction.
+            newest = self.memory.get_messages(self.session_id, limit=1)
+            if not newest or not newest[0].id:
+                continue  # taken back meanwhile: look again
+            joined = from_responses(to_responses(newest) + items)
+            with contextlib.suppress(SessionChangedError):
+                self.memory.replace_newest(self.session_id, joined, newest_id=newest[0].id)
+                return
+        raise SessionChangedError(self.session_id)
 
     def _ensure_session(self) -> None:
         if self.memory.has_session(self.session_id):
@@ -238,20 +243,27 @@ class CtxkeepSession:
 
     def _pop_item(self) -> TResponseInputItem | None:
         with self._lock:
-            while True:
+            for _ in range(_RETRIES):
                 try:
-                    message = self.memory.pop_message(self.session_id)
+                    newest = self.memory.get_messages(self.session_id, limit=1)
                 except SessionNotFoundError:
                     return None
-                if message is None:
+                if not newest:
                     return None
-                items = to_responses([message])
-                if not items:
-                    continue  # a message that stands for no item: nothing to return
-                *rest, last = items
-                if rest:
-                    self.memory.add_messages(self.session_id, from_responses(rest))
-                return cast("TResponseInputItem", last)
+                message = newest[0]
+                rest: list[dict[str, Any]] = to_responses([message])
+                last = rest.pop() if rest else None
+                # The newest message without its last item takes its place, in one
+                # transaction (a message that stands for no item is just taken back).
+                try:
+                    self.memory.replace_newest(
+                        self.session_id, from_responses(rest), newest_id=message.id or ""
+                    )
+                except (SessionChangedError, SessionNotFoundError):
+                    continue  # another writer got there first: look again
+                if last is not None:
+                    return cast("TResponseInputItem", last)
+            raise SessionChangedError(self.session_id)
 
     def _clear(self) -> None:
         with self._lock:

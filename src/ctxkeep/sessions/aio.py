@@ -92,6 +92,14 @@ class AsyncMemoryManager:
         """See :meth:`MemoryManager.pop_message`."""
         return await asyncio.to_thread(self.sync.pop_message, session_id)
 
+    async def replace_newest(
+        self, session_id: str, messages: Iterable[Any], *, newest_id: str
+    ) -> list[Message]:
+        """See :meth:`MemoryManager.replace_newest`."""
+        return await asyncio.to_thread(
+            self.sync.replace_newest, session_id, list(messages), newest_id=newest_id
+        )
+
     async def has_session(self, session_id: str) -> bool:
         """See :meth:`MemoryManager.has_session`."""
         return await asyncio.to_thread(self.sync.has_session, session_id)

@@ -34,6 +34,7 @@ from ctxkeep.errors import (
     ConfigError,
     InvalidMessageError,
     InvalidTypeError,
+    SessionChangedError,
     SessionNotFoundError,
 )
 from ctxkeep.messages import Message, coerce_message
@@ -400,15 +401,7 @@ class MemoryManager:
 
         """
         now = self._clock()
-        stamped: list[Message] = []
-        for i, raw in enumerate(_check.iterable("messages", messages)):
-            m = coerce_message(raw, index=i)
-            stamped.append(
-                m.replace(
-                    id=m.id or uuid.uuid4().hex,
-                    created_at=m.created_at or datetime.fromtimestamp(now, UTC),
-                )
-            )
+        stamped = self._stamped(messages, now)
         if not stamped:
             return []
         records = [message_to_record(m) for m in stamped]
@@ -422,6 +415,20 @@ class MemoryManager:
         if self.config.max_history is not None:
             self._trim(session_id)
         return [m.copy() for m in stamped]
+
+    @staticmethod
+    def _stamped(messages: Iterable[Any], now: float) -> list[Message]:
+        """``messages`` as ``Message`` objects, each with an ``id`` and ``created_at``."""
+        stamped: list[Message] = []
+        for i, raw in enumerate(_check.iterable("messages", messages)):
+            m = coerce_message(raw, index=i)
+            stamped.append(
+                m.replace(
+                    id=m.id or uuid.uuid4().hex,
+                    created_at=m.created_at or datetime.fromtimestamp(now, UTC),
+                )
+            )
+        return stamped
 
     def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
         """The session's messages, oldest first (copies); the newest ``limit`` if given."""
@@ -445,6 +452,57 @@ class MemoryManager:
         info = self._live(session_id, touch=True)
         row = self.backend.pop_newest(session_id, info.generation)
         return None if row is None else record_to_message(row[1])
+
+    def replace_newest(
+        self, session_id: str, messages: Iterable[Any], *, newest_id: str
+    ) -> list[Message]:
+        """Atomically take back the newest message and append ``messages`` in its place.
+
+        What :meth:`pop_message` then :meth:`add_messages` do, in one transaction: no reader
+        sees the session without the newest message, and a crash between the two loses
+        nothing. The sequence rules apply to the session as it is without the newest message
+        (an assistant message replaced by itself with one more call is valid). ``messages``
+        may be empty (a conditional pop).
+
+        Args:
+            session_id: the session.
+            messages: what takes the newest message's place (``Message`` objects or dicts).
+            newest_id: the ``id`` of the message the caller read as the newest; if another
+                writer appended or took one back since, nothing changes.
+
+        Returns:
+            The stored copies of ``messages``.
+
+        Raises:
+            SessionChangedError: the newest message is not ``newest_id`` (or there is none);
+                read again and retry.
+            SessionNotFoundError: unknown or expired session.
+            OrphanToolResultError / MissingToolResultError / InvalidMessageError: as for
+                :meth:`add_messages`; nothing changes.
+
+        """
+        _check.text("newest_id", newest_id)
+        now = self._clock()
+        stamped = self._stamped(messages, now)
+        self._live(session_id, touch=False)
+        rows = self._read(session_id)[1]
+        if not rows or rows[-1][1].get("id") != newest_id:
+            raise SessionChangedError(session_id)
+
+        def check(info: SessionInfo) -> tuple[str, ...]:
+            return advance_pending(info.pending, stamped)
+
+        batch = Append(
+            records=[message_to_record(m) for m in stamped],
+            check=check,
+            now=now,
+            ttl=self._native_ttl,
+            replaces=rows[-1][0],
+        )
+        self.backend.append(session_id, batch)
+        if self.config.max_history is not None:
+            self._trim(session_id)
+        return [m.copy() for m in stamped]
 
     def archived_messages(self, session_id: str) -> list[Message]:
         """Messages trimmed or evicted from a session and kept in the archive."""

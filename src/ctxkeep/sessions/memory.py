@@ -21,7 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ctxkeep.errors import ConfigError, SessionExistsError, SessionNotFoundError
+from ctxkeep.errors import (
+    ConfigError,
+    SessionChangedError,
+    SessionExistsError,
+    SessionNotFoundError,
+)
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import (
     Backend,
@@ -80,16 +85,27 @@ class MemoryBackend(Backend):
             s = self._sessions.get(session_id)
             if s is None:
                 raise SessionNotFoundError(f"no session {session_id!r}")
-            pending = batch.check(s.info)
-            start = s.info.next_seq
+            info, rows = s.info, s.rows
+            if batch.replaces is not None:
+                if not rows or rows[-1][0] != batch.replaces:
+                    raise SessionChangedError(session_id)
+                info = replace(
+                    info,
+                    pending=pending_after_pop(info.pending, loads(rows[-1][1])),
+                    revision=info.revision + 1,
+                )
+                rows = rows[:-1]
+            pending = batch.check(info)  # raises before anything changed
+            start = info.next_seq
             seqs = list(range(start, start + len(texts)))
+            s.rows = rows
             s.rows.extend(zip(seqs, texts, strict=True))
             s.info = replace(
-                s.info,
+                info,
                 next_seq=start + len(texts),
                 message_count=len(s.rows),
                 pending=pending,
-                accessed_at=max(s.info.accessed_at, batch.now),
+                accessed_at=max(info.accessed_at, batch.now),
             )
             return seqs
 

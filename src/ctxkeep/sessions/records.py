@@ -235,6 +235,12 @@ class Append:
     """The append's time (the session's new ``accessed_at``, if later)."""
     ttl: float | None
     """The native expiry to set, for backends that declare ``supports_native_ttl``."""
+    replaces: int | None = None
+    """The sequence number of the session's newest message, which this append takes the place
+    of in the same transaction: the backend removes it as :meth:`Backend.pop_newest` does
+    (``pending`` as :func:`pending_after_pop` says, ``revision`` + 1) before ``check`` runs,
+    or raises :class:`~ctxkeep.errors.SessionChangedError` if the newest message is no longer
+    that one."""
 
 
 def advance_pending(pending: Sequence[str], messages: Sequence[Message]) -> tuple[str, ...]:

@@ -65,6 +65,7 @@ from ctxkeep._redis import (
 )
 from ctxkeep.errors import (
     ConfigError,
+    SessionChangedError,
     SessionExistsError,
     SessionNotFoundError,
     StorageError,
@@ -426,26 +427,43 @@ class RedisBackend(Backend):
         """
         keys = self.keys
         records, check, now, ttl = batch.records, batch.check, batch.now, batch.ttl
+        replaces = batch.replaces
 
         def body(pipe: Pipeline) -> list[int]:
             fields = self._hash(pipe, session_id)
             if not fields:
                 raise SessionNotFoundError(f"no session {session_id!r}")
             info = session_from_fields(session_id, fields)
+            taken: str | None = None
+            if replaces is not None:
+                newest = cast("list[str]", pipe.zrange(keys.messages(session_id), -1, -1))
+                if not newest or parse_member(newest[0])[0] != replaces:
+                    raise SessionChangedError(session_id)
+                taken = newest[0]
+                info = replace(
+                    info,
+                    message_count=max(info.message_count - 1, 0),
+                    pending=pending_after_pop(info.pending, parse_member(taken)[1]),
+                    revision=info.revision + 1,
+                )
             pending = check(info)
             seqs = list(range(info.next_seq, info.next_seq + len(records)))
             accessed = max(info.accessed_at, now)
             pipe.multi()
-            pipe.zadd(
-                keys.messages(session_id),
-                {message_member(s, r): s for s, r in zip(seqs, records, strict=True)},
-            )
+            if taken is not None:
+                pipe.zrem(keys.messages(session_id), taken)
+            if records:
+                pipe.zadd(
+                    keys.messages(session_id),
+                    {message_member(s, r): s for s, r in zip(seqs, records, strict=True)},
+                )
             pipe.hset(
                 keys.session(session_id),
                 mapping={
                     "next_seq": str(info.next_seq + len(records)),
                     "message_count": str(info.message_count + len(records)),
                     "pending": dumps(list(pending)),
+                    "revision": str(info.revision),
                     "accessed_at": repr(accessed),
                 },
             )
@@ -453,7 +471,10 @@ class RedisBackend(Backend):
             self._expire(pipe, session_id, ttl)
             return seqs
 
-        return self._atomic([keys.session(session_id)], body)
+        watched = [keys.session(session_id)]
+        if replaces is not None:
+            watched.append(keys.messages(session_id))
+        return self._atomic(watched, body)
 
     @translated
     def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ctxkeep._db import Database, executemany, placeholders
-from ctxkeep.errors import SessionExistsError, SessionNotFoundError
+from ctxkeep.errors import SessionChangedError, SessionExistsError, SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import Backend, Evicted, Row, Snapshot
 from ctxkeep.sessions.records import (
@@ -250,6 +250,8 @@ class SQLBackend(Backend):
             if row is None:
                 raise SessionNotFoundError(f"no session {session_id!r}")
             info = row_to_info(row)
+            if batch.replaces is not None:
+                info = self._take_newest(conn, info, batch.replaces)
             pending = batch.check(info)
             seqs = list(range(info.next_seq, info.next_seq + len(texts)))
             executemany(
@@ -261,19 +263,44 @@ class SQLBackend(Backend):
             )
             conn.execute(
                 self._sql(
-                    "UPDATE ctxkeep_sessions SET next_seq = ?, message_count = message_count + ?,"
-                    f" pending = ?, accessed_at = {self.dialect.greatest}(accessed_at, ?)"
+                    "UPDATE ctxkeep_sessions SET next_seq = ?, message_count = ?, pending = ?,"
+                    f" revision = ?, accessed_at = {self.dialect.greatest}(accessed_at, ?)"
                     " WHERE session_id = ?"
                 ),
                 (
                     info.next_seq + len(texts),
-                    len(texts),
+                    info.message_count + len(texts),
                     dumps(list(pending)),
+                    info.revision,
                     batch.now,
                     session_id,
                 ),
             )
             return seqs
+
+    def _take_newest(self, conn: Any, info: SessionInfo, seq: int) -> SessionInfo:
+        """Inside an append's transaction: delete the newest message, which must be ``seq``;
+        the session as it is without it.
+        """
+        newest = conn.execute(
+            self._sql(
+                "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
+                "ORDER BY seq DESC LIMIT 1"
+            ),
+            (info.session_id,),
+        ).fetchone()
+        if newest is None or newest[0] != seq:
+            raise SessionChangedError(info.session_id)
+        conn.execute(
+            self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = ?"),
+            (info.session_id, seq),
+        )
+        return replace(
+            info,
+            message_count=info.message_count - 1,
+            pending=pending_after_pop(info.pending, loads(newest[1])),
+            revision=info.revision + 1,
+        )
 
     def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
         """The row and the messages after ``after_seq``, in one snapshot."""

@@ -14,6 +14,7 @@ from ctxkeep.errors import (
     InvalidMessageError,
     MissingToolResultError,
     OrphanToolResultError,
+    SessionChangedError,
     SessionExistsError,
     SessionNotFoundError,
 )
@@ -280,6 +281,76 @@ class SessionContract:
         other.pop_message(sid)
         other.add_message(sid, "user", "c")
         assert _texts(memory.build_prompt_messages(sid)) == ["a", "c"]
+
+    # -- replacing the newest message atomically -------------------------------------------
+
+    def test_replace_newest_swaps_the_newest_message_in_one_step(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-replace")
+        memory.add_message(sid, "user", "go")
+        call = memory.add_messages(sid, tool_unit(1, n=2)[:1])[0]
+        assert memory.get_session(sid).pending == ("u1-0", "u1-1")
+        assert _texts(memory.build_prompt_messages(sid)) == ["go"]  # cached; calls wait
+        # The same message with one more call: valid on the session without the newest.
+        more = call.replace(id=None, tool_calls=[*call.tool_calls, ToolCall("u1-2", "f", "{}")])
+        stored = memory.replace_newest(sid, [more], newest_id=call.id or "")
+        assert memory.get_session(sid).pending == ("u1-0", "u1-1", "u1-2")
+        got = memory.get_messages(sid)
+        assert [m.id for m in got][-1] == stored[0].id != call.id
+        assert [tc.id for tc in got[-1].tool_calls] == ["u1-0", "u1-1", "u1-2"]
+        assert memory.get_session(sid).message_count == 2
+        # The cached prompt sees the swap (the revision moved).
+        memory.add_messages(
+            sid, [Message("tool", f"r{k}", tool_call_id=f"u1-{k}") for k in range(3)]
+        )
+        prompt = memory.build_prompt_messages(sid)
+        assert [len(m.tool_calls) for m in prompt] == [0, 3, 0, 0, 0]
+        validate_sequence(prompt)
+
+    def test_replace_newest_based_on_a_stale_read_changes_nothing(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-replace-stale")
+        first = memory.add_message(sid, "user", "one")
+        memory.add_message(sid, "user", "two")
+        with pytest.raises(SessionChangedError):
+            memory.replace_newest(sid, [Message("user", "x")], newest_id=first.id or "")
+        assert _texts(memory.get_messages(sid)) == ["one", "two"]
+        empty = memory.create_session("agent-replace-empty")
+        with pytest.raises(SessionChangedError):
+            memory.replace_newest(empty, [], newest_id="nothing")
+        with pytest.raises(SessionNotFoundError):
+            memory.replace_newest("no-such-session", [], newest_id="x")
+
+    def test_an_invalid_replacement_changes_nothing(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-replace-invalid")
+        memory.add_message(sid, "user", "go")
+        unit = memory.add_messages(sid, tool_unit(1, n=1))
+        before = memory.get_session(sid)
+        orphan = Message("tool", "r", tool_call_id="nobody")
+        with pytest.raises(OrphanToolResultError):
+            memory.replace_newest(sid, [orphan], newest_id=unit[-1].id or "")
+        assert [m.id for m in memory.get_messages(sid)][-1] == unit[-1].id
+        after = memory.get_session(sid)
+        assert (after.pending, after.revision, after.message_count) == (
+            before.pending,
+            before.revision,
+            before.message_count,
+        )
+
+    def test_replace_newest_with_nothing_is_a_conditional_pop(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-replace-pop")
+        memory.add_message(sid, "user", "one")
+        memory.add_message(sid, "user", "two")
+        popped = memory.pop_message(sid)  # leaves a gap in the sequence numbers
+        assert popped is not None
+        three = memory.add_message(sid, "user", "three")
+        assert memory.replace_newest(sid, [], newest_id=three.id or "") == []
+        assert _texts(memory.get_messages(sid)) == ["one"]
+        assert memory.get_session(sid).revision == 2
 
     def test_duplicate_session_id_is_a_typed_error(self, memory: MemoryManager) -> None:
         memory.create_session("a", session_id="dup")
