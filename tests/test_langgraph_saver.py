@@ -1,0 +1,358 @@
+"""CtxkeepSaver: LangGraph's own checkpointer conformance suite on every engine, and a real graph.
+
+The suite (``langgraph-checkpoint-conformance``) makes a fresh saver for each capability: a new
+SQLite file, a new Redis key prefix, a new PostgreSQL schema. Every capability, base and
+extended, must be detected and pass on SQLite, PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.conformance")
+
+import psycopg
+import redis
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from conftest_services import (
+    postgres_schema_factory,
+    postgres_url,
+    redis_prefix_factory,
+    redis_url,
+)
+from ctxkeep.errors import ConfigError, CorruptRecordError, InvalidTypeError, SchemaVersionError
+from ctxkeep.integrations.langgraph import CtxkeepSaver
+
+__all__ = [
+    "postgres_schema_factory",
+    "postgres_url",
+    "redis_prefix_factory",
+    "redis_url",
+]  # fixtures, re-exported for pytest
+
+ENGINES = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("redis", marks=pytest.mark.redis),
+]
+
+
+@pytest.fixture(params=ENGINES)
+def new_url(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str]:
+    """URLs of fresh, empty stores of one engine (removed after the test)."""
+    engine: str = request.param
+    made = iter(range(1_000_000))
+    if engine == "sqlite":
+        return lambda: f"sqlite:///{tmp_path / f'lg-{next(made)}.db'}"
+    if engine == "postgres":
+        factory: Callable[[], str] = request.getfixturevalue("postgres_schema_factory")
+        return factory
+    url: str = request.getfixturevalue("redis_url")
+    prefixes: Callable[[], str] = request.getfixturevalue("redis_prefix_factory")
+    return lambda: f"{url}?prefix={prefixes()}"
+
+
+@pytest.fixture
+def saver(new_url: Callable[[], str]) -> Iterator[CtxkeepSaver]:
+    with CtxkeepSaver(new_url()) as s:
+        yield s
+
+
+def config(thread_id: str, **more: Any) -> Any:
+    return {"configurable": {"thread_id": thread_id, **more}}
+
+
+# -- LangGraph's conformance suite --------------------------------------------------------------
+
+
+def test_the_conformance_suite_passes_in_full(new_url: Callable[[], str]) -> None:
+    @checkpointer_test(name="CtxkeepSaver")
+    async def factory() -> AsyncIterator[CtxkeepSaver]:
+        saver = CtxkeepSaver(new_url())
+        try:
+            yield saver
+        finally:
+            saver.close()
+
+    report = asyncio.run(validate(factory))
+    results = report.results
+    assert {name for name, r in results.items() if r.detected} == {
+        c.value for c in ALL_CAPABILITIES
+    }
+    failures = {name: r.failures for name, r in results.items() if r.passed is not True}
+    assert failures == {}
+    assert report.conformance_level() == "FULL"
+    assert sum(r.tests_passed for r in results.values()) == 81
+
+
+# -- a real graph -------------------------------------------------------------------------------
+
+
+class Log(TypedDict):
+    log: Annotated[list[str], operator.add]
+
+
+def counting_graph() -> StateGraph[Log]:
+    graph = StateGraph(Log)
+    graph.add_node("step", lambda state: {"log": [f"step-{len(state['log'])}"]})
+    graph.add_edge(START, "step")
+    graph.add_edge("step", END)
+    return graph
+
+
+def test_a_graph_resumes_its_thread_from_a_new_saver(new_url: Callable[[], str]) -> None:
+    url = new_url()
+    with CtxkeepSaver(url) as first:
+        graph = counting_graph().compile(checkpointer=first)
+        assert graph.invoke({"log": ["a"]}, config("t1"))["log"] == ["a", "step-1"]
+    with CtxkeepSaver(url) as second:  # as another process would, after a restart
+        graph = counting_graph().compile(checkpointer=second)
+        assert graph.invoke({"log": ["b"]}, config("t1"))["log"] == ["a", "step-1", "b", "step-3"]
+        assert graph.invoke({"log": ["c"]}, config("t2"))["log"] == ["c", "step-1"]
+        history = list(graph.get_state_history(config("t1")))
+        assert [h.metadata["step"] for h in history if h.metadata] == [4, 3, 2, 1, 0, -1]
+
+
+def test_an_interrupted_graph_resumes_with_the_answer_async(saver: CtxkeepSaver) -> None:
+    class Chat(TypedDict):
+        log: Annotated[list[str], operator.add]
+
+    def ask(state: Chat) -> dict[str, list[str]]:
+        answer = interrupt("what next?")
+        return {"log": [f"answer:{answer}"]}
+
+    builder = StateGraph(Chat)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        paused = await graph.ainvoke({"log": ["hi"]}, config("chat"))
+        waiting = await graph.aget_state(config("chat"))
+        done = await graph.ainvoke(Command(resume="go"), config("chat"))
+        return paused, waiting, done
+
+    paused, waiting, done = asyncio.run(scenario())
+    assert [i.value for i in paused["__interrupt__"]] == ["what next?"]
+    assert waiting.next == ("ask",)
+    assert done["log"] == ["hi", "answer:go"]
+
+
+def test_a_fork_leaves_the_original_branch_as_it_was(saver: CtxkeepSaver) -> None:
+    graph = counting_graph().compile(checkpointer=saver)
+    graph.invoke({"log": ["a"]}, config("fork"))
+    original = graph.get_state(config("fork"))
+    assert original.values["log"] == ["a", "step-1"]
+    step0 = next(h for h in graph.get_state_history(config("fork")) if h.metadata["step"] == 0)
+    forked = graph.update_state(step0.config, {"log": ["other"]})  # a sibling of `original`
+    assert graph.invoke(None, forked)["log"] == ["a", "other", "step-2"]
+    # The fork wrote the channel at the same depth: its versions must not reuse the original's.
+    assert graph.get_state(original.config).values["log"] == ["a", "step-1"]
+
+
+def stored(url: str) -> dict[str, int]:
+    """How many checkpoints, channel values and writes a store holds, read behind the saver
+    (on Redis, ``keys`` counts every key but the schema version's).
+    """
+    if url.startswith("redis"):
+        base, prefix = url.split("?prefix=")
+        with closing(redis.Redis.from_url(base, decode_responses=True)) as client:
+            keys = [k for k in client.scan_iter(match=f"{prefix}*") if k != f"{prefix}meta"]
+            return {
+                "checkpoints": sum(":checkpoint:" in k for k in keys),
+                "blobs": sum(client.hlen(k) for k in keys if k.endswith(":blobs")),
+                "writes": sum(client.hlen(k) for k in keys if ":writes:" in k),
+                "keys": len(keys),
+            }
+    counts = {}
+    for table in ("checkpoints", "blobs", "writes"):
+        sql = f"SELECT count(*) FROM ctxkeep_lg_{table}"
+        if url.startswith("sqlite"):
+            with closing(sqlite3.connect(url[len("sqlite:///") :])) as conn:
+                counts[table] = conn.execute(sql).fetchone()[0]
+        else:
+            with psycopg.connect(url) as conn:
+                counts[table] = conn.execute(sql).fetchone()[0]
+    return counts
+
+
+def put_chain(saver: CtxkeepSaver, thread_id: str, ns: str = "") -> list[Any]:
+    """Three checkpoints: x changes at each, y only at the first; a write on each."""
+    parent: Any = config(thread_id, checkpoint_ns=ns)
+    made = []
+    for i in range(3):
+        cp = checkpoint(f"c{i}", x=i, y="same")
+        cp["channel_versions"] = {"x": f"{i + 1}", "y": "1"}
+        new = {"x": f"{i + 1}", "y": "1"} if i == 0 else {"x": f"{i + 1}"}
+        parent = saver.put(parent, cp, {"step": i, "run_id": f"run-{i}"}, new)
+        saver.put_writes(parent, [("x", i), ("__error__", "boom")], f"task-{i}")
+        made.append(parent)
+    return made
+
+
+def test_deleting_a_thread_leaves_nothing_behind(new_url: Callable[[], str]) -> None:
+    url = new_url()
+    with CtxkeepSaver(url) as s:
+        put_chain(s, "gone")
+        put_chain(s, "gone", ns="child:1")
+        put_chain(s, "kept")
+        before = stored(url)
+        assert before["checkpoints"] == 9 and before["blobs"] == 12 and before["writes"] == 18
+        s.delete_thread("gone")
+        after = stored(url)
+        assert (after["checkpoints"], after["blobs"], after["writes"]) == (3, 4, 6)
+        assert s.get_tuple(config("kept")) is not None
+        s.delete_thread("kept")
+        assert set(stored(url).values()) == {0}  # on Redis: no set, index or run key either
+
+
+def test_keep_latest_keeps_only_what_the_newest_checkpoint_needs(
+    new_url: Callable[[], str],
+) -> None:
+    url = new_url()
+    with CtxkeepSaver(url) as s:
+        made = put_chain(s, "p")
+        s.prune(["p"])
+        after = stored(url)
+        assert (after["checkpoints"], after["blobs"], after["writes"]) == (1, 2, 2)
+        latest = s.get_tuple(config("p", checkpoint_ns=""))
+        assert latest is not None and latest.config == made[-1]
+        assert latest.checkpoint["channel_values"] == {"x": 2, "y": "same"}
+        assert latest.pending_writes == [("task-2", "__error__", "boom"), ("task-2", "x", 2)]
+        s.delete_for_runs(["run-2"])  # the run index of pruned checkpoints is gone too
+        assert s.get_tuple(config("p", checkpoint_ns="")) is None
+
+
+# -- schema versions ------------------------------------------------------------------------------
+
+
+def test_a_store_of_a_newer_schema_is_refused(new_url: Callable[[], str]) -> None:
+    url = new_url()
+    CtxkeepSaver(url).close()  # creates the tables and records version 1
+    if url.startswith("sqlite"):
+        with closing(sqlite3.connect(url[len("sqlite:///") :])) as conn, conn:
+            conn.execute("UPDATE ctxkeep_meta SET value = '99' WHERE key = 'langgraph'")
+    elif url.startswith("postgresql"):
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE ctxkeep_meta SET value = '99' WHERE key = 'langgraph'")
+    else:
+        base, prefix = url.split("?prefix=")
+        with closing(redis.Redis.from_url(base)) as client:
+            client.hset(f"{prefix}meta", "langgraph", "99")
+    with pytest.raises(SchemaVersionError, match="newer ctxkeep"):
+        CtxkeepSaver(url)
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sqlite_saver(tmp_path: Path) -> Iterator[CtxkeepSaver]:
+    with CtxkeepSaver(f"sqlite:///{tmp_path / 'lg.db'}") as s:
+        yield s
+
+
+@pytest.mark.parametrize(
+    "url", ["memory://", "mysql://localhost/db", "sqlite:///", "sqlite://x", "sqlite:///:memory:"]
+)
+def test_an_unsupported_url_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError):
+        CtxkeepSaver(url)
+
+
+def test_no_url_means_the_embedded_default_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTXKEEP_DB", str(tmp_path / "default.db"))
+    with CtxkeepSaver() as s:
+        s.put(config("d", checkpoint_ns=""), checkpoint("c1"), {"step": 0}, {})
+    assert (tmp_path / "default.db").exists()
+
+
+def checkpoint(checkpoint_id: str, **values: Any) -> Any:
+    return {
+        "v": 1,
+        "id": checkpoint_id,
+        "ts": "2025-01-01T00:00:00+00:00",
+        "channel_values": values,
+        "channel_versions": dict.fromkeys(values, "1"),
+        "versions_seen": {},
+        "updated_channels": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ({}, ConfigError),
+        ({"configurable": {}}, ConfigError),
+        ("thread", InvalidTypeError),
+        ({"configurable": {"thread_id": 1.5}}, InvalidTypeError),
+        ({"configurable": {"thread_id": True}}, InvalidTypeError),
+        ({"configurable": {"thread_id": "t", "checkpoint_ns": 3}}, InvalidTypeError),
+        ({"configurable": {"thread_id": "t\x00"}}, ConfigError),
+    ],
+    ids=[
+        "no-configurable",
+        "no-thread",
+        "not-a-mapping",
+        "float-thread",
+        "bool-thread",
+        "int-ns",
+        "nul",
+    ],
+)
+def test_a_malformed_config_gets_a_typed_error(
+    sqlite_saver: CtxkeepSaver, bad: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        sqlite_saver.get_tuple(bad)
+    with pytest.raises(error):
+        sqlite_saver.put(bad, checkpoint("c1"), {}, {})
+
+
+def test_an_int_or_uuid_thread_id_is_kept_as_text(sqlite_saver: CtxkeepSaver) -> None:
+    thread = uuid.uuid4()
+    for given in (7, thread):
+        stored = sqlite_saver.put(config(given, checkpoint_ns=""), checkpoint("c1"), {}, {})
+        assert stored["configurable"]["thread_id"] == str(given)
+        found = sqlite_saver.get_tuple(config(str(given)))
+        assert found is not None and found.config == stored
+
+
+def test_other_bad_arguments_get_typed_errors(sqlite_saver: CtxkeepSaver) -> None:
+    with pytest.raises(ConfigError, match="strategy"):
+        sqlite_saver.prune(["t"], strategy="keep_some")
+    with pytest.raises(InvalidTypeError, match="thread_ids"):
+        sqlite_saver.prune("t")
+    with pytest.raises(ConfigError, match="checkpoint_id"):
+        sqlite_saver.put_writes(config("t", checkpoint_ns=""), [("ch", 1)], "task")
+    with pytest.raises(InvalidTypeError, match="writes"):
+        sqlite_saver.put_writes(config("t", checkpoint_id="c1"), ["ch"], "task")
+    with pytest.raises(ConfigError, match="limit"):
+        list(sqlite_saver.list(None, limit=-1))
+    with pytest.raises(InvalidTypeError, match="cannot be serialized"):
+        sqlite_saver.put(config("t", checkpoint_ns=""), checkpoint("c1", x=object()), {}, {"x": 2})
+    assert sqlite_saver.get_tuple(config("t")) is None  # nothing stored
+
+
+def test_a_corrupt_stored_value_is_refused(sqlite_saver: CtxkeepSaver, tmp_path: Path) -> None:
+    stored = sqlite_saver.put(config("t", checkpoint_ns=""), checkpoint("c1", x=1), {}, {"x": "1"})
+    with closing(sqlite3.connect(tmp_path / "lg.db")) as conn, conn:
+        conn.execute("UPDATE ctxkeep_lg_blobs SET type = 'msgpack', blob = x'c1'")
+    with pytest.raises(CorruptRecordError, match="channel 'x'"):
+        sqlite_saver.get_tuple(stored)
