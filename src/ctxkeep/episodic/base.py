@@ -559,9 +559,9 @@ class EpisodicMemoryStore(ABC):
     def forget(
         self,
         *,
-        episode_id: str | None = None,
-        session_id: str | None = None,
-        agent_id: str | None = None,
+        episode_id: str | Sequence[str] | None = None,
+        session_id: str | Sequence[str] | None = None,
+        agent_id: str | Sequence[str] | None = None,
     ) -> int:
         """Delete episodes by id, session or agent (a value or a list each; an episode must
         match every one given) from every index; returns how many.

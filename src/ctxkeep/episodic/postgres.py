@@ -158,7 +158,9 @@ class PostgresEpisodicStore(SQLStore):
         found: set[int] = set()
         with self._db.tx("search") as conn:
             if q is not None:
-                conn.execute(f"SET LOCAL hnsw.ef_search = {int(max(self.ef_search, n))}")
+                # pgvector refuses an ef_search above 1000 (asking for more than 50 hits)
+                ef = min(1000, max(self.ef_search, n))
+                conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
                 found.update(
                     r[0]
                     for r in conn.execute(
