@@ -734,3 +734,21 @@ def test_a_given_episodic_store_is_used_and_left_open(tmp_path: Path) -> None:
     episodic.close()
     with pytest.raises(ConfigError):
         CtxkeepStore(episodic=open_episodic("memory://", embedder="hash"), embedder="hash")
+
+
+def test_the_langgraph_example_resumes_its_thread_and_recalls_by_the_rare_word(
+    tmp_path: Path,
+) -> None:
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "langgraph_app.py"
+    spec = importlib.util.spec_from_file_location("langgraph_app", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["langgraph_app"] = module
+    spec.loader.exec_module(module)
+    out = module.main(tmp_path / "lg.db", "hash")
+    assert len(out["said"]) == 2  # turn 2 resumed turn 1's thread from its checkpoint
+    assert out["recalled"] == ["I am allergic to penicillin"]
+    assert out["checkpoints"] >= 4
