@@ -1,0 +1,335 @@
+"""The SQL backend of :class:`~ctxkeep.integrations.langgraph.CtxkeepSaver`: SQLite and PostgreSQL.
+
+:class:`_SQLBackend` is written once, with ``?`` placeholders, over the three tables
+``ctxkeep_lg_checkpoints``, ``ctxkeep_lg_blobs`` and ``ctxkeep_lg_writes``;
+:class:`_SQLiteBackend` and :class:`_PostgresBackend` give it an engine client (connections,
+transactions, driver errors, migrations) and a snapshot read transaction.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from ctxkeep._db import Database, executemany, placeholders
+from ctxkeep.integrations.langgraph._saver_common import (
+    META_KEY,
+    Accept,
+    Typed,
+    _Backend,
+    _Loaded,
+    _Query,
+    _Row,
+    _Write,
+)
+
+
+def _schema(blob: str, ordered_text: str) -> str:
+    return f"""
+    CREATE TABLE IF NOT EXISTS ctxkeep_lg_checkpoints (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id {ordered_text} NOT NULL,
+        parent_checkpoint_id {ordered_text},
+        run_id TEXT,
+        type TEXT NOT NULL,
+        checkpoint {blob} NOT NULL,
+        metadata_type TEXT NOT NULL,
+        metadata {blob} NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+    );
+    CREATE INDEX IF NOT EXISTS ctxkeep_lg_checkpoints_run ON ctxkeep_lg_checkpoints (run_id);
+    CREATE TABLE IF NOT EXISTS ctxkeep_lg_blobs (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        version TEXT NOT NULL,
+        type TEXT NOT NULL,
+        blob {blob} NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+    );
+    CREATE TABLE IF NOT EXISTS ctxkeep_lg_writes (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id {ordered_text} NOT NULL,
+        task_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        type TEXT NOT NULL,
+        blob {blob} NOT NULL,
+        task_path TEXT NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+    );
+    """
+
+
+# Position i brings the tables from version i to i + 1. Checkpoint ids are compared bytewise
+# (PostgreSQL's "C" collation), as LangGraph orders them.
+SQLITE_MIGRATIONS: list[str] = [_schema("BLOB", "TEXT")]
+POSTGRES_MIGRATIONS: list[str] = [_schema("BYTEA", 'TEXT COLLATE "C"')]
+
+_CP = "ctxkeep_lg_checkpoints"
+_BLOBS = "ctxkeep_lg_blobs"
+_WRITES = "ctxkeep_lg_writes"
+_CP_COLS = (
+    "thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, "
+    "metadata_type, metadata"
+)
+_CP_UPDATE = (
+    "parent_checkpoint_id = excluded.parent_checkpoint_id, run_id = excluded.run_id, "
+    "type = excluded.type, checkpoint = excluded.checkpoint, "
+    "metadata_type = excluded.metadata_type, metadata = excluded.metadata"
+)
+_BLOB_COLS = "thread_id, checkpoint_ns, channel, version, type, blob"
+_WRITE_COLS = (
+    "thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path"
+)
+_WRITE_UPDATE = (
+    "channel = excluded.channel, type = excluded.type, blob = excluded.blob, "
+    "task_path = excluded.task_path"
+)
+_LATEST = (
+    f"(checkpoint_ns, checkpoint_id) NOT IN (SELECT checkpoint_ns, max(checkpoint_id) FROM {_CP} "
+    "WHERE thread_id = ? GROUP BY checkpoint_ns)"
+)
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+class _SQLBackend(_Backend):
+    """The primitives over the three tables, for an engine client and its placeholder."""
+
+    def __init__(self, db: Database, param: str) -> None:
+        self.db = db
+        self.param = param
+
+    def _sql(self, sql: str) -> str:
+        return placeholders(sql, self.param)
+
+    @abstractmethod
+    def _read_tx(self, doing: str) -> AbstractContextManager[Any]:
+        """A connection inside one read transaction that sees one snapshot."""
+
+    def put(self, row: _Row, blobs: dict[str, tuple[str, Typed]]) -> None:
+        with self.db.tx("put a LangGraph checkpoint") as conn:
+            conn.execute(
+                self._sql(
+                    f"INSERT INTO {_CP} ({_CP_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
+                    f"(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET {_CP_UPDATE}"
+                ),
+                (
+                    row.thread_id,
+                    row.checkpoint_ns,
+                    row.checkpoint_id,
+                    row.parent_id,
+                    row.run_id,
+                    *row.checkpoint,
+                    *row.metadata,
+                ),
+            )
+            if blobs:
+                executemany(
+                    conn,
+                    self._sql(
+                        f"INSERT INTO {_BLOBS} ({_BLOB_COLS}) VALUES ({_marks(6)}) "
+                        "ON CONFLICT (thread_id, checkpoint_ns, channel, version) "
+                        "DO UPDATE SET type = excluded.type, blob = excluded.blob"
+                    ),
+                    [
+                        (row.thread_id, row.checkpoint_ns, ch, ver, *value)
+                        for ch, (ver, value) in blobs.items()
+                    ],
+                )
+
+    def put_writes(self, thread_id: str, ns: str, checkpoint_id: str, writes: list[_Write]) -> None:
+        insert = f"INSERT INTO {_WRITES} ({_WRITE_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
+        key = "(thread_id, checkpoint_ns, checkpoint_id, task_id, idx)"
+        with self.db.tx("put LangGraph writes") as conn:
+            for w in writes:
+                conflict = f"{key} DO UPDATE SET {_WRITE_UPDATE}" if w.idx < 0 else "DO NOTHING"
+                conn.execute(
+                    self._sql(insert + conflict),
+                    (
+                        thread_id,
+                        ns,
+                        checkpoint_id,
+                        w.task_id,
+                        w.idx,
+                        w.channel,
+                        *w.value,
+                        w.task_path,
+                    ),
+                )
+
+    def read(self, query: _Query, accept: Accept) -> list[_Loaded]:
+        where, params = ["1 = 1"], []
+        for column, value in (
+            ("thread_id = ?", query.thread_id),
+            ("checkpoint_ns = ?", query.checkpoint_ns),
+            ("checkpoint_id = ?", query.checkpoint_id),
+            ("checkpoint_id < ?", query.before),
+        ):
+            if value is not None:
+                where.append(column)
+                params.append(value)
+        sql = (
+            f"SELECT {_CP_COLS} FROM {_CP} WHERE {' AND '.join(where)} "
+            "ORDER BY checkpoint_id DESC, thread_id, checkpoint_ns"
+        )
+        if query.limit is not None and not query.filtered:
+            sql += f" LIMIT {int(query.limit)}"
+        out: list[_Loaded] = []
+        with self._read_tx("read LangGraph checkpoints") as conn:
+            for r in conn.execute(self._sql(sql), tuple(params)).fetchall():
+                row = _Row(
+                    thread_id=r[0],
+                    checkpoint_ns=r[1],
+                    checkpoint_id=r[2],
+                    parent_id=r[3],
+                    run_id=r[4],
+                    checkpoint=(r[5], bytes(r[6])),
+                    metadata=(r[7], bytes(r[8])),
+                )
+                accepted = accept(row)
+                if accepted is None:
+                    continue
+                out.append(self._load(conn, row, *accepted))
+                if query.limit is not None and len(out) >= query.limit:
+                    break
+        return out
+
+    def _load(self, conn: Any, row: _Row, versions: dict[str, str], decoded: Any) -> _Loaded:
+        blobs: dict[str, Typed] = {}
+        if versions:
+            pairs = " OR ".join(["(channel = ? AND version = ?)"] * len(versions))
+            found = conn.execute(
+                self._sql(
+                    f"SELECT channel, type, blob FROM {_BLOBS} "
+                    f"WHERE thread_id = ? AND checkpoint_ns = ? AND ({pairs})"
+                ),
+                (row.thread_id, row.checkpoint_ns, *(x for kv in versions.items() for x in kv)),
+            ).fetchall()
+            blobs = {ch: (t, bytes(b)) for ch, t, b in found}
+        writes = [
+            _Write(task_id=r[0], idx=r[1], channel=r[2], value=(r[3], bytes(r[4])), task_path=r[5])
+            for r in conn.execute(
+                self._sql(
+                    f"SELECT task_id, idx, channel, type, blob, task_path FROM {_WRITES} "
+                    "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+                ),
+                (row.thread_id, row.checkpoint_ns, row.checkpoint_id),
+            ).fetchall()
+        ]
+        return _Loaded(row=row, decoded=decoded, blobs=blobs, writes=writes)
+
+    def delete_thread(self, thread_id: str) -> None:
+        with self.db.tx("delete a LangGraph thread") as conn:
+            for table in (_CP, _BLOBS, _WRITES):
+                conn.execute(self._sql(f"DELETE FROM {table} WHERE thread_id = ?"), (thread_id,))
+
+    def delete_runs(self, run_ids: list[str]) -> None:
+        runs = f"run_id IN ({_marks(len(run_ids))})"
+        with self.db.tx("delete LangGraph runs") as conn:
+            conn.execute(
+                self._sql(
+                    f"DELETE FROM {_WRITES} WHERE (thread_id, checkpoint_ns, checkpoint_id) "
+                    f"IN (SELECT thread_id, checkpoint_ns, checkpoint_id FROM {_CP} WHERE {runs})"
+                ),
+                tuple(run_ids),
+            )
+            conn.execute(self._sql(f"DELETE FROM {_CP} WHERE {runs}"), tuple(run_ids))
+
+    def copy_thread(self, source: str, target: str) -> None:
+        copies = (
+            (_CP, _CP_COLS, "thread_id, checkpoint_ns, checkpoint_id", _CP_UPDATE),
+            (
+                _BLOBS,
+                _BLOB_COLS,
+                "thread_id, checkpoint_ns, channel, version",
+                "type = excluded.type, blob = excluded.blob",
+            ),
+            (
+                _WRITES,
+                _WRITE_COLS,
+                "thread_id, checkpoint_ns, checkpoint_id, task_id, idx",
+                _WRITE_UPDATE,
+            ),
+        )
+        with self.db.tx("copy a LangGraph thread") as conn:
+            for table, cols, key, update in copies:
+                rest = cols.split(", ", 1)[1]
+                conn.execute(
+                    self._sql(
+                        f"INSERT INTO {table} ({cols}) SELECT CAST(? AS TEXT), {rest} FROM {table} "
+                        f"WHERE thread_id = ? ON CONFLICT ({key}) DO UPDATE SET {update}"
+                    ),
+                    (target, source),
+                )
+
+    def keep_latest(self, thread_id: str, versions: Callable[[Typed], dict[str, str]]) -> None:
+        with self.db.tx("prune a LangGraph thread") as conn:
+            for table in (_WRITES, _CP):
+                conn.execute(
+                    self._sql(f"DELETE FROM {table} WHERE thread_id = ? AND {_LATEST}"),
+                    (thread_id, thread_id),
+                )
+            needed = {
+                (ns, ch, ver)
+                for ns, t, cp in conn.execute(
+                    self._sql(
+                        f"SELECT checkpoint_ns, type, checkpoint FROM {_CP} WHERE thread_id = ?"
+                    ),
+                    (thread_id,),
+                ).fetchall()
+                for ch, ver in versions((t, bytes(cp))).items()
+            }
+            stored = conn.execute(
+                self._sql(
+                    f"SELECT checkpoint_ns, channel, version FROM {_BLOBS} WHERE thread_id = ?"
+                ),
+                (thread_id,),
+            ).fetchall()
+            unused = [(thread_id, *key) for key in map(tuple, stored) if key not in needed]
+            if unused:
+                executemany(
+                    conn,
+                    self._sql(
+                        f"DELETE FROM {_BLOBS} WHERE thread_id = ? AND checkpoint_ns = ? "
+                        "AND channel = ? AND version = ?"
+                    ),
+                    unused,
+                )
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class _SQLiteBackend(_SQLBackend):
+    def __init__(self, path: str) -> None:
+        from ctxkeep._sqlite import SQLiteClient
+
+        self.client = SQLiteClient(path, meta_key=META_KEY, migrations=SQLITE_MIGRATIONS)
+        super().__init__(self.client, "?")
+
+    def _read_tx(self, doing: str) -> AbstractContextManager[Any]:
+        return self.client.tx(doing, immediate=False)  # a deferred BEGIN: a WAL snapshot
+
+
+class _PostgresBackend(_SQLBackend):
+    def __init__(self, url: str) -> None:
+        from ctxkeep._pg import PgClient
+
+        self.client = PgClient(
+            url, name="ctxkeep-langgraph", meta_key=META_KEY, migrations=POSTGRES_MIGRATIONS
+        )
+        super().__init__(self.client, "%s")
+
+    @contextmanager
+    def _read_tx(self, doing: str) -> Iterator[Any]:
+        with self.client.tx(doing) as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield conn
