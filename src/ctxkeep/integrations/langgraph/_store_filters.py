@@ -1,0 +1,257 @@
+"""The I/O-free checks of :class:`~ctxkeep.integrations.langgraph.CtxkeepStore`: input, filters.
+
+What a put's value may be (:func:`_value_text`: plain JSON), how a search filter is checked
+(:func:`_filter`) and matched against a value (:func:`matches_filter`), how a namespace
+listing's conditions match (:func:`matches_namespace`), and the checks that refuse a malformed
+operation (:func:`_check_op`) or config (:func:`_index_fields`, :func:`_ttl_config`) before
+anything is done.
+
+Imports LangGraph: import it through ``store``, which says which extra to install when it is
+missing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, cast
+
+from langgraph.store.base import (
+    GetOp,
+    InvalidNamespaceError,
+    ListNamespacesOp,
+    MatchCondition,
+    PutOp,
+    SearchOp,
+    TTLConfig,
+    tokenize_path,
+    validate_op_namespace,
+)
+
+from ctxkeep import _check
+from ctxkeep.episodic.filters import json_equal
+from ctxkeep.errors import ConfigError, InvalidFilterError, InvalidTypeError
+from ctxkeep.sessions.records import dumps
+
+OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+"""The comparison operators a filter may use."""
+
+# -- input checks, filters and namespace matching, I/O-free --------------------------------------
+
+
+def _json_value(where: str, value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON data (tuples become lists), or a typed error naming where."""
+    if depth > 200:
+        raise ConfigError(f"{where} is nested more than 200 levels deep")
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} is {value}, which JSON cannot hold")
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidTypeError(f"{where} has a key {k!r} that is not a string")
+            out[k] = _json_value(f"{where}[{k!r}]", v, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [_json_value(f"{where}[{i}]", v, depth + 1) for i, v in enumerate(value)]
+    raise InvalidTypeError(
+        f"{where} is a {type(value).__name__}; store values are JSON "
+        "(dict, list, str, int, float, bool, None)"
+    )
+
+
+def _value_text(value: Any) -> str:
+    """The JSON text of a put's value.
+
+    Raises:
+        InvalidTypeError: not a mapping with string keys, or a part JSON cannot hold.
+        ConfigError: NaN or infinity, an integer too large, a string that is not Unicode.
+
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidTypeError(f"value must be a mapping (or None to delete), got {value!r:.60}")
+    plain = _json_value("value", value)
+    try:
+        return dumps(plain)
+    except (TypeError, ValueError) as exc:  # orjson: ints over 64 bits, lone surrogates
+        raise ConfigError(f"value cannot be stored as JSON: {exc}") from exc
+
+
+def _filter(flt: Any) -> dict[str, Any] | None:
+    """A search filter as plain JSON data (tuples become lists), checked.
+
+    Raises:
+        InvalidFilterError: not a mapping of string keys to JSON values, an unknown
+            operator, or an order operator given something other than a number or a string.
+
+    """
+    if flt is None:
+        return None
+    if not isinstance(flt, Mapping):
+        raise InvalidFilterError(f"filter must be a mapping or None, got {flt!r:.60}")
+    try:
+        plain: dict[str, Any] = _json_value("filter", flt)
+    except (InvalidTypeError, ConfigError) as exc:
+        raise InvalidFilterError(str(exc)) from None
+    _check_operators(plain)
+    return plain
+
+
+def _check_operators(flt: Mapping[str, Any]) -> None:
+    for key, want in flt.items():
+        if isinstance(want, Mapping) and any(k.startswith("$") for k in want):
+            for op, arg in want.items():
+                if op not in OPERATORS:
+                    raise InvalidFilterError(
+                        f"filter {key!r}: unknown operator {op!r}; use {', '.join(OPERATORS)}"
+                    )
+                if op not in ("$eq", "$ne") and (
+                    isinstance(arg, bool) or not isinstance(arg, int | float | str)
+                ):
+                    raise InvalidFilterError(
+                        f"filter {key!r}: {op} compares with a number or a string, got {arg!r}"
+                    )
+        elif isinstance(want, Mapping):
+            _check_operators(want)
+
+
+def matches_filter(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
+    """Whether an item's value passes a LangGraph filter (see the module docstring); the
+    filter is plain JSON data (as :func:`_filter` gives).
+    """
+    return all(_compare(value.get(k), want) for k, want in (flt or {}).items())
+
+
+def _compare(got: Any, want: Any) -> bool:
+    if isinstance(want, Mapping):
+        if any(k.startswith("$") for k in want):
+            return all(_operator(got, op, arg) for op, arg in want.items())
+        return isinstance(got, dict) and all(_compare(got.get(k), v) for k, v in want.items())
+    if isinstance(want, list):
+        return (
+            isinstance(got, list)
+            and len(got) == len(want)
+            and all(_compare(g, w) for g, w in zip(got, want, strict=True))
+        )
+    return json_equal(got, want)
+
+
+def _operator(got: Any, op: str, arg: Any) -> bool:
+    if op == "$eq":
+        return json_equal(got, arg)
+    if op == "$ne":
+        return not json_equal(got, arg)
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (got, arg))
+    if not numbers and not (isinstance(got, str) and isinstance(arg, str)):
+        return False
+    if op == "$gt":
+        return bool(got > arg)
+    if op == "$gte":
+        return bool(got >= arg)
+    if op == "$lt":
+        return bool(got < arg)
+    return bool(got <= arg)
+
+
+def matches_namespace(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
+    """Whether ``namespace`` starts (``prefix``) or ends (``suffix``) with the condition's
+    path, where a ``"*"`` label matches any label.
+    """
+    path = tuple(condition.path)
+    if len(namespace) < len(path):
+        return False
+    part = namespace[: len(path)] if condition.match_type == "prefix" else namespace[-len(path) :]
+    return all(p in ("*", n) for p, n in zip(path, part, strict=True)) if path else True
+
+
+def _check_op(op: Any) -> None:
+    """Refuse a malformed operation before any operation of its batch runs.
+
+    Raises:
+        InvalidNamespaceError: a namespace label that is empty, not a string or holds ``.``;
+            a put to the empty namespace or under ``langgraph``.
+        InvalidTypeError / ConfigError / InvalidFilterError: another malformed field.
+
+    """
+    if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
+        raise InvalidTypeError(
+            f"unknown store operation {op!r:.60}; use GetOp, PutOp, SearchOp or ListNamespacesOp"
+        )
+    if not isinstance(getattr(op, "namespace", getattr(op, "namespace_prefix", ())), tuple):
+        raise InvalidNamespaceError(f"a namespace must be a tuple of strings, got {op!r:.80}")
+    validate_op_namespace(op)
+    if isinstance(op, GetOp | PutOp):
+        _check.text("key", op.key, empty=True)
+    if isinstance(op, PutOp) and op.value is not None:
+        if not op.namespace:
+            raise InvalidNamespaceError("Namespace cannot be empty.")
+        if op.namespace[0] == "langgraph":
+            raise InvalidNamespaceError(
+                f'Root label for namespace cannot be "langgraph". Got: {op.namespace}'
+            )
+        if (
+            op.index is not None
+            and op.index is not False
+            and (not isinstance(op.index, list) or not all(isinstance(p, str) for p in op.index))
+        ):
+            raise InvalidTypeError(f"index must be False, None or a list of paths: {op.index!r}")
+        if op.ttl is not None:
+            _check.number("ttl", op.ttl, positive=True)
+    if isinstance(op, SearchOp):
+        _filter(op.filter)
+        _check.optional_text("query", op.query, empty=True)
+        _check.integer("limit", op.limit, minimum=0)
+        _check.integer("offset", op.offset, minimum=0)
+    if isinstance(op, ListNamespacesOp):
+        for cond in op.match_conditions or ():
+            if cond.match_type not in ("prefix", "suffix"):
+                raise ConfigError(f"match_type must be 'prefix' or 'suffix', got {cond!r}")
+        _check.optional_integer("max_depth", op.max_depth, minimum=1)
+        _check.integer("limit", op.limit, minimum=0)
+        _check.integer("offset", op.offset, minimum=0)
+
+
+def _index_fields(index: Any, dim: int) -> list[tuple[str, str | list[str]]]:
+    """The (path, tokenized path) pairs the ``index`` config names (default: the whole value).
+
+    Raises:
+        ConfigError: an unknown key, an ``embed`` (ctxkeep embeds: pass ``embedder=``), or
+            ``dims`` other than the embedder's.
+
+    """
+    cfg = _check.mapping("index", index)
+    unknown = set(cfg) - {"fields", "dims", "embed"}
+    if unknown:
+        raise ConfigError(f"unknown index keys {sorted(unknown)}; CtxkeepStore reads 'fields'")
+    if "embed" in cfg:
+        raise ConfigError(
+            "CtxkeepStore embeds with ctxkeep's embedders: pass embedder='local', 'openai' or "
+            "an Embedder instead of index['embed']"
+        )
+    if cfg.get("dims") is not None and cfg["dims"] != dim:
+        raise ConfigError(f"index['dims'] is {cfg['dims']}, but the embedder gives {dim}")
+    fields = cfg.get("fields") or ["$"]
+    if not isinstance(fields, list) or not all(isinstance(f, str) and f for f in fields):
+        raise ConfigError(f"index['fields'] must be a list of paths, got {fields!r}")
+    return [(p, p if p == "$" else tokenize_path(p)) for p in fields]
+
+
+def _ttl_config(ttl: Any) -> TTLConfig | None:
+    """``ttl`` checked: a TTLConfig mapping or None."""
+    if ttl is None:
+        return None
+    cfg = _check.mapping("ttl", ttl)
+    known = {"default_ttl", "refresh_on_read", "sweep_interval_minutes", "omit_expired"}
+    if set(cfg) - known:
+        raise ConfigError(f"unknown ttl keys {sorted(set(cfg) - known)}; use {sorted(known)}")
+    for name in ("default_ttl", "sweep_interval_minutes"):
+        if cfg.get(name) is not None:
+            _check.number(f"ttl[{name!r}]", cfg[name], positive=True)
+    for name in ("refresh_on_read", "omit_expired"):
+        if name in cfg and not isinstance(cfg[name], bool):
+            raise InvalidTypeError(f"ttl[{name!r}] must be a bool, got {cfg[name]!r}")
+    return cast(TTLConfig, cfg)

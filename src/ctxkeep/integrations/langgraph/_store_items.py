@@ -1,0 +1,351 @@
+"""The item tables of :class:`~ctxkeep.integrations.langgraph.CtxkeepStore`, one per backend.
+
+An item as the table keeps it (:class:`Row`, free of I/O), the few storage primitives every
+backend implements (:class:`Items`), and the two backends: a dict for ``memory://``
+(:class:`MemoryItems`) and one table shared by SQLite and PostgreSQL (:class:`SQLItems`,
+written once with ``?`` placeholders, its schema in :data:`MIGRATIONS`). :func:`_items_at`
+opens the one a URL names. Every rule (TTL, filters, what a put keeps) is the store's.
+
+Imports LangGraph: import it through ``store``, which says which extra to install when it is
+missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from langgraph.store.base import Item, SearchItem
+
+from ctxkeep._db import Database, placeholders
+from ctxkeep.errors import ConfigError
+from ctxkeep.sessions.records import loads
+
+TABLE = "ctxkeep_langgraph_items"
+"""The item table."""
+MIGRATIONS = [
+    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+        namespace TEXT NOT NULL,
+        item_key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION,
+        ttl_minutes DOUBLE PRECISION,
+        episode_id TEXT,
+        PRIMARY KEY (namespace, item_key)
+    );
+    CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (expires_at)""",
+]
+"""The item table's schema, one SQL text for SQLite and PostgreSQL (position = version)."""
+
+Key = tuple[str, str]
+"""An item's address: its namespace as text (labels joined by ``.``) and its key."""
+
+
+# -- rows: the item table's records, I/O-free --------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One stored item, as the item table keeps it."""
+
+    namespace: str
+    """The namespace's labels joined by ``.`` (labels cannot hold one)."""
+    key: str
+    """The item's key."""
+    value: str
+    """The value as JSON text."""
+    created_at: float
+    """Unix time the item was first put (kept across updates)."""
+    updated_at: float
+    """Unix time of the last put."""
+    expires_at: float | None = None
+    """Unix time it expires (``None``: never)."""
+    ttl: float | None = None
+    """Its TTL in minutes, to refresh ``expires_at`` by (``None``: none)."""
+    episode_id: str | None = None
+    """The episode that indexes it (``None``: not indexed)."""
+
+    @property
+    def address(self) -> Key:
+        """``(namespace, key)``."""
+        return self.namespace, self.key
+
+    def live(self, now: float) -> bool:
+        """Whether the item has not expired at ``now``."""
+        return self.expires_at is None or self.expires_at > now
+
+    def item(self, score: float | None = None, *, search: bool = False) -> Item:
+        """The LangGraph item (a :class:`SearchItem` with ``score`` if ``search``)."""
+        fields = {
+            "namespace": _ns_tuple(self.namespace),
+            "key": self.key,
+            "value": loads(self.value),
+            "created_at": datetime.fromtimestamp(self.created_at, UTC),
+            "updated_at": datetime.fromtimestamp(self.updated_at, UTC),
+        }
+        return SearchItem(**fields, score=score) if search else Item(**fields)
+
+
+COLUMNS = (
+    "namespace",
+    "item_key",
+    "value",
+    "created_at",
+    "updated_at",
+    "expires_at",
+    "ttl_minutes",
+    "episode_id",
+)
+"""The item table's columns, in the order of :class:`Row`'s fields."""
+
+
+def _ns_text(namespace: tuple[str, ...]) -> str:
+    return ".".join(namespace)
+
+
+def _ns_tuple(text: str) -> tuple[str, ...]:
+    return tuple(text.split("."))
+
+
+# -- the item tables: a few primitives per backend ------------------------------------------------
+
+
+Merge = Callable[[Row | None, Row | None], Row | None]
+"""Given the stored row (or ``None``) and the one put (``None``: delete), what to store."""
+
+
+class Items(ABC):
+    """The item table of one backend: storage primitives only; every rule is the store's."""
+
+    @abstractmethod
+    def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
+        """The stored rows of ``keys`` (expired ones too)."""
+
+    @abstractmethod
+    def scan(self, prefix: str | None) -> list[Row]:
+        """Every row whose namespace is ``prefix`` or below it (``None``: every row; expired
+        ones too; a backend may return more, the store checks).
+        """
+
+    @abstractmethod
+    def namespaces(self) -> list[tuple[str, int, float | None]]:
+        """Per namespace: its text, how many of its rows never expire, the latest expiry."""
+
+    @abstractmethod
+    def write(self, puts: Sequence[tuple[Key, Row | None]], merge: Merge) -> list[Row]:
+        """In one transaction, store ``merge(stored, put)`` for each put (``None``: delete);
+        returns the stored rows that were replaced or deleted.
+        """
+
+    @abstractmethod
+    def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
+        """Set the expiry of rows that have a TTL."""
+
+    @abstractmethod
+    def sweep(self, now: float) -> list[Row]:
+        """Delete the rows expired at ``now``; returns them."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release resources."""
+
+
+class MemoryItems(Items):
+    """Items in a dict (``memory://``); thread-safe."""
+
+    def __init__(self) -> None:
+        self._rows: dict[Key, Row] = {}
+        self._lock = threading.Lock()
+
+    def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
+        """The stored rows of ``keys``."""
+        with self._lock:
+            return {k: self._rows[k] for k in keys if k in self._rows}
+
+    def scan(self, prefix: str | None) -> list[Row]:
+        """Every row (the store checks the prefix)."""
+        with self._lock:
+            return list(self._rows.values())
+
+    def namespaces(self) -> list[tuple[str, int, float | None]]:
+        """Per namespace: rows that never expire, the latest expiry."""
+        out: dict[str, tuple[int, float | None]] = {}
+        with self._lock:
+            for row in self._rows.values():
+                forever, latest = out.get(row.namespace, (0, None))
+                if row.expires_at is None:
+                    forever += 1
+                else:
+                    latest = max(latest or row.expires_at, row.expires_at)
+                out[row.namespace] = (forever, latest)
+        return [(ns, forever, latest) for ns, (forever, latest) in out.items()]
+
+    def write(self, puts: Sequence[tuple[Key, Row | None]], merge: Merge) -> list[Row]:
+        """Store the merged rows."""
+        replaced = []
+        with self._lock:
+            for key, put in puts:
+                old = self._rows.get(key)
+                new = merge(old, put)
+                if new is None:
+                    self._rows.pop(key, None)
+                else:
+                    self._rows[key] = new
+                if old is not None:
+                    replaced.append(old)
+        return replaced
+
+    def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
+        """Set expiries of rows with a TTL."""
+        with self._lock:
+            for key, expires_at in expiries:
+                row = self._rows.get(key)
+                if row is not None and row.ttl is not None:
+                    self._rows[key] = dataclasses.replace(row, expires_at=expires_at)
+
+    def sweep(self, now: float) -> list[Row]:
+        """Delete expired rows."""
+        with self._lock:
+            gone = [r for r in self._rows.values() if not r.live(now)]
+            for row in gone:
+                del self._rows[row.address]
+        return gone
+
+
+class SQLItems(Items):
+    """Items in a table of SQLite or PostgreSQL, through the engine's ctxkeep client.
+
+    Args:
+        db: the engine client (``SQLiteClient`` or ``PgClient``), its schema set up.
+        mark: the engine's parameter placeholder (``?`` or ``%s``).
+
+    """
+
+    def __init__(self, db: Database, mark: str) -> None:
+        self._db = db
+        self._mark = mark
+        self._select = f"SELECT {', '.join(COLUMNS)} FROM {TABLE}"
+
+    def _sql(self, text: str) -> str:
+        return placeholders(text, self._mark)
+
+    @staticmethod
+    def _row(values: Sequence[Any]) -> Row:
+        names = [f.name for f in dataclasses.fields(Row)]
+        return Row(**dict(zip(names, values, strict=True)))
+
+    def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
+        """The stored rows of ``keys``."""
+        out: dict[Key, Row] = {}
+        sql = self._sql(f"{self._select} WHERE namespace = ? AND item_key = ?")
+        for key in dict.fromkeys(keys):
+            for values in self._db.q("read items", sql, key):
+                out[key] = self._row(values)
+        return out
+
+    def scan(self, prefix: str | None) -> list[Row]:
+        """The rows of ``prefix`` and below it (``substr`` counts characters in both engines,
+        as ``len`` does).
+        """
+        if prefix is None:
+            rows = self._db.q("read items", self._select)
+        else:
+            below = prefix + "."
+            sql = f"{self._select} WHERE namespace = ? OR substr(namespace, 1, {len(below)}) = ?"
+            rows = self._db.q("read items", self._sql(sql), (prefix, below))
+        return [self._row(values) for values in rows]
+
+    def namespaces(self) -> list[tuple[str, int, float | None]]:
+        """Per namespace: rows that never expire, the latest expiry."""
+        rows = self._db.q(
+            "list namespaces",
+            f"SELECT namespace, count(*) - count(expires_at), max(expires_at) FROM {TABLE} "
+            "GROUP BY namespace",
+        )
+        return [(str(ns), int(forever), latest) for ns, forever, latest in rows]
+
+    def write(self, puts: Sequence[tuple[Key, Row | None]], merge: Merge) -> list[Row]:
+        """Store the merged rows in one transaction."""
+        replaced = []
+        names = ", ".join(COLUMNS)
+        upsert = self._sql(
+            f"INSERT INTO {TABLE} ({names}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
+            "ON CONFLICT (namespace, item_key) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
+        )
+        select = self._sql(f"{self._select} WHERE namespace = ? AND item_key = ?")
+        delete = self._sql(f"DELETE FROM {TABLE} WHERE namespace = ? AND item_key = ?")
+        with self._db.tx("write items") as conn:
+            for key, put in puts:
+                got = conn.execute(select, key).fetchone()
+                old = self._row(got) if got is not None else None
+                new = merge(old, put)
+                if new is None:
+                    conn.execute(delete, key)
+                else:
+                    conn.execute(
+                        upsert, tuple(getattr(new, f.name) for f in dataclasses.fields(Row))
+                    )
+                if old is not None:
+                    replaced.append(old)
+        return replaced
+
+    def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
+        """Set expiries of rows with a TTL, in one transaction."""
+        sql = self._sql(
+            f"UPDATE {TABLE} SET expires_at = ? "
+            "WHERE namespace = ? AND item_key = ? AND ttl_minutes IS NOT NULL"
+        )
+        with self._db.tx("refresh TTLs") as conn:
+            for (ns, key), expires_at in expiries:
+                conn.execute(sql, (expires_at, ns, key))
+
+    def sweep(self, now: float) -> list[Row]:
+        """Delete expired rows (``RETURNING`` what was deleted, not what a read saw)."""
+        with self._db.tx("sweep expired items") as conn:
+            rows = conn.execute(
+                self._sql(
+                    f"DELETE FROM {TABLE} WHERE expires_at IS NOT NULL AND expires_at <= ? "
+                    f"RETURNING {', '.join(COLUMNS)}"
+                ),
+                (now,),
+            ).fetchall()
+        return [self._row(values) for values in rows]
+
+    def close(self) -> None:
+        """Close the engine client."""
+        self._db.close()
+
+
+def _items_at(url: str) -> Items:
+    """The item table a URL names (its schema set up).
+
+    Raises:
+        ConfigError: an unsupported URL.
+
+    """
+    if url == "memory://":
+        return MemoryItems()
+    if url.startswith("sqlite:///"):
+        from ctxkeep._sqlite import SQLiteClient
+
+        path = url[len("sqlite:///") :].split("?", 1)[0]
+        if not path:
+            raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
+        return SQLItems(SQLiteClient(path, meta_key="langgraph_store", migrations=MIGRATIONS), "?")
+    if url.startswith(("postgresql://", "postgres://")):
+        from ctxkeep._pg import PgClient
+
+        client = PgClient(
+            url, name="ctxkeep-langgraph-store", meta_key="langgraph_store", migrations=MIGRATIONS
+        )
+        return SQLItems(client, "%s")
+    raise ConfigError(
+        f"unsupported store URL {url!r}; use memory://, sqlite:///path or postgresql://..."
+    )
