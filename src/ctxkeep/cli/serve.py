@@ -1,0 +1,70 @@
+"""``ctxkeep serve``: run the HTTP service with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from ctxkeep.cli._args import positive_int
+from ctxkeep.errors import MissingDependencyError
+
+HELP = """Serve session memory and prompt building over HTTP (JSON under /v1, OpenAPI at
+/openapi.json, health at /healthz).
+
+Requests authenticate with `Authorization: Bearer <key>`; create keys with
+`ctxkeep keys create --tenant NAME --db <the same URL>`. Each tenant's sessions live in a store
+of their own, derived from --db. Access logs go to stderr, one JSON line per request.
+
+--db takes a URL (sqlite:///path.db, redis://host:port/db, postgresql://..., or memory:// for a
+throwaway server); the default is the embedded SQLite file ($CTXKEEP_DB or the user data
+directory). Listen on 127.0.0.1 unless you put TLS and a firewall in front.
+
+examples:
+  ctxkeep serve
+  ctxkeep serve --db sqlite:///srv/ctxkeep.db --port 8765
+  ctxkeep serve --db redis://127.0.0.1:6379/0 --host 0.0.0.0 --port 9000
+"""
+
+DEFAULT_PORT = 8765
+
+
+def register(sub: Any) -> None:
+    """Add the ``serve`` command."""
+    p = sub.add_parser(
+        "serve",
+        help="run the HTTP service",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--db", help="storage URL (default: the embedded SQLite file)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=positive_int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=None,
+        help="largest request body accepted (default 4 MiB)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the app and serve it until interrupted."""
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise MissingDependencyError("uvicorn", "server") from exc
+    from ctxkeep.server.app import ACCESS_LOGGER, DEFAULT_MAX_BODY_BYTES, create_app
+
+    app = create_app(args.db, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access = logging.getLogger(ACCESS_LOGGER)
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
+    uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="info")
+    return 0

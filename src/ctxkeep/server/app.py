@@ -1,0 +1,407 @@
+"""The ASGI application: :func:`create_app`, its middleware, auth and error handling.
+
+Requests pass, outermost first, through:
+
+1. :class:`AccessLog`: one JSON line per request on the ``ctxkeep.server.access`` logger
+   (method, path template, status, duration in ms, tenant; never a header, so never a key);
+2. :class:`BodyLimit`: a body over ``max_body_bytes`` is refused with 413 before anything
+   parses it (by its ``Content-Length``, or once that many bytes have arrived);
+3. FastAPI's routing; the ``/v1`` routes (:mod:`ctxkeep.server.routes`) authenticate with
+   ``Authorization: Bearer <key>`` and run against the key's tenant's store only.
+
+Every error is answered as ``application/problem+json`` (:mod:`ctxkeep.server.problems`):
+ctxkeep's exceptions with their own type, request validation as ``invalid-request`` (422),
+unknown routes 404, a missing or wrong key 401, anything unexpected 500 (logged on
+``ctxkeep.server``, with no detail in the response).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxkeep.errors import MissingDependencyError
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.openapi.utils import get_openapi
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.routing import Match
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise MissingDependencyError("fastapi", "server") from exc
+
+from ctxkeep._version import __version__
+from ctxkeep.errors import CtxkeepError
+from ctxkeep.server import problems
+from ctxkeep.server.keys import KeyRegistry, open_key_registry
+from ctxkeep.server.tenants import DEFAULT_MAX_OPEN, TenantStores
+from ctxkeep.sessions import default_url
+from ctxkeep.sessions.base import Evicted, MemoryConfig
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+"""4 MiB: room for a batch of long tool outputs; a bigger body is refused with 413."""
+
+ACCESS_LOGGER = "ctxkeep.server.access"
+log = logging.getLogger("ctxkeep.server")
+access_log = logging.getLogger(ACCESS_LOGGER)
+
+
+class Unauthorized(Exception):
+    """A request without a valid API key (answered 401)."""
+
+
+@dataclass
+class ServerState:
+    """What the application holds: the key registry and the tenants' stores."""
+
+    url: str
+    """The storage URL."""
+    keys: KeyRegistry
+    """The API keys."""
+    stores: TenantStores
+    """The tenants' managers."""
+    max_body_bytes: int
+    """The request body limit."""
+
+    def close(self) -> None:
+        """Close every tenant's manager and the registry."""
+        self.stores.close()
+        self.keys.close()
+
+
+@dataclass
+class RequestInfo:
+    """What the access log learns during a request (shared through the ASGI scope)."""
+
+    tenant: str | None = None
+    evicted: list[Evicted] = field(default_factory=list)
+
+
+def request_info(scope: Scope) -> RequestInfo:
+    """The request's :class:`RequestInfo` (made on first use)."""
+    info = scope.get("ctxkeep.request")
+    if not isinstance(info, RequestInfo):
+        info = scope["ctxkeep.request"] = RequestInfo()
+    return info
+
+
+def problem_response(
+    problem: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """A problem as an ``application/problem+json`` response."""
+    return JSONResponse(
+        problem,
+        status_code=int(problem["status"]),
+        media_type=problems.PROBLEM_CONTENT_TYPE,
+        headers=headers,
+    )
+
+
+# -- middleware ---------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413, before the app reads them.
+
+    The body is read here, at most ``limit`` bytes of it, and replayed to the app: so a
+    chunked upload without ``Content-Length`` is cut off at the limit too.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the body up to the limit, then run the app on it (or answer 413)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._refuse(scope, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        problem = problems.http_problem(
+            problems.BODY_TOO_LARGE,
+            f"the request body exceeds the server's limit of {self.limit} bytes; send fewer "
+            "or smaller messages per request",
+            limit=self.limit,
+        )
+        response = problem_response(problem, headers={"Connection": "close"})
+        await response(scope, _no_body, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+class AccessLog:
+    """One JSON line per request on the ``ctxkeep.server.access`` logger (INFO).
+
+    Fields: ``method``, ``path`` (the route's template, such as
+    ``/v1/sessions/{session_id}``, so no id or other caller data is logged; ``null`` for a
+    path no route matches), ``status``, ``duration_ms`` and ``tenant`` (``null`` before
+    authentication). Headers are never logged, so neither is an API key.
+    """
+
+    def __init__(self, app: ASGIApp, routes: Callable[[], list[Any]]) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app and log the request, however it ends."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        info = request_info(scope)
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            record = {
+                "event": "request",
+                "method": scope["method"],
+                "path": self._template(scope),
+                "status": status,
+                "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+                "tenant": info.tenant,
+            }
+            access_log.info(json.dumps(record))
+
+    def _template(self, scope: Scope) -> str | None:
+        route = scope.get("route")
+        path = getattr(route, "path", None)
+        if isinstance(path, str):
+            return path
+        return _match(self.routes(), scope)  # refused before routing (413)
+
+
+def _match(routes: list[Any], scope: Scope) -> str | None:
+    """The template of the route that would take ``scope`` (included routers searched)."""
+    for route in routes:
+        inner = getattr(route, "routes", None)
+        if isinstance(inner, list) and not isinstance(getattr(route, "path", None), str):
+            found = _match(inner, scope)
+            if found is not None:
+                return found
+            continue
+        path = getattr(route, "path", None)
+        if isinstance(path, str) and route.matches(scope)[0] is not Match.NONE:
+            return path
+    return None
+
+
+# -- error handlers -----------------------------------------------------------------------------
+
+
+def _evicted_member(request: Request) -> dict[str, Any]:
+    from ctxkeep.server.wire import evicted_to_wire
+
+    evicted = request_info(request.scope).evicted
+    return {"evicted": [evicted_to_wire(e) for e in evicted]} if evicted else {}
+
+
+async def _on_ctxkeep_error(request: Request, exc: Exception) -> JSONResponse:
+    problem = problems.problem_for(exc)
+    if problem["status"] >= 500:
+        log.error("%s %s failed: %r", request.method, request.url.path, exc, exc_info=exc)
+    return problem_response({**problem, **_evicted_member(request)})
+
+
+async def _on_unauthorized(request: Request, exc: Exception) -> JSONResponse:
+    problem = problems.http_problem(problems.UNAUTHORIZED, str(exc))
+    return problem_response(problem, headers={"WWW-Authenticate": 'Bearer realm="ctxkeep"'})
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {
+            "loc": [str(part) for part in e.get("loc", ())],
+            "msg": str(e.get("msg", "")),
+            "type": str(e.get("type", "")),
+        }
+        for e in exc.errors()
+    ]
+    first = errors[0] if errors else {"loc": [], "msg": "invalid"}
+    where = ".".join(first["loc"]) or "the request"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    problem = problems.http_problem(
+        problems.INVALID_REQUEST, f"{where}: {first['msg']}{more}", errors=errors
+    )
+    return problem_response(problem)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kind = {
+        404: problems.NOT_FOUND,
+        405: problems.METHOD_NOT_ALLOWED,
+        401: problems.UNAUTHORIZED,
+        413: problems.BODY_TOO_LARGE,
+    }.get(exc.status_code)
+    if kind is None:
+        kind = problems.ProblemKind(None, exc.status_code, "http-error", "HTTP error")
+    detail = exc.detail if isinstance(exc.detail, str) else kind.title
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no route {request.method} {request.url.path}; see /openapi.json"
+    return problem_response(problems.http_problem(kind, detail), headers=exc.headers)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("%s %s failed: %r", request.method, request.url.path, exc, exc_info=exc)
+    problem = problems.http_problem(
+        problems.INTERNAL_ERROR, "the server failed; see the server's log"
+    )
+    return problem_response(problem)
+
+
+# -- OpenAPI ------------------------------------------------------------------------------------
+
+
+def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """The OpenAPI document, with error responses as ``application/problem+json``."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        for path in doc.get("paths", {}).values():
+            for operation in path.values():
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if status[0] in "45" and "application/json" in content:
+                        content[problems.PROBLEM_CONTENT_TYPE] = content.pop("application/json")
+        app.openapi_schema = doc
+        return doc
+
+    return build
+
+
+# -- the app ------------------------------------------------------------------------------------
+
+
+def create_app(
+    db_url: str | None = None,
+    *,
+    config: MemoryConfig | None = None,
+    clock: Callable[[], float] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_open_tenants: int = DEFAULT_MAX_OPEN,
+) -> FastAPI:
+    """The ctxkeep HTTP service over a storage URL.
+
+    Args:
+        db_url: ``memory://``, ``sqlite:///path.db``, ``redis://...`` or ``postgresql://...``
+            (default: the embedded SQLite file, as the CLI resolves it). Keys live in it;
+            each tenant's sessions in a store derived from it (:mod:`ctxkeep.server.tenants`).
+        config: every tenant's session bounds (default: :func:`~ctxkeep.default_memory_config`).
+        clock: the time source for TTL and LRU (tests).
+        max_body_bytes: the largest request body accepted (larger: 413).
+        max_open_tenants: tenants' managers kept open at once (least recently used closed).
+
+    Returns:
+        The FastAPI application; ``app.state.ctxkeep`` is its :class:`ServerState` (closed
+        when the application shuts down).
+
+    Raises:
+        ConfigError: an unsupported URL or a bad limit.
+        StorageError: the store cannot be reached.
+
+    """
+    from ctxkeep.errors import ConfigError
+    from ctxkeep.server.routes import router
+
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
+        raise ConfigError(f"max_body_bytes must be an int, got {max_body_bytes!r}")
+    if max_body_bytes < 1:
+        raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    url = db_url or default_url()
+    keys = open_key_registry(url)
+    try:
+        stores = TenantStores(url, keys, config=config, clock=clock, max_open=max_open_tenants)
+    except BaseException:
+        keys.close()
+        raise
+    state = ServerState(url=url, keys=keys, stores=stores, max_body_bytes=max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.close()
+
+    app = FastAPI(
+        title="ctxkeep",
+        version=__version__,
+        description=(
+            "Session memory and prompt building for LLM agents, per tenant. Authenticate "
+            "with `Authorization: Bearer <key>` (keys from `ctxkeep keys create`). Errors are "
+            "RFC 9457 problem details."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.ctxkeep = state
+    app.include_router(router)
+    app.add_exception_handler(CtxkeepError, _on_ctxkeep_error)
+    app.add_exception_handler(Unauthorized, _on_unauthorized)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(AccessLog, routes=lambda: app.routes)
+    app.openapi = _openapi(app)  # type: ignore[method-assign]
+    return app

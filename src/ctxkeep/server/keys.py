@@ -1,0 +1,331 @@
+"""Tenants and their API keys: a registry of hashed keys, in the server's main store.
+
+A key is ``ck_<key id>_<secret>``: the key id (12 hex digits) names the key in listings and
+for revocation; the secret is 256 random bits. The registry keeps only the SHA-256 of the whole
+key, and checks a presented key by looking its id up and comparing digests with
+:func:`hmac.compare_digest`; the key itself is shown once, when it is created. A high-entropy
+random key needs no slow password hash: nobody can guess a preimage of its digest.
+
+A tenant is a name (lower-case letters, digits and ``_``, starting with a letter, at most 32
+characters) that every key names; creating a key for a new name creates the tenant. The
+registry lives where the tenants' data is described in :mod:`ctxkeep.server.tenants`:
+
+==================  ===================================================================
+store               keys
+==================  ===================================================================
+``memory://``       in this process (tests)
+``sqlite:///f.db``  table ``ctxkeep_api_keys`` in ``f.db`` (tenants' files beside it)
+``redis://``        hash ``{prefix}server:keys`` (tenants under ``{prefix}tenant:<name>:``)
+``postgresql://``   table ``ctxkeep_api_keys`` in the URL's schema
+==================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlparse
+
+from ctxkeep.errors import ConfigError
+
+KEY_PREFIX = "ck_"
+TENANT_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_KEY_ID = re.compile(r"[0-9a-f]{12}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiKey:
+    """A key as the registry keeps it: never the key itself."""
+
+    key_id: str
+    """The key's public id (12 hex digits), the part after ``ck_``."""
+    tenant: str
+    """The tenant the key acts for."""
+    digest: str
+    """SHA-256 of the whole key, hex."""
+    created_at: float
+    """Unix time of creation."""
+    revoked_at: float | None = None
+    """Unix time of revocation; a revoked key is refused."""
+
+    def public(self) -> dict[str, Any]:
+        """What a listing shows (no digest)."""
+        return {
+            "key_id": self.key_id,
+            "tenant": self.tenant,
+            "created_at": self.created_at,
+            "revoked_at": self.revoked_at,
+        }
+
+
+def check_tenant(name: Any) -> str:
+    """``name`` if it is a valid tenant name.
+
+    Raises:
+        ConfigError: not a valid name.
+
+    """
+    if not isinstance(name, str) or not TENANT_PATTERN.fullmatch(name):
+        raise ConfigError(
+            f"invalid tenant name {name!r}: use 1-32 lower-case letters, digits and '_', "
+            "starting with a letter"
+        )
+    return name
+
+
+def digest(token: str) -> str:
+    """SHA-256 of a key, hex."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def new_key(tenant: str, now: float) -> tuple[ApiKey, str]:
+    """A fresh key for ``tenant``: its record and the key itself."""
+    key_id = secrets.token_hex(6)
+    token = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+    return ApiKey(key_id=key_id, tenant=tenant, digest=digest(token), created_at=now), token
+
+
+def key_id_of(token: str) -> str | None:
+    """The key id a presented key names, or None if it is not shaped like a key."""
+    if not token.startswith(KEY_PREFIX):
+        return None
+    key_id, sep, secret = token[len(KEY_PREFIX) :].partition("_")
+    if not sep or not secret or not _KEY_ID.fullmatch(key_id):
+        return None
+    return key_id
+
+
+class KeyRegistry(ABC):
+    """Where keys are kept. All methods are thread-safe."""
+
+    def create(self, tenant: str) -> tuple[ApiKey, str]:
+        """A new key for ``tenant`` (created if new): its record and the key, shown once.
+
+        Raises:
+            ConfigError: an invalid tenant name.
+
+        """
+        record, token = new_key(check_tenant(tenant), time.time())
+        self._put(record)
+        return record, token
+
+    def authenticate(self, token: str) -> ApiKey | None:
+        """The live key ``token`` is, or None (unknown, revoked, or not a key)."""
+        key_id = key_id_of(token)
+        if key_id is None:
+            return None
+        record = self._get(key_id)
+        if record is None or record.revoked_at is not None:
+            return None
+        if not hmac.compare_digest(record.digest, digest(token)):
+            return None
+        return record
+
+    def revoke(self, key_id: str) -> bool:
+        """Revoke a key; False if there is no live key with that id."""
+        record = self._get(key_id) if _KEY_ID.fullmatch(key_id) else None
+        if record is None or record.revoked_at is not None:
+            return False
+        self._put(replace(record, revoked_at=time.time()))
+        return True
+
+    def list_keys(self, tenant: str | None = None) -> list[ApiKey]:
+        """Every key (of ``tenant``, if given), oldest first, revoked ones included."""
+        keys = [k for k in self._all() if tenant is None or k.tenant == tenant]
+        return sorted(keys, key=lambda k: (k.created_at, k.key_id))
+
+    def tenants(self) -> list[str]:
+        """Every tenant that has a key, sorted."""
+        return sorted({k.tenant for k in self._all()})
+
+    @abstractmethod
+    def _put(self, record: ApiKey) -> None:
+        """Store (or overwrite) a record."""
+
+    @abstractmethod
+    def _get(self, key_id: str) -> ApiKey | None:
+        """The record of a key id."""
+
+    @abstractmethod
+    def _all(self) -> list[ApiKey]:
+        """Every record."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release connections."""
+
+
+def _encode(record: ApiKey) -> str:
+    return json.dumps(asdict(record))
+
+
+def _decode(text: str | bytes) -> ApiKey:
+    return ApiKey(**json.loads(text))
+
+
+class MemoryKeyRegistry(KeyRegistry):
+    """Keys in this process (for ``memory://``)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, ApiKey] = {}
+        self._lock = threading.Lock()
+
+    def _put(self, record: ApiKey) -> None:
+        with self._lock:
+            self._keys[record.key_id] = record
+
+    def _get(self, key_id: str) -> ApiKey | None:
+        with self._lock:
+            return self._keys.get(key_id)
+
+    def _all(self) -> list[ApiKey]:
+        with self._lock:
+            return list(self._keys.values())
+
+
+_SQL_TABLE = (
+    "CREATE TABLE IF NOT EXISTS ctxkeep_api_keys "
+    "(key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, record TEXT NOT NULL)"
+)
+
+
+class SQLiteKeyRegistry(KeyRegistry):
+    """Keys in a table of the main SQLite file."""
+
+    def __init__(self, path: str | Path) -> None:
+        from ctxkeep._sqlite import SQLiteClient
+
+        self.db = SQLiteClient(path, meta_key="server_keys", migrations=[_SQL_TABLE])
+
+    def _put(self, record: ApiKey) -> None:
+        with self.db.tx("store an API key") as conn:
+            conn.execute(
+                "INSERT INTO ctxkeep_api_keys (key_id, tenant, record) VALUES (?, ?, ?) "
+                "ON CONFLICT (key_id) DO UPDATE SET record = excluded.record",
+                (record.key_id, record.tenant, _encode(record)),
+            )
+
+    def _get(self, key_id: str) -> ApiKey | None:
+        rows = self.db.q(
+            "read an API key", "SELECT record FROM ctxkeep_api_keys WHERE key_id = ?", (key_id,)
+        )
+        return _decode(rows[0][0]) if rows else None
+
+    def _all(self) -> list[ApiKey]:
+        rows = self.db.q("list API keys", "SELECT record FROM ctxkeep_api_keys")
+        return [_decode(r[0]) for r in rows]
+
+    def close(self) -> None:
+        """Close the file's connections."""
+        self.db.close()
+
+
+class PostgresKeyRegistry(KeyRegistry):
+    """Keys in a table of the URL's schema; also creates the tenants' schemas."""
+
+    def __init__(self, url: str) -> None:
+        from ctxkeep._pg import PgClient
+
+        self.db = PgClient(
+            url, name="ctxkeep-server-keys", meta_key="server_keys", migrations=[_SQL_TABLE],
+            max_size=4,
+        )  # fmt: skip
+
+    def _put(self, record: ApiKey) -> None:
+        with self.db.tx("store an API key") as conn:
+            conn.execute(
+                "INSERT INTO ctxkeep_api_keys (key_id, tenant, record) VALUES (%s, %s, %s) "
+                "ON CONFLICT (key_id) DO UPDATE SET record = excluded.record",
+                (record.key_id, record.tenant, _encode(record)),
+            )
+
+    def _get(self, key_id: str) -> ApiKey | None:
+        rows = self.db.q(
+            "read an API key", "SELECT record FROM ctxkeep_api_keys WHERE key_id = %s", (key_id,)
+        )
+        return _decode(rows[0][0]) if rows else None
+
+    def _all(self) -> list[ApiKey]:
+        rows = self.db.q("list API keys", "SELECT record FROM ctxkeep_api_keys")
+        return [_decode(r[0]) for r in rows]
+
+    def create_schema(self, schema: str) -> None:
+        """Create a tenant's schema if it does not exist (``schema`` is a checked name)."""
+        with self.db.tx("create a tenant schema") as conn:
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+
+    def close(self) -> None:
+        """Close the pool."""
+        self.db.close()
+
+
+class RedisKeyRegistry(KeyRegistry):
+    """Keys in one hash under the URL's key prefix."""
+
+    def __init__(self, url: str) -> None:
+        from ctxkeep._redis import RedisClient
+
+        self.client = RedisClient(url, meta_key="server_keys", migrations=[], params=("ttl_grace",))
+        self.hash = f"{self.client.prefix}server:keys"
+
+    def _put(self, record: ApiKey) -> None:
+        with self.client.errors():
+            self.client.conn.hset(self.hash, record.key_id, _encode(record))
+
+    def _get(self, key_id: str) -> ApiKey | None:
+        with self.client.errors():
+            raw = cast("str | None", self.client.conn.hget(self.hash, key_id))
+        return None if raw is None else _decode(raw)
+
+    def _all(self) -> list[ApiKey]:
+        with self.client.errors():
+            raw = cast("dict[str, str]", self.client.conn.hgetall(self.hash))
+        return [_decode(v) for v in raw.values()]
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.client.close()
+
+
+def open_key_registry(url: str) -> KeyRegistry:
+    """The key registry of a storage URL (see the module docstring).
+
+    Raises:
+        ConfigError: an unsupported URL.
+        StorageError: the store cannot be reached.
+
+    """
+    if url == "memory://":
+        return MemoryKeyRegistry()
+    scheme = urlparse(url).scheme
+    if scheme == "sqlite":
+        return SQLiteKeyRegistry(sqlite_path(url))
+    if scheme in ("redis", "rediss", "unix"):
+        return RedisKeyRegistry(url)
+    if scheme in ("postgresql", "postgres"):
+        return PostgresKeyRegistry(url)
+    raise ConfigError(
+        f"unsupported storage URL {url!r}; use memory://, sqlite:///path, redis://host:port/db "
+        "or postgresql://..."
+    )
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite:///path`` URL.
+
+    Raises:
+        ConfigError: no path.
+
+    """
+    path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+    if not path:
+        raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
+    return path

@@ -1,0 +1,334 @@
+"""The service's request and response bodies, as pydantic models (they make the OpenAPI
+document).
+
+Messages travel in the wire form of :mod:`ctxkeep.server.wire`. Every ``/v1`` response is an
+object whose ``evicted`` member lists the messages the request trimmed or evicted from
+sessions (``max_history``, TTL, LRU): they are in the session's archive too, when the server
+archives.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RESERVE_OUTPUT_TOKENS
+
+Content = str | list[dict[str, Any]] | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- messages --------------------------------------------------------------------------------
+
+
+class FunctionIn(_Strict):
+    """OpenAI's ``function`` member of a tool call."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(BaseModel):
+    """A tool call: ctxkeep's form (``name``, ``arguments``) or OpenAI's (``function``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, description="The id the tool result answers.")
+    name: str | None = Field(None, description="The function's name (ctxkeep's form).")
+    arguments: str | None = Field(None, description="The arguments as JSON text.")
+    type: Literal["function"] | None = Field(None, description="OpenAI's form: 'function'.")
+    function: FunctionIn | None = Field(None, description="OpenAI's form: name and arguments.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ToolCallIn:
+        flat = self.name is not None and self.arguments is not None
+        if flat == (self.function is not None):
+            raise ValueError(
+                "a tool call needs either 'name' and 'arguments' or OpenAI's 'function' object"
+            )
+        return self
+
+
+class MessageIn(BaseModel):
+    """A message to append: ctxkeep's fields, or an OpenAI chat message (other keys go to
+    ``extra``).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(description="system, developer, user, assistant or tool.")
+    content: Content = Field(None, description="Text, content parts, or null.")
+    name: str | None = None
+    turn_id: str | None = None
+    tool_call_id: str | None = Field(None, description="For a tool message: the call answered.")
+    tool_calls: list[ToolCallIn] | None = Field(None, description="For an assistant message.")
+    event_kind: str | None = None
+    parent_id: str | None = None
+    id: str | None = Field(None, description="A stable id; the server assigns one if absent.")
+    artifact_refs: list[str] | None = None
+    metadata: dict[str, Any] | None = Field(None, description="Stored, never sent to a model.")
+    extra: dict[str, Any] | None = Field(None, description="Provider keys passed through.")
+    created_at: datetime | None = Field(None, description="Stamped by the server if absent.")
+
+
+class ToolCallOut(BaseModel):
+    """A tool call as stored."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class MessageOut(BaseModel):
+    """A stored message, every field."""
+
+    role: str
+    content: Content
+    name: str | None
+    turn_id: str | None
+    tool_call_id: str | None
+    tool_calls: list[ToolCallOut]
+    event_kind: str | None
+    parent_id: str | None
+    id: str | None
+    artifact_refs: list[str]
+    metadata: dict[str, Any]
+    extra: dict[str, Any]
+    created_at: datetime | None
+
+
+class EvictedOut(BaseModel):
+    """Messages that left a session during the request."""
+
+    session_id: str
+    agent_id: str
+    reason: Literal["max_history", "ttl", "lru", "deleted"]
+    messages: list[MessageOut]
+
+
+class _Response(BaseModel):
+    evicted: list[EvictedOut] = Field(
+        default_factory=list,
+        description="Messages this request trimmed or evicted from sessions.",
+    )
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+class CreateSessionIn(_Strict):
+    """A session to start."""
+
+    agent_id: str = Field(min_length=1, description="The agent that owns the session.")
+    task_id: str | None = Field(None, description="The task it belongs to.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="JSON values.")
+    session_id: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"^[^/]+$",
+        description="The id to use (no '/': it is a path segment); the server makes one if absent.",
+    )
+
+
+class SessionOut(BaseModel):
+    """What the store knows about a session besides its messages."""
+
+    session_id: str
+    agent_id: str
+    task_id: str | None
+    metadata: dict[str, Any]
+    created_at: float = Field(description="Unix time of creation.")
+    accessed_at: float = Field(description="Unix time of the last read or write.")
+    message_count: int
+    next_seq: int
+    pending: list[str] = Field(description="Tool call ids still waiting for results.")
+    generation: str = Field(description="Changes when a session is created again under an id.")
+    first_seq: int
+    revision: int = Field(description="How many times messages were taken back.")
+
+
+class SessionResponse(_Response):
+    """One session."""
+
+    session: SessionOut
+
+
+class SessionPage(_Response):
+    """One page of sessions, newest first."""
+
+    sessions: list[SessionOut]
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="The offset of the next page; null: last page.")
+
+
+class ExistsResponse(_Response):
+    """Whether a live session has the id (not an access)."""
+
+    exists: bool
+
+
+class DeletedResponse(_Response):
+    """The outcome of a delete."""
+
+    deleted: bool
+
+
+class LatestSessionResponse(_Response):
+    """An agent's most recently created live session."""
+
+    agent_id: str
+    session_id: str | None
+
+
+class StatsResponse(_Response):
+    """The tenant's store."""
+
+    sessions: int = Field(description="Sessions stored (idle ones not yet reclaimed included).")
+
+
+class SweepResponse(_Response):
+    """The outcome of a sweep."""
+
+    swept: int = Field(description="Sessions reclaimed as idle longer than the TTL.")
+
+
+# -- messages --------------------------------------------------------------------------------
+
+
+class AppendIn(_Strict):
+    """Messages to append, all or none."""
+
+    messages: list[MessageIn]
+
+
+class ReplaceNewestIn(_Strict):
+    """Messages that take the newest message's place, atomically."""
+
+    newest_id: str = Field(min_length=1, description="The id the caller read as the newest.")
+    messages: list[MessageIn] = Field(default_factory=list)
+
+
+class MessagesResponse(_Response):
+    """Messages, oldest first."""
+
+    messages: list[MessageOut]
+
+
+class MessagePage(_Response):
+    """One page of a session's messages, oldest first."""
+
+    messages: list[MessageOut]
+    total: int = Field(description="Messages the session holds.")
+    offset: int
+    next_offset: int | None = Field(description="The offset of the next page; null: last page.")
+
+
+class PoppedResponse(_Response):
+    """The message taken back, or null if the session held none."""
+
+    message: MessageOut | None
+
+
+# -- prompts ---------------------------------------------------------------------------------
+
+
+class PromptIn(_Strict):
+    """How to build a prompt from a session."""
+
+    max_prompt_tokens: int = Field(
+        DEFAULT_MAX_PROMPT_TOKENS, ge=2, description="The model's context window."
+    )
+    reserve_output_tokens: int = Field(
+        DEFAULT_RESERVE_OUTPUT_TOKENS, ge=0, description="Tokens kept free for the reply."
+    )
+    preserve_last_n: int = Field(6, ge=0, description="Recent messages the pruner prefers.")
+    system: str | None = Field(None, description="The system prompt, first.")
+    format: Literal["openai", "anthropic", "responses"] = Field(
+        "openai", description="The provider format of the messages returned."
+    )
+    encoding: str | None = Field(
+        None, description="Token encoding or model name (default: o200k_base)."
+    )
+
+
+class DecisionOut(BaseModel):
+    """What the pruner did with one input message."""
+
+    index: int
+    role: str
+    action: Literal["kept", "compressed", "dropped", "summarised"]
+    reason: str
+    tokens_before: int
+    tokens_after: int
+    artifact_ref: str | None
+
+
+class PruneReportOut(BaseModel):
+    """The pruner's totals and decisions."""
+
+    budget: int
+    tokens_before: int
+    tokens_after: int
+    sections: dict[str, int]
+    kept: int
+    compressed: int
+    dropped: int
+    summarised: int
+    summary_error: str | None
+    notes: list[str]
+    stable_prefix_messages: int | None
+    stable_prefix_tokens: int | None
+    decisions: list[DecisionOut]
+
+
+class BuildReportOut(BaseModel):
+    """What went into the prompt, section by section."""
+
+    session_id: str
+    agent_id: str
+    max_prompt_tokens: int
+    reserve_output_tokens: int
+    prompt_tokens: int
+    sections: dict[str, int]
+    budgets: dict[str, int]
+    notes: list[str]
+    prune: PruneReportOut
+
+
+class PromptResponse(_Response):
+    """A built prompt in the format asked for, and its report."""
+
+    format: Literal["openai", "anthropic", "responses"]
+    messages: list[dict[str, Any]] = Field(
+        description="OpenAI chat messages, Anthropic MessageParams or Responses input items."
+    )
+    system: list[dict[str, Any]] | None = Field(
+        description="Anthropic only: the system text blocks (null in the other formats)."
+    )
+    report: BuildReportOut
+
+
+# -- other -----------------------------------------------------------------------------------
+
+
+class Health(BaseModel):
+    """The server answers."""
+
+    status: Literal["ok"]
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details; extension members carry the error's attributes."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="A urn:ctxkeep:problem:<slug> URI naming the kind of problem.")
+    title: str
+    status: int
+    detail: str

@@ -1,0 +1,490 @@
+"""The ``/v1`` routes and ``/healthz``.
+
+Every ``/v1`` route authenticates (:func:`tenant_of`), then runs against its tenant's
+:class:`~ctxkeep.MemoryManager` only, leased from the pool for the duration of the request:
+the same manager, policy and errors as the library's, so a route's behaviour is the
+manager's method's. Routes are plain functions, run in worker threads (storage I/O blocks).
+
+==========================================  ====================================================
+``POST   /v1/sessions``                     create a session
+``GET    /v1/sessions``                     list sessions (``agent_id``, ``task_id``, pages)
+``GET    /v1/sessions/{id}``                a session's info (an access)
+``GET    /v1/sessions/{id}/exists``         whether it exists (not an access)
+``DELETE /v1/sessions/{id}``                delete it
+``GET    /v1/agents/{agent_id}/latest``     an agent's newest session
+``GET    /v1/stats``                        sessions stored
+``POST   /v1/sweep``                        reclaim idle sessions
+``POST   /v1/sessions/{id}/messages``       append messages, all or none
+``GET    /v1/sessions/{id}/messages``       list messages (``last``, ``offset``, ``limit``)
+``POST   /v1/sessions/{id}/messages/pop``   take back the newest message
+``PUT    /v1/sessions/{id}/messages/newest``  replace the newest message (``newest_id``)
+``GET    /v1/sessions/{id}/archived``       trimmed and evicted messages
+``GET    /v1/sessions/{id}/prompt``         the history as a prompt, unpruned
+``POST   /v1/sessions/{id}/prompt``         build a prompt within a budget, with its report
+==========================================  ====================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ctxkeep.builder import ContextBuilder
+from ctxkeep.errors import SessionNotFoundError
+from ctxkeep.messages import Message
+from ctxkeep.prune import TokenPruner
+from ctxkeep.responses import to_responses
+from ctxkeep.server import problems
+from ctxkeep.server.app import RequestInfo, ServerState, Unauthorized, request_info
+from ctxkeep.server.models import (
+    AppendIn,
+    BuildReportOut,
+    CreateSessionIn,
+    DeletedResponse,
+    EvictedOut,
+    ExistsResponse,
+    Health,
+    LatestSessionResponse,
+    MessageIn,
+    MessagePage,
+    MessagesResponse,
+    PoppedResponse,
+    PromptIn,
+    PromptResponse,
+    ReplaceNewestIn,
+    SessionOut,
+    SessionPage,
+    SessionResponse,
+    StatsResponse,
+    SweepResponse,
+)
+from ctxkeep.server.tenants import collect_evictions
+from ctxkeep.server.wire import evicted_to_wire, message_from_wire, message_to_wire
+from ctxkeep.sessions.base import MemoryManager
+from ctxkeep.sessions.records import SessionInfo
+from ctxkeep.tokens import get_counter
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="An API key from `ctxkeep keys create --tenant NAME`.",
+)
+
+
+def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI declarations of the problem responses a route can give."""
+    titles = {
+        401: "Missing or invalid API key",
+        404: "No such session",
+        409: "Conflict with the session's state",
+        413: "Request body too large",
+        422: "Invalid request, message or sequence",
+        503: "Storage failed",
+    }
+    from ctxkeep.server.models import Problem
+
+    return {s: {"model": Problem, "description": titles[s]} for s in statuses}
+
+
+_READ = _problems(401, 422, 503)
+_SESSION = _problems(401, 404, 422, 503)
+_WRITE = _problems(401, 404, 413, 422, 503)
+
+router = APIRouter()
+
+
+@dataclass
+class Tenant:
+    """An authenticated request's tenant."""
+
+    name: str
+    """The tenant."""
+    state: ServerState
+    """The server."""
+    info: RequestInfo
+    """The request's access-log and eviction record."""
+
+    @contextmanager
+    def memory(self) -> Iterator[MemoryManager]:
+        """The tenant's manager for the block; its evictions are recorded for the response."""
+        with self.state.stores.lease(self.name) as mem, collect_evictions(self.info.evicted):
+            yield mem
+
+    def evicted(self) -> list[EvictedOut]:
+        """What the request evicted, for the response."""
+        return [EvictedOut.model_validate(evicted_to_wire(e)) for e in self.info.evicted]
+
+
+async def tenant_of(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Tenant:
+    """The tenant of the request's API key.
+
+    Raises:
+        Unauthorized: no ``Authorization: Bearer`` key, or not a live one.
+
+    """
+    if credentials is None:
+        raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
+    state: ServerState = request.app.state.ctxkeep
+    key = await anyio.to_thread.run_sync(state.keys.authenticate, credentials.credentials)
+    if key is None:
+        raise Unauthorized("the API key is unknown or revoked")
+    info = request_info(request.scope)
+    info.tenant = key.tenant
+    return Tenant(key.tenant, state, info)
+
+
+TenantDep = Annotated[Tenant, Depends(tenant_of)]
+
+
+def _session_out(info: SessionInfo) -> SessionOut:
+    return SessionOut.model_validate(info.to_dict())
+
+
+def _messages_in(messages: list[MessageIn]) -> list[Message]:
+    return [
+        message_from_wire(m.model_dump(exclude_unset=True), index=i) for i, m in enumerate(messages)
+    ]
+
+
+def _messages_out(messages: list[Message]) -> list[dict[str, Any]]:
+    return [message_to_wire(m) for m in messages]
+
+
+# -- health ---------------------------------------------------------------------------------------
+
+
+@router.get("/healthz", response_model=Health, tags=["health"])
+def healthz() -> Health:
+    """The server answers (no authentication, no storage access)."""
+    return Health(status="ok")
+
+
+# -- sessions -------------------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/sessions",
+    status_code=201,
+    response_model=SessionResponse,
+    responses=_problems(401, 409, 413, 422, 503),
+    tags=["sessions"],
+)
+def create_session(body: CreateSessionIn, tenant: TenantDep) -> SessionResponse:
+    """Start a session; beyond ``max_sessions`` the least recently used are evicted."""
+    with tenant.memory() as mem:
+        sid = mem.create_session(
+            body.agent_id, task_id=body.task_id, metadata=body.metadata, session_id=body.session_id
+        )
+        info = mem.get_session(sid)
+    return SessionResponse(session=_session_out(info), evicted=tenant.evicted())
+
+
+@router.get("/v1/sessions", response_model=SessionPage, responses=_READ, tags=["sessions"])
+def list_sessions(
+    tenant: TenantDep,
+    agent_id: Annotated[str | None, Query(min_length=1)] = None,
+    task_id: Annotated[str | None, Query(min_length=1)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> SessionPage:
+    """Live sessions, newest first, filtered by agent and/or task, one page at a time."""
+    with tenant.memory() as mem:
+        infos = mem.list_sessions(
+            agent_id=agent_id, task_id=task_id, limit=limit + 1, offset=offset
+        )
+    more = len(infos) > limit
+    return SessionPage(
+        sessions=[_session_out(i) for i in infos[:limit]],
+        limit=limit,
+        offset=offset,
+        next_offset=offset + limit if more else None,
+        evicted=tenant.evicted(),
+    )
+
+
+@router.get(
+    "/v1/sessions/{session_id}",
+    response_model=SessionResponse,
+    responses=_SESSION,
+    tags=["sessions"],
+)
+def get_session(session_id: str, tenant: TenantDep) -> SessionResponse:
+    """A session's info (counts as an access)."""
+    with tenant.memory() as mem:
+        info = mem.get_session(session_id)
+    return SessionResponse(session=_session_out(info), evicted=tenant.evicted())
+
+
+@router.get(
+    "/v1/sessions/{session_id}/exists",
+    response_model=ExistsResponse,
+    responses=_READ,
+    tags=["sessions"],
+)
+def session_exists(session_id: str, tenant: TenantDep) -> ExistsResponse:
+    """Whether a live session has this id (not an access: TTL and LRU do not move)."""
+    with tenant.memory() as mem:
+        exists = mem.has_session(session_id)
+    return ExistsResponse(exists=exists, evicted=tenant.evicted())
+
+
+@router.delete(
+    "/v1/sessions/{session_id}",
+    response_model=DeletedResponse,
+    responses=_SESSION,
+    tags=["sessions"],
+)
+def delete_session(session_id: str, tenant: TenantDep) -> DeletedResponse:
+    """Delete a session and its messages (not archived); 404 if there is none."""
+    with tenant.memory() as mem:
+        deleted = mem.delete_session(session_id)
+    if not deleted:
+        raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
+    return DeletedResponse(deleted=True, evicted=tenant.evicted())
+
+
+@router.get(
+    "/v1/agents/{agent_id}/latest",
+    response_model=LatestSessionResponse,
+    responses=_READ,
+    tags=["sessions"],
+)
+def latest_session(agent_id: str, tenant: TenantDep) -> LatestSessionResponse:
+    """The agent's most recently created live session (``session_id`` null if none)."""
+    with tenant.memory() as mem:
+        sid = mem.get_latest_session_for_agent(agent_id)
+    return LatestSessionResponse(agent_id=agent_id, session_id=sid, evicted=tenant.evicted())
+
+
+@router.get("/v1/stats", response_model=StatsResponse, responses=_READ, tags=["sessions"])
+def stats(tenant: TenantDep) -> StatsResponse:
+    """How many sessions the tenant's store holds."""
+    with tenant.memory() as mem:
+        count = mem.session_count()
+    return StatsResponse(sessions=count, evicted=tenant.evicted())
+
+
+@router.post("/v1/sweep", response_model=SweepResponse, responses=_READ, tags=["sessions"])
+def sweep(tenant: TenantDep) -> SweepResponse:
+    """Reclaim the tenant's sessions idle longer than the TTL (archived first)."""
+    with tenant.memory() as mem:
+        swept = mem.sweep()
+    return SweepResponse(swept=swept, evicted=tenant.evicted())
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/sessions/{session_id}/messages",
+    status_code=201,
+    response_model=MessagesResponse,
+    responses=_WRITE,
+    tags=["messages"],
+)
+def append_messages(session_id: str, body: AppendIn, tenant: TenantDep) -> MessagesResponse:
+    """Append messages atomically (all or none); returns the stored copies.
+
+    A tool result must answer a call still waiting in the session, and no other message may
+    come while calls wait; messages get an ``id`` and ``created_at`` if they have none.
+    """
+    messages = _messages_in(body.messages)
+    with tenant.memory() as mem:
+        stored = mem.add_messages(session_id, messages)
+    return MessagesResponse.model_validate(
+        {"messages": _messages_out(stored), "evicted": tenant.evicted()}
+    )
+
+
+@router.get(
+    "/v1/sessions/{session_id}/messages",
+    response_model=MessagePage,
+    responses=_SESSION,
+    tags=["messages"],
+)
+def list_messages(
+    session_id: str,
+    tenant: TenantDep,
+    last: Annotated[int | None, Query(ge=0, description="Only the newest N.")] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int | None, Query(ge=1, description="At most N (default: all).")] = None,
+) -> MessagePage:
+    """The session's messages, oldest first (``last`` first narrows to the newest N, then
+    ``offset`` and ``limit`` page through them).
+    """
+    with tenant.memory() as mem:
+        messages = mem.get_messages(session_id, limit=last)
+    end = len(messages) if limit is None else offset + limit
+    return MessagePage.model_validate(
+        {
+            "messages": _messages_out(messages[offset:end]),
+            "total": len(messages),
+            "offset": offset,
+            "next_offset": end if end < len(messages) else None,
+            "evicted": tenant.evicted(),
+        }
+    )
+
+
+@router.post(
+    "/v1/sessions/{session_id}/messages/pop",
+    response_model=PoppedResponse,
+    responses=_SESSION,
+    tags=["messages"],
+)
+def pop_message(session_id: str, tenant: TenantDep) -> PoppedResponse:
+    """Take back the newest message (null if the session holds none); not archived.
+
+    A tool result taken back leaves its call waiting again; an assistant message taken back
+    takes its calls with it.
+    """
+    with tenant.memory() as mem:
+        popped = mem.pop_message(session_id)
+    return PoppedResponse.model_validate(
+        {
+            "message": None if popped is None else message_to_wire(popped),
+            "evicted": tenant.evicted(),
+        }
+    )
+
+
+@router.put(
+    "/v1/sessions/{session_id}/messages/newest",
+    response_model=MessagesResponse,
+    responses=_problems(401, 404, 409, 413, 422, 503),
+    tags=["messages"],
+)
+def replace_newest(session_id: str, body: ReplaceNewestIn, tenant: TenantDep) -> MessagesResponse:
+    """Atomically take back the newest message and append ``messages`` in its place, if the
+    newest message is still ``newest_id`` (else 409 ``session-changed``: read again, retry).
+    """
+    messages = _messages_in(body.messages)
+    with tenant.memory() as mem:
+        stored = mem.replace_newest(session_id, messages, newest_id=body.newest_id)
+    return MessagesResponse.model_validate(
+        {"messages": _messages_out(stored), "evicted": tenant.evicted()}
+    )
+
+
+@router.get(
+    "/v1/sessions/{session_id}/archived",
+    response_model=MessagesResponse,
+    responses=_READ,
+    tags=["messages"],
+)
+def archived(session_id: str, tenant: TenantDep) -> MessagesResponse:
+    """Messages trimmed or evicted from the session and archived (they outlive it: an id
+    with none, known or not, gives an empty list).
+    """
+    with tenant.memory() as mem:
+        messages = mem.archived_messages(session_id)
+    return MessagesResponse.model_validate(
+        {"messages": _messages_out(messages), "evicted": tenant.evicted()}
+    )
+
+
+# -- prompts --------------------------------------------------------------------------------------
+
+
+@router.get(
+    "/v1/sessions/{session_id}/prompt",
+    response_model=MessagesResponse,
+    responses=_SESSION,
+    tags=["prompts"],
+)
+def prompt_history(session_id: str, tenant: TenantDep) -> MessagesResponse:
+    """The session's history as a prompt, unpruned: calls still waiting for results are left
+    out (what :meth:`~ctxkeep.MemoryManager.build_prompt_messages` gives without a pruner).
+    """
+    with tenant.memory() as mem:
+        messages = mem.build_prompt_messages(session_id)
+    return MessagesResponse.model_validate(
+        {"messages": _messages_out(messages), "evicted": tenant.evicted()}
+    )
+
+
+@router.post(
+    "/v1/sessions/{session_id}/prompt",
+    response_model=PromptResponse,
+    responses=_WRITE,
+    tags=["prompts"],
+)
+def build_prompt(session_id: str, body: PromptIn, tenant: TenantDep) -> PromptResponse:
+    """Build the prompt for the session's next model call within a token budget.
+
+    The history is pruned to ``max_prompt_tokens - reserve_output_tokens`` (tool calls and
+    results kept whole, recent messages preferred, old tool outputs compressed first); the
+    messages come in the provider ``format`` asked for, with the build report. When the
+    system prompt and the newest user message alone do not fit, 422 ``budget-exceeded``
+    says by how much and what is in the way.
+    """
+    counter = get_counter(body.encoding)
+    pruner = TokenPruner(
+        max(1, body.max_prompt_tokens - body.reserve_output_tokens),
+        body.preserve_last_n,
+        counter=counter,
+    )
+    with tenant.memory() as mem:
+        builder = ContextBuilder(
+            mem,
+            counter=counter,
+            pruner=pruner,
+            max_prompt_tokens=body.max_prompt_tokens,
+            reserve_output_tokens=body.reserve_output_tokens,
+        )
+        built = builder.build(session_id, system=body.system)
+    system: list[dict[str, Any]] | None = None
+    if body.format == "anthropic":
+        payload = built.to_anthropic()
+        messages, system = payload.messages, payload.system
+    elif body.format == "responses":
+        messages = to_responses(built.messages)
+    else:
+        messages = built.to_openai()
+    report = built.report
+    prune = {
+        **report.prune.summary(),
+        "decisions": [
+            {
+                "index": d.index,
+                "role": d.role,
+                "action": d.action,
+                "reason": d.reason,
+                "tokens_before": d.tokens_before,
+                "tokens_after": d.tokens_after,
+                "artifact_ref": d.artifact_ref,
+            }
+            for d in report.prune.decisions
+        ],
+    }
+    report_out = BuildReportOut.model_validate(
+        {
+            "session_id": report.session_id,
+            "agent_id": report.agent_id,
+            "max_prompt_tokens": report.max_prompt_tokens,
+            "reserve_output_tokens": report.reserve_output_tokens,
+            "prompt_tokens": report.prompt_tokens,
+            "sections": report.sections,
+            "budgets": report.budgets,
+            "notes": list(report.notes),
+            "prune": prune,
+        }
+    )
+    return PromptResponse(
+        format=body.format,
+        messages=messages,
+        system=system,
+        report=report_out,
+        evicted=tenant.evicted(),
+    )
+
+
+__all__ = ["Tenant", "problems", "router", "tenant_of"]

@@ -1,0 +1,48 @@
+"""A real ``ctxkeep serve`` application on 127.0.0.1, run by uvicorn in a background thread
+(not collected: no ``test_`` prefix).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class ThreadedServer:
+    """uvicorn serving ``app`` on a free port of 127.0.0.1 until :meth:`stop`."""
+
+    def __init__(self, app: Any) -> None:
+        # uvicorn binds port 0 itself (a socket handed to it in this process answered ~10x
+        # slower); the port is read back once it listens.
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            access_log=False,
+            ws="none",
+            lifespan="on",
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = ""
+
+    def start(self) -> ThreadedServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.005)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self, *, wait: bool = True) -> None:
+        """Ask the server to stop (uvicorn needs ~0.2 s); ``wait``: until it has."""
+        self.server.should_exit = True
+        if wait:
+            self.thread.join(10)

@@ -1,0 +1,152 @@
+"""API keys and tenants: the registry, ``ctxkeep keys`` and ``ctxkeep serve`` (real console
+script, real SQLite file, real uvicorn process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from _cli import assert_one_line_error, ctxkeep_script
+from ctxkeep.cli import main
+from ctxkeep.errors import ConfigError
+from ctxkeep.server import create_app
+from ctxkeep.server.keys import SQLiteKeyRegistry, open_key_registry
+
+
+def test_keys_are_random_shown_once_and_stored_only_as_sha256(tmp_path: Path) -> None:
+    registry = open_key_registry(f"sqlite:///{tmp_path}/k.db")
+    try:
+        record, key = registry.create("acme")
+        other = registry.create("acme")[1]
+        assert isinstance(registry, SQLiteKeyRegistry)
+        assert key.startswith(f"ck_{record.key_id}_") and len(key) >= 56 and key != other
+        assert record.digest == hashlib.sha256(key.encode()).hexdigest()
+        assert registry.authenticate(key) == record
+        assert registry.authenticate(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+        assert registry.authenticate("not a key") is None
+    finally:
+        registry.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert key.split("_", 2)[2].encode() not in stored  # the secret is nowhere on disk
+
+
+def test_revoked_keys_are_listed_and_refused() -> None:
+    registry = open_key_registry("memory://")
+    record, key = registry.create("acme")
+    registry.create("globex")
+    assert registry.revoke(record.key_id) and not registry.revoke(record.key_id)
+    assert not registry.revoke("nope")
+    assert registry.authenticate(key) is None
+    listed = registry.list_keys("acme")
+    assert [(k.key_id, k.revoked_at is not None) for k in listed] == [(record.key_id, True)]
+    assert registry.tenants() == ["acme", "globex"]
+
+
+@pytest.mark.parametrize("name", ["", "Acme", "a-b", "9lives", "x" * 33, "a/b"])
+def test_tenant_names_are_plain_identifiers(name: str) -> None:
+    with pytest.raises(ConfigError, match="invalid tenant name"):
+        open_key_registry("memory://").create(name)
+
+
+class Ran:
+    """What an in-process CLI run printed."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
+    """Run ``ctxkeep ARGS`` in this process (the console script itself runs in the serve test)."""
+
+    def run(*args: str) -> Ran:
+        code = main(list(args))
+        out = capsys.readouterr()
+        return Ran(code, out.out, out.err)
+
+    return run
+
+
+def test_keys_cli_creates_lists_and_revokes(tmp_path: Path, cli: Callable[..., Ran]) -> None:
+    db = f"sqlite:///{tmp_path}/srv.db"
+    made = cli("keys", "create", "--tenant", "acme", "--db", db, "--json")
+    assert made.returncode == 0, made.stderr
+    created = json.loads(made.stdout)
+    assert created["tenant"] == "acme" and created["key"].startswith("ck_")
+    app = create_app(db)
+    with TestClient(app) as client:
+        headers = {"Authorization": f"Bearer {created['key']}"}
+        assert client.get("/v1/stats", headers=headers).status_code == 200
+        listed = cli("keys", "list", "--db", db)
+        assert listed.returncode == 0 and created["key_id"] in listed.stdout
+        assert "active" in listed.stdout and created["key"] not in listed.stdout
+        revoked = cli("keys", "--db", db, "revoke", created["key_id"])
+        assert revoked.returncode == 0 and revoked.stdout.strip() == "revoked"
+        assert client.get("/v1/stats", headers=headers).status_code == 401
+    again = cli("keys", "revoke", created["key_id"], "--db", db)
+    assert again.returncode == 1 and "no active key" in again.stdout
+
+
+def test_keys_cli_refuses_bad_input_in_one_line(tmp_path: Path, cli: Callable[..., Ran]) -> None:
+    bad = cli("keys", "create", "--tenant", "Not-Valid", "--db", f"sqlite:///{tmp_path}/k.db")
+    assert bad.returncode == 2
+    assert_one_line_error(bad.stderr, "invalid tenant name")
+    mem = cli("keys", "create", "--tenant", "acme", "--db", "memory://")
+    assert mem.returncode == 2
+    assert_one_line_error(mem.stderr, "memory://")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_runs_the_service_and_logs_json_lines(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/srv.db"
+    registry = open_key_registry(db)
+    _, token = registry.create("acme")
+    registry.close()
+    key = {"key": token}
+    port = _free_port()
+    proc = subprocess.Popen(
+        [ctxkeep_script(), "serve", "--db", db, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.1)
+        headers = {"Authorization": f"Bearer {key['key']}"}
+        r = httpx.post(f"{base}/v1/sessions", json={"agent_id": "a"}, headers=headers)
+        assert r.status_code == 201
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    lines = [json.loads(ln) for ln in err.splitlines() if ln.startswith("{")]
+    assert {"method": "POST", "path": "/v1/sessions", "status": 201, "tenant": "acme"}.items() <= (
+        lines[-1].items()
+    )
+    assert key["key"] not in err
+    assert (tmp_path / "srv.tenants" / "acme.db").exists()
