@@ -345,6 +345,135 @@ def measure(
     }
 
 
+# -- OpenAI dicts -----------------------------------------------------------------------------
+
+
+@dataclass
+class InputResult:
+    """One mode on one form of the same session: ``Message`` objects or OpenAI dicts."""
+
+    mode: Mode
+    form: str  # "Message objects" or "OpenAI dicts"
+    first: Timing  # a new pruner's first prune of the session (counts not cached)
+    warm: Timing
+    turn: Timing
+    kept: int
+    sent_tokens: int
+    valid: bool
+    turns_over_budget: int
+    turns_invalid: int
+    same_as_messages: bool  # the output equals the one of the Message form (dicts only)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.label,
+            "input": self.form,
+            "first_prune": self.first.ms(),
+            "warm_same_history": self.warm.ms(),
+            "new_turn": self.turn.ms(),
+            "kept_messages": self.kept,
+            "sent_tokens": self.sent_tokens,
+            "valid": self.valid,
+            "turns_over_budget": self.turns_over_budget,
+            "turns_invalid": self.turns_invalid,
+            "same_output_as_message_objects": self.same_as_messages,
+            "goal_ms": GOAL_MS,
+            "goal_met_warm": self.warm.median * 1e3 <= GOAL_MS,
+        }
+
+
+FORMS = ("Message objects", "OpenAI dicts")
+
+
+def measure_forms(
+    n: int,
+    material: tuple[Message, Message, list[Unit]],
+    counter: TokenCounter,
+    *,
+    runs: int,
+    turns: int,
+    max_seconds: float,
+) -> dict[tuple[str, str], InputResult]:
+    """Both modes on one ``n``-message session held as ``Message`` objects and as OpenAI dicts
+    (``m.to_openai()``, as most agent loops hold history), all four runs interleaved.
+
+    Each (mode, form) gets its own fresh session and pruner, so no token counts are shared.
+    New turns append a unit in the same form (fresh dicts for the dict form), the lists built
+    before timing, as an agent loop holds its history already.
+    """
+    system, task, units = material
+    keys = [(m, f) for m in MODES for f in FORMS]
+    session: dict[tuple[str, str], list[Any]] = {}
+    pruner: dict[tuple[str, str], TokenPruner] = {}
+    first: dict[tuple[str, str], list[float]] = {}
+    for mode, form in keys:
+        msgs = build_session(n, system, task, units)
+        k = (mode.key, form)
+        session[k] = msgs if form == FORMS[0] else [m.to_openai() for m in msgs]
+        pruner[k] = mode.pruner(counter)
+        t0 = time.perf_counter()
+        pruner[k].prune(session[k])
+        first[k] = [time.perf_counter() - t0]
+    todo = {}
+    for mode, form in keys:
+        k = (mode.key, form)
+        probe, _ = timed(partial(pruner[k].prune, session[k]), 1)
+        todo[k] = min(runs, max(5, int(max_seconds / max(probe.median, 1e-9))))
+    warm: dict[tuple[str, str], list[float]] = {k: [] for k in todo}
+    out: dict[tuple[str, str], list[Message]] = {}
+    for r in range(max(todo.values())):
+        for k in todo:
+            if r < todo[k]:
+                t0 = time.perf_counter()
+                out[k] = pruner[k].prune(session[k])
+                warm[k].append(time.perf_counter() - t0)
+    prompts: dict[tuple[str, str], list[list[Any]]] = {}
+    for mode, form in keys:
+        k = (mode.key, form)
+        hist = list(session[k])
+        prompts[k] = []
+        for unit in new_turns(units, turns, offset=n):
+            hist = hist + (unit if form == FORMS[0] else [m.to_openai() for m in unit])
+            prompts[k].append(hist)
+    turn: dict[tuple[str, str], list[float]] = {k: [] for k in todo}
+    sent_turns: dict[tuple[str, str], list[list[Message]]] = {k: [] for k in todo}
+    for j in range(turns):
+        for k in todo:
+            t0 = time.perf_counter()
+            sent = pruner[k].prune(prompts[k][j])
+            turn[k].append(time.perf_counter() - t0)
+            sent_turns[k].append(sent)
+    results = {}
+    for mode, form in keys:
+        k = (mode.key, form)
+        ref = (mode.key, FORMS[0])
+        results[k] = InputResult(
+            mode=mode,
+            form=form,
+            first=Timing(first[k]),
+            warm=Timing(warm[k]),
+            turn=Timing(turn[k]),
+            kept=len(out[k]),
+            sent_tokens=counter.count_messages(out[k]),
+            valid=is_valid_sequence(out[k]),
+            turns_over_budget=sum(counter.count_messages(x) > BUDGET for x in sent_turns[k]),
+            turns_invalid=sum(not is_valid_sequence(x) for x in sent_turns[k]),
+            same_as_messages=_same(out[k], out[ref])
+            and all(map(_same, sent_turns[k], sent_turns[ref])),
+        )
+    return results
+
+
+def _same(a: list[Message], b: list[Message]) -> bool:
+    """The same prompt: equal OpenAI payloads (artifact refs differ between pruners' stores)."""
+    strip = [{**m.to_openai(), "content": m.text if m.artifact_refs else m.content} for m in a]
+    other = [{**m.to_openai(), "content": m.text if m.artifact_refs else m.content} for m in b]
+    return len(a) == len(b) and all(
+        x == y or (x["role"] == y["role"] == "tool" and "[ctxkeep:" in str(x["content"]))
+        for x, y in zip(strip, other, strict=True)
+    )
+
+
 # -- output -----------------------------------------------------------------------------------
 
 
@@ -422,6 +551,19 @@ def main(argv: list[str] | None = None) -> int:
     trim_tokens = counter.count_messages(trim_sent)
     trim_valid = is_valid_sequence(trim_sent)
 
+    # The same session as OpenAI dicts, side by side with Message objects, then trim_messages
+    # on those dicts (it converts them itself on every call, as it does for an app's history).
+    forms = measure_forms(
+        args.messages,
+        material,
+        counter,
+        runs=args.runs,
+        turns=args.turns,
+        max_seconds=args.max_seconds,
+    )
+    dict_session = [m.to_openai() for m in build_session(args.messages, system, task, units)]
+    trim_d, trim_d_out = timed(lambda: trim.trim(dict_session), args.trim_runs)
+
     scaling: list[dict[str, ModeResult]] = []
     for n in sizes:
         if n == args.messages:
@@ -466,6 +608,13 @@ def main(argv: list[str] | None = None) -> int:
             "valid": trim_valid,
         },
         "ratio_trim_over_ctxkeep": ratios,
+        "openai_dicts": {
+            "results": [r.to_dict() for r in forms.values()],
+            "trim_messages_on_dicts": {**trim_d.ms(), "kept_messages": len(trim_d_out)},
+            "ratio_trim_on_dicts_over_ctxkeep_dicts_warm": {
+                m.key: round(trim_d.median / forms[(m.key, FORMS[1])].warm.median, 1) for m in MODES
+            },
+        },
         "scaling": [r[m.key].to_dict() for r in scaling for m in MODES],
     }
 
@@ -561,6 +710,57 @@ def main(argv: list[str] | None = None) -> int:
                     "yes" if r.valid and not r.turns_invalid and not r.turns_over_budget else "NO",
                 )
         console.print(s)
+
+        d = Table(
+            title=f"the same {args.messages:,}-message session as Message objects and as OpenAI "
+            "dicts (each its own session and pruner, runs interleaved): medians in ms (p90)",
+            title_justify="left",
+        )
+        for col in (
+            "pruner",
+            "input",
+            "first prune",
+            "warm, same history",
+            "one new turn",
+            "kept",
+            "sent",
+            "valid",
+            "same output",
+        ):
+            d.add_column(col, justify="left" if col in ("pruner", "input") else "right")
+        for (_, form), r in forms.items():
+            d.add_row(
+                f"ctxkeep {r.mode.label}",
+                form,
+                ms(r.first.median),
+                f"{ms(r.warm.median)} ({ms(r.warm.p90)}, {len(r.warm.samples)} runs)",
+                f"{ms(r.turn.median)} ({ms(r.turn.p90)}, {len(r.turn.samples)} turns)",
+                f"{r.kept:,}",
+                f"{r.sent_tokens:,}",
+                "yes" if r.valid and not r.turns_invalid and not r.turns_over_budget else "NO",
+                "-" if form == FORMS[0] else ("yes" if r.same_as_messages else "NO"),
+            )
+        d.add_row(
+            "trim_messages",
+            "OpenAI dicts",
+            f"{ms(trim_d.samples[0])} (first call)",
+            f"{ms(trim_d.median)} ({ms(trim_d.p90)}, {len(trim_d.samples)} runs)",
+            "-",
+            f"{len(trim_d_out):,}",
+            "-",
+            "-",
+            "-",
+        )
+        console.print(d)
+        for m in MODES:
+            r = forms[(m.key, FORMS[1])]
+            goal = "met" if r.warm.median * 1e3 <= GOAL_MS else "NOT met"
+            console.print(
+                f"  {m.label}, OpenAI dicts: trim_messages / ctxkeep "
+                f"{trim_d.median / r.warm.median:,.0f}x (warm), "
+                f"{trim_d.median / r.turn.median:,.0f}x (new turn); goal <= {GOAL_MS:g} ms "
+                f"warm: {goal}"
+            )
         console.print(f"session: {where}")
         console.print(
             "load average (1 min) before / after: "

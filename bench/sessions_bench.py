@@ -129,6 +129,41 @@ def bench_agents_sqlite(path: Path, msgs: list[Any], appends: int, repeat: int) 
     return asyncio.run(run())
 
 
+def bench_read_interleaved(tmp: Path, msgs: list[Any], repeat: int) -> dict[str, float]:
+    """Reading the whole session back, head to head: ``SQLiteSession.get_items`` and ctxkeep's
+    ``get_messages`` (SQLite, default settings) on the same data, their runs alternated, so a
+    machine shared with other work slows both alike (the per-backend columns are measured one
+    backend after another).
+    """
+    from agents.memory import SQLiteSession
+
+    loop = asyncio.new_event_loop()
+    try:
+        agents = SQLiteSession("read", tmp / "agents-read.db")
+        loop.run_until_complete(agents.add_items([m.to_openai() for m in msgs]))
+        times: dict[str, list[float]] = {"get_items": [], "get_messages": []}
+        with open_memory(f"sqlite:///{tmp}/ck-read.db", CONFIG) as mem:
+            sid = mem.create_session("bench-read")
+            mem.add_messages(sid, msgs)
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                loop.run_until_complete(agents.get_items())
+                times["get_items"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                mem.get_messages(sid)
+                times["get_messages"].append(time.perf_counter() - t0)
+        agents.close()
+    finally:
+        loop.close()
+    out = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    return {
+        "get_items_ms": out["get_items"],
+        "get_messages_ms": out["get_messages"],
+        "get_items_over_get_messages": out["get_items"] / out["get_messages"],
+        "runs": repeat,
+    }
+
+
 def _redis_up() -> bool:
     import socket
 
@@ -145,11 +180,22 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--read-only",
+        action="store_true",
+        help="only the head-to-head read: get_messages vs SQLiteSession.get_items, interleaved",
+    )
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     msgs = _session_messages(args.messages)
     notes = []
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        head = bench_read_interleaved(Path(tmp), msgs, max(args.repeat, 7))
+        if args.read_only:
+            load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            print(json.dumps({"read_all_interleaved": head, "load_average": load}, indent=2))
+            return
         results["agents SQLiteSession (file)"] = bench_agents_sqlite(
             Path(tmp) / "agents.db", msgs, args.appends, args.repeat
         )
@@ -187,8 +233,25 @@ def main() -> None:
                 if server is not None:
                     server.cleanup()
     anchor = results["agents SQLiteSession (file)"]
+    for r in results.values():
+        # get_messages (ctxkeep) or get_items (the Agents SDK) of the whole session
+        r["read_all_vs_agents_get_items"] = anchor["get_10k_ms"] / r["get_10k_ms"]
+    load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     if args.json:
-        print(json.dumps({"messages": len(msgs), "results": results, "notes": notes}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "messages": len(msgs),
+                    "read_all": "ctxkeep MemoryManager.get_messages(sid) vs agents "
+                    "SQLiteSession.get_items()",
+                    "load_average_before_after": load,
+                    "read_all_interleaved": head,
+                    "results": results,
+                    "notes": notes,
+                },
+                indent=2,
+            )
+        )
         return
     table = Table(
         title=f"session memory: {args.appends} single appends; {len(msgs)}-message session"
@@ -197,8 +260,8 @@ def main() -> None:
         "store",
         "appends/s",
         "vs agents",
-        "read all (ms)",
-        "vs agents",
+        "read all (ms): get_messages / get_items",
+        "vs agents get_items",
         "prompt, cold (ms)",
         "turn: append + prompt (ms)",
         "turn vs agents read",
@@ -216,6 +279,12 @@ def main() -> None:
             f"{anchor['get_10k_ms'] / r['turn_ms']:.1f}x" if "turn_ms" in r else "n/a",
         )
     Console(width=200).print(table)
+    print(
+        f"read all, head to head (runs alternated, medians of {head['runs']}): "
+        f"SQLiteSession.get_items {head['get_items_ms']:.1f} ms, ctxkeep sqlite get_messages "
+        f"{head['get_messages_ms']:.1f} ms: {head['get_items_over_get_messages']:.2f}x"
+    )
+    print(f"load average (1 min) before / after: {load[0]} / {load[1]}")
     for n in notes:
         print(n)
 

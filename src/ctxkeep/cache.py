@@ -48,13 +48,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from operator import is_
 from typing import TYPE_CHECKING, Any, Literal
 
 from ctxkeep.errors import BudgetExceededError, ConfigError, describe
 from ctxkeep.messages import SYSTEM_ROLES, AnthropicPayload, Message, coerce_messages, to_anthropic
+from ctxkeep.prune.inputs import unchanged
 
 if TYPE_CHECKING:
     from ctxkeep.prune import TokenPruner, _Plan, _Repairs, _Unit
@@ -72,8 +72,10 @@ class _Fold:
     fix: _Repairs
     total: int
     """Tokens of the prompt so far (system, window, pinned user, priming)."""
-    seen: list[Message] = field(default_factory=list)
-    """The input messages folded, as given (the frontier is ``len(seen)``)."""
+    keys: list[Any] = field(default_factory=list)
+    """What the input messages folded are compared with, in order (the frontier is
+    ``len(keys)``): each ``Message`` itself, a snapshot of each dict
+    (:mod:`ctxkeep.prune.inputs`)."""
     msgs: list[Message] = field(default_factory=list)
     """The same, repairs applied (the pruner's own list)."""
     system: list[int] = field(default_factory=list)
@@ -92,14 +94,17 @@ class _Fold:
     """Set while the must-keep messages do not fit: the next unit cuts again."""
 
 
-def _starts_with(msgs: list[Message], seen: list[Message]) -> bool:
-    """Whether ``msgs`` begins with ``seen``: the same objects, or equal messages."""
-    n = len(seen)
-    if len(msgs) < n:
+def _starts_with(items: list[Any], keys: list[Any]) -> bool:
+    """Whether the input ``items`` begins with the messages folded under ``keys``: the same
+    ``Message`` objects or equal ones, dicts equal to their snapshots.
+
+    One list comparison, in C: each pair is compared by identity first (the same message
+    objects cost a pointer comparison), then with the key's ``==`` (a snapshot's is exact).
+    """
+    n = len(keys)
+    if len(items) < n:
         return False
-    if n == 0 or all(map(is_, msgs, seen)):
-        return True
-    return all(a is b or a == b for a, b in zip(msgs, seen, strict=False))
+    return n == 0 or unchanged(keys, items[:n])
 
 
 class _StableFolds:
@@ -111,9 +116,13 @@ class _StableFolds:
         self._folds: list[_Fold] = []  # least recently used first
         self._lock = threading.Lock()
 
-    def plan(self, messages: Sequence[Any]) -> _Plan | None:
-        """The cache-stable plan of ``messages``, or None where the default mode must do."""
-        inp = coerce_messages(messages)
+    def plan(self, messages: list[Any]) -> _Plan | None:
+        """The cache-stable plan of ``messages`` (a list of ``Message`` objects or OpenAI
+        dicts), or None where the default mode must do.
+        """
+        inp = messages
+        if not inp:
+            return None  # nothing to fold: the default mode plans (and refuses) it alike
         with self._lock:
             fold = self._find(inp)
             try:
@@ -122,22 +131,17 @@ class _StableFolds:
                 self._folds.remove(fold)  # half advanced: never reuse it
                 raise
 
-    def _find(self, inp: list[Message]) -> _Fold:
+    def _find(self, inp: list[Any]) -> _Fold:
         from ctxkeep.prune import _Repairs
 
         n = len(inp)
         candidates = [
             f
             for f in self._folds
-            if len(f.seen) <= n
-            and (
-                not f.seen
-                or f.seen[-1] is inp[len(f.seen) - 1]
-                or f.seen[-1] == inp[len(f.seen) - 1]
-            )
+            if len(f.keys) <= n and (not f.keys or unchanged([f.keys[-1]], [inp[len(f.keys) - 1]]))
         ]
-        candidates.sort(key=lambda f: len(f.seen), reverse=True)
-        fold = next((f for f in candidates if _starts_with(inp, f.seen)), None)
+        candidates.sort(key=lambda f: len(f.keys), reverse=True)
+        fold = next((f for f in candidates if _starts_with(inp, f.keys)), None)
         if fold is None:
             fold = _Fold(fix=_Repairs(), total=self.pruner._priming)
         else:
@@ -147,13 +151,15 @@ class _StableFolds:
             del self._folds[0]
         return fold
 
-    def _advance(self, fold: _Fold, inp: list[Message]) -> _Plan | None:
+    def _advance(self, fold: _Fold, inp: list[Any]) -> _Plan | None:
         """Fold the messages added since the frontier; the plan of the whole of ``inp``."""
         from ctxkeep.prune import _Plan, _Repairs
 
         p = self.pruner
-        lo = len(fold.seen)
-        msgs = fold.msgs + inp[lo:]
+        lo = len(fold.keys)
+        read = [p._reader.read(item, i) for i, item in enumerate(inp[lo:], lo)]
+        new = [m for m, _ in read]
+        msgs = fold.msgs + new
         n = len(msgs)
         new_sys = [i for i in range(lo, n) if msgs[i].role in SYSTEM_ROLES]
         sys_set = set(new_sys)
@@ -168,7 +174,7 @@ class _StableFolds:
             hi = pending.start
             if any(i > hi for i in new_sys):
                 return None  # a system message after a pending call: the default mode's
-            msgs = fold.msgs + inp[lo:]
+            msgs = fold.msgs + new
             fix = _Repairs()
             walked = list(p._units_backwards(msgs, sys_set, fix, lo=lo, hi=hi))
         fold.fix.orphans.extend(fix.orphans)
@@ -197,7 +203,7 @@ class _StableFolds:
                 end = u.members[-1] + 1
             if fold.error is not None or fold.total > budget:
                 self._cut(fold, msgs, end)
-        fold.seen = inp[:hi]
+        fold.keys = fold.keys + [k for _, k in read[: hi - lo]]
         if fold.error is not None:
             e = fold.error
             raise BudgetExceededError(budget=e.budget, required=e.required, blocking=e.blocking)

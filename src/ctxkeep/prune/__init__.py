@@ -32,7 +32,14 @@ configured counter. Token counts are cached per message, so the walk back from t
 message costs what is kept, not the length of the history; the per-message report is built
 only when asked for.
 
-The package, in the order its modules build on one another: :mod:`~ctxkeep.prune.report`
+The input may be ``Message`` objects or OpenAI dicts: a dict is read (validated and made a
+``Message``) only when the pruner reaches it, and the message made from it is reused, token
+counts included, while the dict compares equal to a snapshot taken when it was read
+(:mod:`~ctxkeep.prune.inputs`), so a warm prune of 10,000 dicts costs what it keeps plus one
+pass over the input, not 10,000 validations.
+
+The package, in the order its modules build on one another: :mod:`~ctxkeep.prune.inputs` (the
+input, read lazily), :mod:`~ctxkeep.prune.report`
 (:class:`PruneReport` and :class:`MessageDecision`), :mod:`~ctxkeep.prune.units` (the walk that
 cuts a history into units and repairs it), :mod:`~ctxkeep.prune.fit` (token costs, compression
 and the default mode's plan), :mod:`~ctxkeep.prune.summary` (the summarizer protocols and the

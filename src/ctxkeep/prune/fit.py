@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ctxkeep.errors import BudgetExceededError
-from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message, coerce_messages, missing_content
+from ctxkeep.messages import Message, coerce_message, missing_content
+from ctxkeep.prune.inputs import Messages, Reader
 from ctxkeep.prune.units import _Plan, _Repairs, _Unit, _Walk
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class _Fitter(_Walk):
     compress_oversized_user: bool
     _priming: int
     _compress_key: tuple[str, Any, int]
+    _reader: Reader
 
     def tokens(self, message: Message) -> int:
         """Tokens of one message with this pruner's counter (cached)."""
@@ -99,7 +101,7 @@ class _Fitter(_Walk):
 
     # -- planning ------------------------------------------------------------------------
 
-    def _unit_tokens(self, msgs: list[Message], u: _Unit, compressed: dict[int, Message]) -> int:
+    def _unit_tokens(self, msgs: Messages, u: _Unit, compressed: dict[int, Message]) -> int:
         t = self.tokens
         n = sum(t(compressed.get(j, msgs[j])) for j in u.members)
         if u.synthetic:
@@ -107,7 +109,7 @@ class _Fitter(_Walk):
         return n
 
     def _compress_unit(
-        self, msgs: list[Message], u: _Unit, compressed: dict[int, Message], threshold: int
+        self, msgs: Messages, u: _Unit, compressed: dict[int, Message], threshold: int
     ) -> bool:
         changed = False
         for j in u.members:
@@ -120,10 +122,11 @@ class _Fitter(_Walk):
         return changed
 
     def _plan(self, messages: Sequence[Any]) -> _Plan:
-        msgs = coerce_messages(messages)
+        # Dicts are read lazily: the walk back reads (and checks) only what it reaches.
+        view = self._reader.view(messages)
+        msgs = view.msgs
         budget = self.max_token_budget
-        roles = [m.role for m in msgs]
-        system = [i for i, r in enumerate(roles) if r in SYSTEM_ROLES]
+        system = view.system
         sys_set = set(system)
         fix = _Repairs()
         if any(missing_content(msgs[i]) for i in system):
@@ -136,10 +139,10 @@ class _Fitter(_Walk):
         # The newest user message is pinned wherever it is; a reverse scan of roles finds it
         # without walking (and checking) the units in between. One with no content is no
         # message to pin (the walk drops it or raises): the one before it is pinned.
-        user_idx = len(roles) - 1 - roles[::-1].index("user") if "user" in roles else -1
+        user_idx = view.newest_user
         while user_idx >= 0 and missing_content(msgs[user_idx]):
             self._drop_empty(msgs, user_idx, fix)
-            user_idx = next((j for j in range(user_idx - 1, -1, -1) if roles[j] == "user"), -1)
+            user_idx = view.last_user(user_idx)
         fit = self._fit(msgs, system, sys_tokens, walker, user_idx, limit, {}, notes)
         return _Plan(
             msgs=msgs,
@@ -158,7 +161,7 @@ class _Fitter(_Walk):
 
     def _fit(
         self,
-        msgs: list[Message],
+        msgs: Messages,
         system: list[int],
         sys_tokens: int,
         walker: Any,

@@ -21,6 +21,7 @@ from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
 from ctxkeep.cache import _StableFolds
 from ctxkeep.errors import ConfigError, describe
 from ctxkeep.messages import Message
+from ctxkeep.prune.inputs import Reader, as_list
 from ctxkeep.prune.report import Action, PruneReport, _with_originals
 from ctxkeep.prune.summary import AsyncSummarizer, Summarizer, _Summaries
 from ctxkeep.prune.units import _Plan
@@ -158,6 +159,7 @@ class TokenPruner(_Summaries):
             )
         self.cache_stable = cache_stable
         self.low_water = float(low_water)
+        self._reader = Reader()
         self._stable = _StableFolds(self) if cache_stable else None
         self._priming = self.counter.count_messages([])
         # The compressed form is cached on the message, keyed by the store object itself (a
@@ -204,8 +206,9 @@ class TokenPruner(_Summaries):
         return self._assemble(plan, summary, error)
 
     def _plan_either(self, messages: Sequence[Any]) -> _Plan:
-        plan = self._stable.plan(messages) if self._stable is not None else None
-        return plan if plan is not None else self._plan(messages)
+        items = as_list(messages)  # once: an iterator is read once, whichever mode plans
+        plan = self._stable.plan(items) if self._stable is not None else None
+        return plan if plan is not None else self._plan(items)
 
     # -- output --------------------------------------------------------------------------
 

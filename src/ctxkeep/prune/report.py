@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from ctxkeep.messages import Message
+from ctxkeep.prune.inputs import LazyMessages, Messages
 
 Action: TypeAlias = Literal["kept", "compressed", "dropped", "summarised"]
 
@@ -65,7 +66,13 @@ class PruneReport:
 
     @property
     def decisions(self) -> list[MessageDecision]:
-        """One decision per input message, in input order (built on first access)."""
+        """One decision per input message, in input order (built on first access).
+
+        Raises:
+            InvalidMessageError: an input dict the prune never had to read (older history,
+                dropped) is read here to count it, and is malformed.
+
+        """
         out = []
         for i, m in enumerate(self._messages):
             before = self._tokens(m)
@@ -107,8 +114,11 @@ class PruneReport:
         }
 
 
-def _with_originals(msgs: list[Message], originals: dict[int, Message]) -> list[Message]:
+def _with_originals(msgs: Messages, originals: dict[int, Message]) -> Sequence[Message]:
     """The input as given: repaired messages replaced by their originals (for the report)."""
+    if isinstance(msgs, LazyMessages):
+        return msgs.with_originals(originals) if originals else msgs
+    assert isinstance(msgs, list)
     if not originals:
         return msgs
     out = list(msgs)

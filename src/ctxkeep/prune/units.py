@@ -18,6 +18,7 @@ from typing import Any
 
 from ctxkeep.errors import InvalidMessageError, MissingToolResultError, OrphanToolResultError
 from ctxkeep.messages import Message, ToolCall, missing_content
+from ctxkeep.prune.inputs import Messages
 
 _NO_RESULT = "[ctxkeep: no result was recorded for this tool call]"
 
@@ -43,7 +44,7 @@ class _Repairs:
 
 @dataclass
 class _Plan:
-    msgs: list[Message]
+    msgs: Messages
     system: list[int]
     kept: list[_Unit]  # newest first
     compressed: dict[int, Message]
@@ -65,7 +66,7 @@ class _Walk:
 
     def _units_backwards(
         self,
-        msgs: list[Message],
+        msgs: Messages,
         sys_set: set[int],
         fix: _Repairs,
         lo: int = 0,
@@ -160,9 +161,7 @@ class _Walk:
                 i -= 1
             first = False
 
-    def _distinct_ids(
-        self, msgs: list[Message], i: int, members: list[int], fix: _Repairs
-    ) -> list[str]:
+    def _distinct_ids(self, msgs: Messages, i: int, members: list[int], fix: _Repairs) -> list[str]:
         """Give the calls of message ``i`` that share an id distinct ids (``<id>_2``...); the
         k-th result for a shared id (in input order) answers its k-th call. Returns the ids.
         """
@@ -214,7 +213,7 @@ class _Walk:
         )
         return new_ids
 
-    def _drop_empty(self, msgs: list[Message], i: int, fix: _Repairs) -> bool:
+    def _drop_empty(self, msgs: Messages, i: int, fix: _Repairs) -> bool:
         """True if message ``i`` has no content and is to be dropped (or raise, no repair)."""
         m = msgs[i]
         if not missing_content(m):
@@ -226,7 +225,7 @@ class _Walk:
         fix.empty.add(i)
         return True
 
-    def _blank(self, msgs: list[Message], j: int, fix: _Repairs) -> None:
+    def _blank(self, msgs: Messages, j: int, fix: _Repairs) -> None:
         """Give tool result ``j``, which has no content, an empty text (or raise)."""
         if not self.repair:
             raise InvalidMessageError(

@@ -18,6 +18,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 from ctxkeep.errors import (
@@ -26,7 +27,7 @@ from ctxkeep.errors import (
     OrphanToolResultError,
     SchemaVersionError,
 )
-from ctxkeep.messages import Message, ToolCall
+from ctxkeep.messages import ROLES, Message, ToolCall
 
 RECORD_VERSION = 1
 
@@ -137,6 +138,12 @@ def upgrade_record(record: dict[str, Any]) -> dict[str, Any]:
 def record_to_message(record: dict[str, Any] | str) -> Message:
     """The message a stored record describes (upgraded first if old).
 
+    A record of the current version in the exact shape :func:`message_to_record` writes is
+    decoded on a fast path (:func:`_decode_current`): its values were validated when the
+    message was stored, so only their types and the role's rules are checked again (enough
+    that a corrupt record can never make an invalid :class:`Message`), and the decoded dict
+    becomes the message's attributes without a copy. Anything else takes the checked path.
+
     Raises:
         SchemaVersionError: a record newer than this ctxkeep.
         InvalidMessageError: a corrupt record.
@@ -149,6 +156,13 @@ def record_to_message(record: dict[str, Any] | str) -> Message:
             raise InvalidMessageError(f"corrupt stored message: {exc}") from exc
     if not isinstance(record, dict):
         raise InvalidMessageError(f"corrupt stored message: {record!r:.80}")
+    if len(record) == _RECORD_LEN and record.get("v") == RECORD_VERSION:
+        try:
+            fast = _decode_current(record)
+        except (KeyError, ValueError):  # another shape, a created_at that is not a date...
+            fast = None
+        if fast is not None:
+            return fast
     r = upgrade_record(record) if record.get("v") != RECORD_VERSION else record
     try:
         created = r.get("created_at")
@@ -175,6 +189,75 @@ def record_to_message(record: dict[str, Any] | str) -> Message:
         if isinstance(exc, InvalidMessageError):
             raise InvalidMessageError(f"corrupt stored message: {exc}") from exc
         raise InvalidMessageError(f"corrupt stored message: {type(exc).__name__}: {exc}") from exc
+
+
+_RECORD_LEN = len(message_to_record(Message("user", "")))
+"""How many keys a current record has (:func:`_decode_current` reads every one of them)."""
+_OPTIONAL_TEXT = itemgetter("name", "turn_id", "event_kind", "parent_id", "id")
+_TEXT_OR_NONE = frozenset({str, type(None)})
+
+
+def _decode_current(record: dict[str, Any]) -> Message | None:
+    """The message of a current-version record in :func:`message_to_record`'s shape, or None
+    where anything is unusual (content parts, an unexpected type: the checked path decides).
+
+    ``record`` has as many keys as a current record and every one of them is read (a missing
+    one raises ``KeyError``), so it has exactly a record's keys. A decoded record is owned by
+    the caller's process (fresh from JSON), so its values are taken without copies; the
+    checks are what :class:`Message` would refuse, by type.
+    """
+    role = record["role"]
+    content = record["content"]
+    tool_call_id = record["tool_call_id"]
+    calls = record["tool_calls"]
+    refs = record["artifact_refs"]
+    if not (
+        type(role) is str
+        and role in ROLES
+        and (content is None or type(content) is str)
+        and set(map(type, _OPTIONAL_TEXT(record))) <= _TEXT_OR_NONE
+        and (
+            (type(tool_call_id) is str and tool_call_id != "")
+            if role == "tool"
+            else tool_call_id is None
+        )
+        and type(calls) is list
+        and (not calls or role == "assistant")
+        and type(refs) is list
+        and type(record["metadata"]) is dict
+        and type(record["extra"]) is dict
+    ):
+        return None
+    state = dict(record)
+    del state["v"]
+    if calls:
+        out = []
+        for tc in calls:
+            if not (
+                type(tc) is dict
+                and len(tc) == 3
+                and type(tc["id"]) is str
+                and tc["id"] != ""
+                and type(tc["name"]) is str
+                and type(tc["arguments"]) is str
+            ):
+                return None
+            out.append(ToolCall._unchecked(tc["id"], tc["name"], tc["arguments"]))
+        state["tool_calls"] = tuple(out)
+    else:
+        state["tool_calls"] = ()
+    if refs:
+        if set(map(type, refs)) != {str}:
+            return None
+        state["artifact_refs"] = tuple(refs)
+    else:
+        state["artifact_refs"] = ()
+    created = record["created_at"]
+    if created is not None:
+        if type(created) is not str:
+            return None
+        state["created_at"] = datetime.fromisoformat(created)
+    return Message._unchecked(state)
 
 
 @dataclass(frozen=True, kw_only=True)
