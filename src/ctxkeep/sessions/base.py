@@ -9,6 +9,11 @@ Appends are atomic: :meth:`Backend.append` runs the caller's check (which tool c
 still waiting) inside the backend's transaction, so concurrent writers cannot interleave a
 tool result with another message, and sequence numbers stay gapless.
 
+Appends to a server (Redis, PostgreSQL) are one round trip: the check runs on the session's
+state last seen and the write is a compare-and-set on it (:func:`cas_append`). A prompt for a
+pruner that reads only what it keeps is built from the newest pages of the session
+(:meth:`Backend.read_tail`, :mod:`ctxkeep.sessions.tail`), not from every record.
+
 Identity: every session gets a random ``generation`` when it is created. The prompt cache is
 keyed by it and every read comes with the session's info from the same instant
 (:meth:`Backend.read`), so a prompt never shows history its session no longer holds, whether
@@ -24,10 +29,10 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
 
 from ctxkeep import _check
 from ctxkeep.errors import (
@@ -37,7 +42,7 @@ from ctxkeep.errors import (
     SessionChangedError,
     SessionNotFoundError,
 )
-from ctxkeep.messages import Message, coerce_message
+from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
@@ -47,6 +52,10 @@ from ctxkeep.sessions.records import (
     record_to_message,
     trim_point,
 )
+from ctxkeep.sessions.tail import FIRST_PAGE, pages_suffice, prompt_from_tail
+
+if TYPE_CHECKING:
+    from ctxkeep.prune import TokenPruner
 
 EvictReason: TypeAlias = Literal["max_history", "ttl", "lru", "deleted"]
 
@@ -102,6 +111,45 @@ Snapshot: TypeAlias = tuple[SessionInfo, list[Row]]
 """A session and some of its messages, read at one instant."""
 
 
+@dataclass(frozen=True)
+class Tail:
+    """The newest messages of a session and the few older ones a prompt may need, read at one
+    instant (:meth:`Backend.read_tail`).
+    """
+
+    info: SessionInfo
+    rows: list[Row]
+    """The newest ``limit`` messages below ``before_seq``, oldest first."""
+    marks: list[Row]
+    """Older than every row of :attr:`rows` (and below ``before_seq``): each message whose role
+    is in ``roles`` and the newest whose role is ``newest_role``, oldest first. A backend that
+    cannot tell a stored message's role without decoding it may add it here too: the caller
+    filters by the decoded role."""
+
+
+def tail_of(
+    snap: Snapshot,
+    *,
+    limit: int | None,
+    before_seq: int | None,
+    roles: Collection[str],
+    newest_role: str | None,
+) -> Tail:
+    """:meth:`Backend.read_tail`'s answer cut from a snapshot of every message (``role`` read
+    from the records).
+    """
+    info, rows = snap
+    if before_seq is not None:
+        rows = [r for r in rows if r[0] < before_seq]
+    split = 0 if limit is None else max(len(rows) - limit, 0)
+    older, page = rows[:split], rows[split:]
+    marks = [r for r in older if r[1].get("role") in roles]
+    newest = next((r for r in reversed(older) if r[1].get("role") == newest_role), None)
+    if newest is not None and newest[1].get("role") not in roles:
+        marks = sorted([*marks, newest], key=lambda r: r[0])
+    return Tail(info, page, marks)
+
+
 class Backend(ABC):
     """Storage primitives a session backend implements. All methods are thread-safe.
 
@@ -137,6 +185,14 @@ class Backend(ABC):
         ``batch.records`` under the next sequence numbers, update count, next_seq, pending and
         accessed_at. Returns the sequence numbers given.
 
+        ``check`` depends on ``info.pending`` and ``info.accessed_at`` only, and one that passes
+        with an earlier ``accessed_at`` passes with a later one (the manager's does). So a
+        backend on a server may run it before the write, on a state of the session it saw
+        earlier, and make the write a compare-and-set in one round trip (:func:`cas_append`):
+        stored only if ``pending`` is still that state's and ``accessed_at`` no earlier; else
+        ``check`` runs again on the state as it is, and a ``check`` that raises on an earlier
+        state runs again on the current one before its error counts.
+
         Raises:
             SessionNotFoundError: an unknown id.
 
@@ -147,6 +203,30 @@ class Backend(ABC):
         """The session and its messages with ``seq > after_seq`` (oldest first), read at one
         instant (no write lands between the two); None for an unknown id.
         """
+
+    def read_tail(
+        self,
+        session_id: str,
+        *,
+        limit: int | None,
+        before_seq: int | None = None,
+        roles: Collection[str] = (),
+        newest_role: str | None = None,
+    ) -> Tail | None:
+        """The newest ``limit`` messages below ``before_seq`` (all of them if ``limit`` is None)
+        and the older messages :attr:`Tail.marks` names, read at one instant; None for an
+        unknown id. A prompt reads a long session this way, newest pages first, and stops once
+        its budget is full.
+
+        The default reads every message (:meth:`read`); a backend that can read the newest
+        messages by themselves overrides it.
+        """
+        snap = self.read(session_id)
+        if snap is None:
+            return None
+        return tail_of(
+            snap, limit=limit, before_seq=before_seq, roles=roles, newest_role=newest_role
+        )
 
     @abstractmethod
     def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
@@ -212,18 +292,110 @@ class Backend(ABC):
         return snap[1]
 
 
+class KnownStates:
+    """The state of each session this process last saw (the newest few thousand sessions):
+    what a compare-and-set append (:func:`cas_append`) runs its check on. Only a guess: the
+    write verifies it, so a stale or missing entry costs a round trip, never a wrong append.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._states: dict[str, SessionInfo] = {}
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> SessionInfo | None:
+        """The state last seen, or None."""
+        return self._states.get(session_id)
+
+    def put(self, info: SessionInfo) -> None:
+        """Remember ``info`` as the session's state (the oldest entry goes beyond ``size``)."""
+        with self._lock:
+            self._states.pop(info.session_id, None)
+            self._states[info.session_id] = info
+            while len(self._states) > self.size:
+                self._states.pop(next(iter(self._states)))
+
+    def forget(self, session_id: str) -> None:
+        """Drop what is known of a session."""
+        with self._lock:
+            self._states.pop(session_id, None)
+
+
+Written: TypeAlias = "tuple[list[int], SessionInfo] | SessionInfo | None"
+"""What a compare-and-set write answers: ``(seqs, the session after)`` when stored, the session
+as it is now when its state was not the one given, None when there is no session."""
+
+
+def cas_append(
+    session_id: str,
+    batch: Append,
+    known: KnownStates,
+    read: Callable[[], SessionInfo | None],
+    write: Callable[[SessionInfo, tuple[str, ...]], Written],
+) -> list[int]:
+    """An append as a compare-and-set: one round trip when ``known`` has the session's state.
+
+    ``batch.check`` runs on the state last seen (or, with none, on one ``read``); ``write(state,
+    pending)`` stores the batch with ``pending`` only if the stored ``pending`` still equals
+    ``state.pending`` and the stored ``accessed_at`` is not before ``state.accessed_at`` (see
+    :meth:`Backend.append` for why that is the check's whole input), all in one atomic step on
+    the server. When the state has moved on, the write answers the current one and the check
+    runs again on it. A check that raises on a remembered state is run again on a fresh
+    ``read`` before its error is believed.
+
+    Raises:
+        SessionNotFoundError: no such session.
+        Whatever ``batch.check`` raises on the session as stored.
+
+    """
+    base = known.get(session_id)
+    exact = base is None
+    while True:
+        if base is None:
+            base = read()
+            if base is None:
+                known.forget(session_id)
+                raise SessionNotFoundError(f"no session {session_id!r}")
+        try:
+            pending = batch.check(base)
+        except Exception:
+            if exact:
+                raise
+            base, exact = None, True  # a guess refused it: ask the store
+            continue
+        out = write(base, pending)
+        if out is None:
+            known.forget(session_id)
+            raise SessionNotFoundError(f"no session {session_id!r}")
+        if isinstance(out, SessionInfo):
+            base, exact = out, True  # another writer got there first: check again on its state
+            known.put(out)
+            continue
+        seqs, after = out
+        known.put(after)
+        return seqs
+
+
 def _now() -> float:
     return time.time()
 
 
+class _Idle(Exception):
+    """Raised by an append's check: the session is idle past its TTL."""
+
+
 @dataclass
 class _Cached:
-    """A session's decoded history, as the prompt cache keeps it."""
+    """A session's decoded history, as the prompt cache keeps it: all of it, or (``complete``
+    False) every message from ``seqs[0]`` on and the older ``marks`` (a paged read's).
+    """
 
     generation: str
     revision: int
     seqs: list[int]
     messages: list[Message]
+    complete: bool = True
+    marks: list[tuple[int, Message]] = field(default_factory=list)
 
 
 class MemoryManager:
@@ -260,6 +432,8 @@ class MemoryManager:
         self._prompt_cache: dict[str, _Cached] = {}
         self._cache_lock = threading.Lock()
         self.prompt_cache_sessions = 64
+        # Messages in the first page a paged prompt reads (each further page twice the last).
+        self.prompt_page = FIRST_PAGE
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -405,13 +579,34 @@ class MemoryManager:
         if not stamped:
             return []
         records = [message_to_record(m) for m in stamped]
-        self._live(session_id, touch=False)
+        session_id = check_session_id(session_id)
+        ttl = self.config.session_ttl
 
         def check(info: SessionInfo) -> tuple[str, ...]:
+            # The TTL test rides in the append's own check (no read before it): a session
+            # idle past its TTL takes no message; it is reclaimed below, as _live does.
+            if ttl is not None and info.accessed_at < now - ttl:
+                raise _Idle(session_id)
             return advance_pending(info.pending, stamped)
 
         batch = Append(records=records, check=check, now=now, ttl=self._native_ttl)
-        self.backend.append(session_id, batch)
+        for attempt in range(3):
+            try:
+                self.backend.append(session_id, batch)
+                break
+            except _Idle:
+                # Reclaimed (archived, hooked) here, as on any access, unless another
+                # process touched it meanwhile: then the append is tried again.
+                self._live(session_id, touch=False)
+                if attempt == 2:
+                    raise SessionNotFoundError(
+                        f"no session {session_id!r} (unknown, deleted or expired)"
+                    ) from None
+            except SessionNotFoundError:
+                self._forget(session_id)
+                raise SessionNotFoundError(
+                    f"no session {session_id!r} (unknown, deleted or expired)"
+                ) from None
         if self.config.max_history is not None:
             self._trim(session_id)
         return [m.copy() for m in stamped]
@@ -434,10 +629,12 @@ class MemoryManager:
         """The session's messages, oldest first (copies); the newest ``limit`` if given."""
         _check.optional_integer("limit", limit, minimum=0)
         self._live(session_id, touch=True)
-        rows = self._read(session_id)[1]
+        # The decoded-history cache (keyed by generation and revision, trimmed to first_seq)
+        # reads only the rows appended since the last read.
+        msgs = self._history(session_id)[1]
         if limit is not None:
-            rows = rows[-limit:] if limit > 0 else []
-        return [record_to_message(r) for _, r in rows]
+            msgs = msgs[-limit:] if limit > 0 else []
+        return [m.copy() for m in msgs]
 
     def pop_message(self, session_id: str) -> Message | None:
         """Take back the session's newest message and return it (None if it holds none).
@@ -533,6 +730,8 @@ class MemoryManager:
                 )
             prefix = [system if isinstance(system, Message) else Message("system", system)]
         self._live(session_id, touch=True)
+        if pages_suffice(pruner):
+            return self._prompt_from_pages(session_id, prefix, pruner)
         info, history = self._history(session_id)
         if info.pending:
             # The unit still waiting for results is not part of a prompt.
@@ -556,6 +755,8 @@ class MemoryManager:
         """
         with self._cache_lock:
             cached = self._prompt_cache.pop(session_id, None)
+        if cached is not None and not cached.complete:
+            cached = None  # a paged read's: read it all
         info, rows = self._read(session_id, cached.seqs[-1] if cached and cached.seqs else 0)
         if cached is not None and (cached.generation, cached.revision) != (
             info.generation,
@@ -575,6 +776,96 @@ class MemoryManager:
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
         return info, list(msgs)
+
+    def _prompt_from_pages(
+        self, session_id: str, prefix: list[Message], pruner: TokenPruner
+    ) -> list[Message]:
+        """:meth:`build_prompt_messages` for a pruner that reads only what it keeps: the
+        session read newest first, a page at a time, until :func:`prompt_from_tail` proves the
+        prune of what was read the prune of it all (see :mod:`ctxkeep.sessions.tail`).
+        """
+        with self._cache_lock:
+            cached = self._prompt_cache.pop(session_id, None)
+        info: SessionInfo | None = None
+        if cached is not None:
+            info, rows = self._read(session_id, cached.seqs[-1] if cached.seqs else 0)
+            if (cached.generation, cached.revision) != (info.generation, info.revision):
+                cached = None  # another session under this id, or messages taken back
+        if cached is None or info is None:
+            tail = self._tail(session_id, self.prompt_page, None)
+            info, rows = tail.info, tail.rows
+            cached = _Cached(
+                info.generation,
+                info.revision,
+                [],
+                [],
+                complete=len(rows) < self.prompt_page,
+                marks=[(seq, record_to_message(r)) for seq, r in tail.marks],
+            )
+        # Trimmed since: drop what the session no longer holds.
+        keep = bisect_left(cached.seqs, info.first_seq)
+        seqs = cached.seqs[keep:] + [seq for seq, _ in rows]
+        msgs = cached.messages[keep:] + [record_to_message(r) for _, r in rows]
+        marks = [(seq, m) for seq, m in cached.marks if seq >= info.first_seq]
+        complete = cached.complete or (bool(seqs) and seqs[0] <= info.first_seq)
+        page = self.prompt_page
+        while True:
+            history: list[Message] | None = msgs
+            if info.pending:
+                calls = [i for i, m in enumerate(msgs) if m.tool_calls]
+                history = msgs[: calls[-1]] if calls else []
+                if not calls and not complete:
+                    history = None  # the waiting call is older than this page
+            if complete:
+                assert history is not None
+                out = list(pruner.prune(prefix + history))
+                break
+            if history is not None:
+                found = prompt_from_tail(pruner, prefix, [m for _, m in marks], history)
+                if found is not None:
+                    out = found
+                    break
+            # An older page: below the oldest message held in this read.
+            page *= 2
+            tail = self._tail(session_id, page, seqs[0] if seqs else info.next_seq)
+            moved = tail.info
+            if (moved.generation, moved.revision, moved.first_seq) != (
+                info.generation,
+                info.revision,
+                info.first_seq,
+            ):
+                # Trimmed, taken back or created again between two pages: start over.
+                self._forget(session_id)
+                return self._prompt_from_pages(session_id, prefix, pruner)
+            seqs = [seq for seq, _ in tail.rows] + seqs
+            msgs = [record_to_message(r) for _, r in tail.rows] + msgs
+            marks = [(seq, record_to_message(r)) for seq, r in tail.marks]
+            complete = len(tail.rows) < page
+        with self._cache_lock:
+            self._prompt_cache[session_id] = _Cached(
+                info.generation,
+                info.revision,
+                seqs,
+                msgs,
+                complete=complete,
+                marks=[] if complete else marks,
+            )
+            while len(self._prompt_cache) > self.prompt_cache_sessions:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+        return out
+
+    def _tail(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
+        tail = self.backend.read_tail(
+            session_id,
+            limit=limit,
+            before_seq=before_seq,
+            roles=SYSTEM_ROLES,
+            newest_role="user",
+        )
+        if tail is None:
+            self._forget(session_id)
+            raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
+        return tail
 
     def _forget(self, session_id: str) -> None:
         with self._cache_lock:

@@ -14,6 +14,13 @@ reorder keys and normalise numbers, and ctxkeep compares messages by equality.
 The primitives are the shared SQL ones (:mod:`ctxkeep.sessions.sql`); a read of a session and
 its messages is one ``REPEATABLE READ`` transaction, so both come from one snapshot.
 
+An append of new messages is one statement, :data:`APPEND_SQL`, in one round trip (autocommit:
+it commits on its own, durable as above): a compare-and-set on the state of the session this
+process last saw, which the manager's tool-call check ran on (see
+:func:`~ctxkeep.sessions.base.cas_append`); it locks the row as the transaction did, so
+sequence numbers stay gapless. When another writer moved the session on, the statement answers
+the row as it is, the check runs again on it, and the append is tried again.
+
 The schema version is a row of ``ctxkeep_meta``; :data:`MIGRATIONS` are applied in order under
 an advisory lock (so several processes may start at once), and a database written by a newer
 ctxkeep is refused.
@@ -26,7 +33,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ctxkeep._pg import PgClient
-from ctxkeep.sessions.sql import POSTGRES, SQLBackend, migrations
+from ctxkeep.sessions.base import KnownStates, Written, cas_append
+from ctxkeep.sessions.records import Append, SessionInfo, dumps
+from ctxkeep.sessions.sql import COLUMNS, POSTGRES, SQLBackend, migrations, row_to_info
 
 if TYPE_CHECKING:
     import psycopg
@@ -35,6 +44,32 @@ META_KEY = "sessions"
 
 MIGRATIONS = migrations(POSTGRES)
 SCHEMA_VERSION = len(MIGRATIONS)
+
+# One append as one statement (autocommit: one round trip, one commit): a compare-and-set on
+# the session's state (see ctxkeep.sessions.base.cas_append). The row is updated only if its
+# pending is still the one the client checked against and its accessed_at no earlier; the
+# UPDATE takes the row lock (a concurrent writer waits, and the condition is evaluated again on
+# the row it committed), then the messages go in under the sequence numbers it moved past.
+# Answers (true, the row after) when stored, (false, the row) when not, nothing when there is
+# no session.
+APPEND_SQL = f"""
+WITH upd AS (
+    UPDATE ctxkeep_sessions
+    SET next_seq = next_seq + %(n)s, message_count = message_count + %(n)s,
+        pending = %(pending)s, accessed_at = GREATEST(accessed_at, %(now)s)
+    WHERE session_id = %(sid)s AND pending::jsonb = %(base_pending)s::jsonb
+        AND accessed_at >= %(base_accessed)s
+    RETURNING {COLUMNS}
+), ins AS (
+    INSERT INTO ctxkeep_messages (session_id, seq, record, role)
+    SELECT upd.session_id, upd.next_seq - %(n)s + m.i - 1, m.record, m.role
+    FROM upd, unnest(%(records)s::text[], %(roles)s::text[]) WITH ORDINALITY AS m(record, role, i)
+)
+SELECT true, {COLUMNS} FROM upd
+UNION ALL
+SELECT false, {COLUMNS} FROM ctxkeep_sessions
+WHERE session_id = %(sid)s AND NOT EXISTS (SELECT 1 FROM upd)
+"""
 
 
 class PostgresBackend(SQLBackend):
@@ -63,6 +98,51 @@ class PostgresBackend(SQLBackend):
             min_size=min_size, max_size=max_size, timeout=timeout,
         )  # fmt: skip
         self.where = self._pg.where
+        self._known = KnownStates()
+
+    def append(self, session_id: str, batch: Append) -> list[int]:
+        """One statement in one round trip when this process knows the session's state
+        (:data:`APPEND_SQL`); a replacement of the newest message takes the shared path (a
+        transaction that locks the row first).
+        """
+        if batch.replaces is not None:
+            self._known.forget(session_id)
+            return super().append(session_id, batch)
+        texts = [dumps(r) for r in batch.records]
+        roles = [r["role"] for r in batch.records]
+
+        def read() -> SessionInfo | None:
+            return self.info(session_id, touch=None, ttl=None)
+
+        def write(base: SessionInfo, pending: tuple[str, ...]) -> Written:
+            rows = self._pg.q(
+                "append",
+                APPEND_SQL,
+                {
+                    "sid": session_id,
+                    "n": len(texts),
+                    "pending": dumps(list(pending)),
+                    "now": batch.now,
+                    "base_pending": dumps(list(base.pending)),
+                    "base_accessed": base.accessed_at,
+                    "records": texts,
+                    "roles": roles,
+                },
+            )
+            if not rows:
+                return None
+            info = row_to_info(rows[0][1:])
+            if not rows[0][0]:
+                return info
+            first = info.next_seq - len(texts)
+            return list(range(first, info.next_seq)), info
+
+        return cas_append(session_id, batch, self._known, read, write)
+
+    def delete(self, session_id: str, generation: str | None = None) -> bool:
+        """Delete the session and its messages in one transaction."""
+        self._known.forget(session_id)
+        return super().delete(session_id, generation)
 
     @contextmanager
     def snapshot(self, doing: str) -> Iterator[psycopg.Connection[Any]]:

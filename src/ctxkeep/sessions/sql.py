@@ -7,18 +7,21 @@ the few words the dialects spell differently (:class:`Dialect`). SQL here is wri
 placeholders; PostgreSQL's ``%s`` are substituted once per statement.
 
 Tables (created by each backend's migrations): ``ctxkeep_sessions`` (one row per session),
-``ctxkeep_messages`` (``session_id, seq, record``: a message's JSON text, never rewritten) and
+``ctxkeep_messages`` (``session_id, seq, record``: a message's JSON text, never rewritten, and
+``role``, indexed, so that :meth:`SQLBackend.read_tail` reads the newest messages and the older
+system ones without parsing the rest) and
 ``ctxkeep_archive`` (trimmed and evicted messages, once per message id).
 
 An append is one write transaction: the session row is read (and locked, where the engine
 locks rows), the manager's tool-call check runs, the messages are inserted under the next
 sequence numbers and the row is updated; concurrent writers queue, so sequence numbers stay
-gapless. A read of a session and its messages is one snapshot transaction.
+gapless. (PostgreSQL appends new messages with one statement instead: see
+:mod:`ctxkeep.sessions.postgres`.) A read of a session and its messages is one snapshot transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +29,7 @@ from typing import Any
 from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.errors import SessionChangedError, SessionExistsError, SessionNotFoundError
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import Backend, Evicted, Row, Snapshot
+from ctxkeep.sessions.base import Backend, Evicted, Row, Snapshot, Tail
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
@@ -36,6 +39,8 @@ from ctxkeep.sessions.records import (
     pending_after_pop,
     record_to_message,
 )
+
+_NO_SEQ = 2**62  # above every sequence number
 
 COLUMNS = (
     "session_id, agent_id, task_id, metadata, created_at, accessed_at, message_count, "
@@ -69,6 +74,12 @@ class Dialect:
     """The archive's timestamp column."""
     random_hex: str
     """A random hex text per row (a generation for sessions stored before generations)."""
+    by_role: str
+    """What makes a query by role use the ``(session_id, role, seq)`` index (SQLite's planner,
+    without statistics, prefers the primary key's range on ``seq``)."""
+    role_backfill: str
+    """Fill ``ctxkeep_messages.role`` from the records stored before it existed (NULL where a
+    record cannot be read: such rows are read as if of any role)."""
 
 
 SQLITE = Dialect(
@@ -83,6 +94,12 @@ SQLITE = Dialect(
     archive_id="",
     archived_at="REAL NOT NULL DEFAULT (julianday('now'))",
     random_hex="lower(hex(randomblob(16)))",
+    by_role=" INDEXED BY ctxkeep_messages_role",
+    role_backfill=(
+        "UPDATE ctxkeep_messages SET role = CASE WHEN json_valid(record) THEN"
+        " CASE WHEN json_type(record, '$.role') = 'text' THEN json_extract(record, '$.role')"
+        " END END"
+    ),
 )
 
 POSTGRES = Dialect(
@@ -97,6 +114,12 @@ POSTGRES = Dialect(
     archive_id="id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, ",
     archived_at="TIMESTAMPTZ NOT NULL DEFAULT now()",
     random_hex="md5(random()::text || session_id)",
+    by_role="",
+    # All or nothing: one unreadable record leaves every role NULL (read as any role).
+    role_backfill=(
+        "DO $$ BEGIN UPDATE ctxkeep_messages SET role = record::jsonb ->> 'role'; "
+        "EXCEPTION WHEN others THEN NULL; END $$"
+    ),
 )
 
 
@@ -150,6 +173,14 @@ def migrations(d: Dialect) -> list[str]:
         """,
         # 3: messages taken back from the end (pop) are part of a session's identity.
         f"ALTER TABLE ctxkeep_sessions ADD COLUMN revision {d.bigint} NOT NULL DEFAULT 0",
+        # 4: each message's role beside its record, indexed, so that a prompt can read the
+        # newest messages and the older system ones without decoding every record.
+        f"""
+        ALTER TABLE ctxkeep_messages ADD COLUMN role TEXT;
+        {d.role_backfill};
+        CREATE INDEX IF NOT EXISTS ctxkeep_messages_role
+            ON ctxkeep_messages (session_id, role, seq);
+        """,
     ]
 
 
@@ -257,9 +288,13 @@ class SQLBackend(Backend):
             executemany(
                 conn,
                 self._sql(
-                    "INSERT INTO ctxkeep_messages (session_id, seq, record) VALUES (?, ?, ?)"
+                    "INSERT INTO ctxkeep_messages (session_id, seq, record, role) "
+                    "VALUES (?, ?, ?, ?)"
                 ),
-                [(session_id, s, t) for s, t in zip(seqs, texts, strict=True)],
+                [
+                    (session_id, s, t, r["role"])
+                    for s, t, r in zip(seqs, texts, batch.records, strict=True)
+                ],
             )
             conn.execute(
                 self._sql(
@@ -320,6 +355,69 @@ class SQLBackend(Backend):
             ).fetchall()
         out: list[Row] = [(seq, loads(rec)) for seq, rec in rows]
         return row_to_info(row), out
+
+    def read_tail(
+        self,
+        session_id: str,
+        *,
+        limit: int | None,
+        before_seq: int | None = None,
+        roles: Collection[str] = (),
+        newest_role: str | None = None,
+    ) -> Tail | None:
+        """The row, the newest messages below ``before_seq`` and the older marks (by the
+        ``role`` column's index), in one snapshot; only those records are parsed.
+        """
+        before = _NO_SEQ if before_seq is None else before_seq
+        with self.snapshot("read a session's newest messages") as conn:
+            row = conn.execute(
+                self._sql(f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"),
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            if limit is None:
+                page = conn.execute(
+                    self._sql(
+                        "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
+                        "AND seq < ? ORDER BY seq"
+                    ),
+                    (session_id, before),
+                ).fetchall()
+            else:
+                page = conn.execute(
+                    self._sql(
+                        "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
+                        "AND seq < ? ORDER BY seq DESC LIMIT ?"
+                    ),
+                    (session_id, before, limit),
+                ).fetchall()[::-1]
+            marks: list[Any] = []
+            if limit is not None and len(page) == limit:
+                floor = page[0][0] if page else before
+                by_role = f"SELECT seq, record FROM ctxkeep_messages{self.dialect.by_role}"
+                parts = [f"{by_role} WHERE session_id = ? AND role IS NULL AND seq < ?"]
+                params: list[Any] = [session_id, floor]
+                if roles:
+                    parts.append(
+                        f"{by_role} WHERE session_id = ? "
+                        f"AND role IN ({', '.join('?' for _ in roles)}) AND seq < ?"
+                    )
+                    params += [session_id, *sorted(roles), floor]
+                if newest_role is not None:
+                    parts.append(
+                        f"SELECT seq, record FROM ({by_role} "
+                        "WHERE session_id = ? AND role = ? AND seq < ? "
+                        "ORDER BY seq DESC LIMIT 1) AS newest"
+                    )
+                    params += [session_id, newest_role, floor]
+                found = conn.execute(self._sql(" UNION ALL ".join(parts)), tuple(params))
+                marks = sorted(dict(found.fetchall()).items())
+        return Tail(
+            row_to_info(row),
+            [(seq, loads(rec)) for seq, rec in page],
+            [(seq, loads(rec)) for seq, rec in marks],
+        )
 
     def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
         """Delete rows up to ``upto_seq`` and move ``first_seq``, in one write transaction."""

@@ -339,9 +339,7 @@ class SessionContract:
             before.message_count,
         )
 
-    def test_replace_newest_with_nothing_is_a_conditional_pop(
-        self, memory: MemoryManager
-    ) -> None:
+    def test_replace_newest_with_nothing_is_a_conditional_pop(self, memory: MemoryManager) -> None:
         sid = memory.create_session("agent-replace-pop")
         memory.add_message(sid, "user", "one")
         memory.add_message(sid, "user", "two")
@@ -551,6 +549,129 @@ class SessionContract:
             assert [m.content for m in mem.build_prompt_messages(sid2)] == ["fresh"]
         finally:
             mem.close()
+
+    def test_append_to_a_session_idle_past_its_ttl_is_refused_and_reclaims_it(
+        self, make_memory: MakeMemory
+    ) -> None:
+        clock = Clock()
+        evicted: list[Evicted] = []
+        mem = make_memory(MemoryConfig(session_ttl=60, max_sessions=None), clock=clock)
+        mem.add_evict_hook(evicted.append)
+        try:
+            sid = mem.create_session("agent-ttl-append")
+            mem.add_message(sid, "user", "old news")
+            clock.advance(61)
+            with pytest.raises(SessionNotFoundError):
+                mem.add_message(sid, "user", "too late")
+            assert not mem.has_session(sid)
+            assert [(e.reason, _texts(e.messages)) for e in evicted] == [("ttl", ["old news"])]
+        finally:
+            mem.close()
+
+    # -- appends check the session as stored ---------------------------------------------
+
+    def test_append_after_a_pop_is_checked_against_the_call_waiting_again(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-cas")
+        memory.add_messages(sid, tool_unit(1))
+        memory.add_message(sid, "assistant", "done")
+        memory.pop_message(sid)
+        memory.pop_message(sid)  # the tool result: its call waits again
+        with pytest.raises(MissingToolResultError):
+            memory.add_message(sid, "user", "next")
+        assert [m.role for m in memory.get_messages(sid)] == ["assistant"]
+        memory.add_message(sid, "tool", "again", tool_call_id="u1-0")
+        memory.add_message(sid, "user", "next")
+        assert [m.role for m in memory.get_messages(sid)] == ["assistant", "tool", "user"]
+
+    def test_append_after_a_pop_of_a_call_is_checked_against_no_call_waiting(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-cas")
+        memory.add_message(sid, "user", "go")
+        memory.add_message(
+            sid, "assistant", None, tool_calls=[ToolCall("c1", "f", "{}")]
+        )  # waits for c1
+        memory.pop_message(sid)  # takes the call back: nothing waits
+        memory.add_message(sid, "user", "again")
+        with pytest.raises(OrphanToolResultError):
+            memory.add_message(sid, "tool", "late", tool_call_id="c1")
+        assert _texts(memory.get_messages(sid)) == ["go", "again"]
+        assert memory.get_session(sid).next_seq == 4  # a taken back seq is never reused
+
+    def test_appends_of_two_managers_interleave_with_every_check_kept(
+        self, memory: MemoryManager
+    ) -> None:
+        other = MemoryManager(memory.backend, memory.config)  # another process, same store
+        sid = memory.create_session("agent-two")
+        memory.add_message(sid, "user", "q")
+        other.add_message(sid, "assistant", None, tool_calls=[ToolCall("c1", "f", "{}")])
+        with pytest.raises(MissingToolResultError):
+            memory.add_message(sid, "user", "interrupt")
+        memory.add_message(sid, "tool", "r1", tool_call_id="c1")
+        with pytest.raises(OrphanToolResultError):
+            other.add_message(sid, "tool", "r1 again", tool_call_id="c1")
+        other.add_message(sid, "user", "thanks")
+        assert [m.role for m in memory.get_messages(sid)] == ["user", "assistant", "tool", "user"]
+        assert memory.get_session(sid).next_seq == 5
+
+    # -- the newest messages, read by themselves -----------------------------------------
+
+    def test_read_tail_gives_the_newest_page_and_the_older_system_and_user_messages(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-tail")
+        memory.add_message(sid, "system", "rules")
+        memory.add_message(sid, "user", "u1")
+        memory.add_message(sid, "developer", "more rules")
+        memory.add_message(sid, "user", "u2")
+        for i in range(6):
+            memory.add_message(sid, "assistant", f"a{i}")
+        backend = memory.backend
+        roles = ("developer", "system")
+        tail = backend.read_tail(sid, limit=3, roles=roles, newest_role="user")
+        assert tail is not None
+        assert tail.info.session_id == sid and tail.info.next_seq == 11
+        assert [r[1]["content"] for r in tail.rows] == ["a3", "a4", "a5"]
+        assert [seq for seq, _ in tail.rows] == [8, 9, 10]
+        marks = {r[1]["content"] for r in tail.marks}
+        assert {"rules", "more rules", "u2"} <= marks and "u1" not in marks
+        assert [seq for seq, _ in tail.marks] == sorted(seq for seq, _ in tail.marks)
+        older = backend.read_tail(sid, limit=4, before_seq=8, roles=roles, newest_role="user")
+        assert older is not None
+        assert [r[1]["content"] for r in older.rows] == ["u2", "a0", "a1", "a2"]
+        assert {"rules", "more rules", "u1"} <= {r[1]["content"] for r in older.marks}
+        every = backend.read_tail(sid, limit=None, before_seq=3)
+        assert every is not None and [r[1]["content"] for r in every.rows] == ["rules", "u1"]
+        assert backend.read_tail("no-such-session", limit=3) is None
+
+    def test_paged_prompt_is_the_prompt_of_the_whole_session(self, memory: MemoryManager) -> None:
+        from ctxkeep.prune import TokenPruner
+
+        class WholePruner(TokenPruner):  # another type: the manager reads every message
+            pass
+
+        sid = memory.create_session("agent-pages")
+        memory.add_message(sid, "system", "You are terse.")
+        for i in range(40):
+            memory.add_message(sid, "user", f"question {i} " + "word " * (i % 7) * 20)
+            memory.add_messages(sid, tool_unit(i, n=1 + i % 3))
+            memory.add_message(sid, "assistant", f"answer {i} " + "word " * (i % 5) * 30)
+        memory.prompt_page = 4  # small pages: many of them
+        args: dict[str, Any] = {"max_token_budget": 1500, "preserve_last_n": 4}
+        paged = memory.build_prompt_messages(sid, pruner=TokenPruner(**args, cache_stable=False))
+        whole = MemoryManager(memory.backend, memory.config).build_prompt_messages(
+            sid, pruner=WholePruner(**args, cache_stable=False)
+        )
+        assert paged == whole
+        assert paged[0].content == "You are terse." and len(paged) < 100
+        memory.add_message(sid, "user", "one more " * 50)  # a turn on the paged cache
+        paged = memory.build_prompt_messages(sid, pruner=TokenPruner(**args, cache_stable=False))
+        whole = MemoryManager(memory.backend, memory.config).build_prompt_messages(
+            sid, pruner=WholePruner(**args, cache_stable=False)
+        )
+        assert paged == whole
 
     # -- concurrency ---------------------------------------------------------------------
 

@@ -1,0 +1,108 @@
+"""A prompt from the newest pages of a long session: when a prune of them is the prune of it all.
+
+The default mode of :class:`~ctxkeep.TokenPruner` walks a history's units from the newest back
+and stops at the first older unit that does not fit the budget; besides the units it walks it
+reads only the system messages and the newest user message (which it keeps wherever they
+are). So a prompt of a 10,000-message session needs the newest few pages of it, those system
+messages and that user message, not every record decoded:
+:meth:`~ctxkeep.sessions.base.MemoryManager.build_prompt_messages` reads the session newest
+first (:meth:`~ctxkeep.sessions.base.Backend.read_tail`), prunes what it has, and reads an
+older page only when :func:`prompt_from_tail` cannot prove that the prune of what it has is
+the prune of the whole session.
+
+The proof, for a *partial* history ``P`` = the prompt's own system message, the older system
+messages (and the newest user message if the suffix has none), then a contiguous suffix of the
+session (the newest messages, oldest first), each in session order:
+
+* the suffix starts at a unit boundary: its oldest message ``b`` is not a tool result or a system
+  message (the messages before ``b`` are left out, but for the system messages among them);
+* the units newer than ``b``'s unit hold at least ``preserve_last_n`` messages, so the walk's
+  recent units (and the one unit it takes past them) never reach beyond ``b``;
+* the newest user message has content (else the pruner pins an older one, anywhere);
+* the prune of ``P`` dropped ``b`` for the budget, and repaired nothing: so the walk stopped at a
+  unit of the suffix that did not fit, and never read older messages.
+
+Everything the pruner read is then the same in ``P`` and in the whole history, in the same order,
+so its output is the same (indexes differ; the output does not carry them). What fails the proof
+is answered by reading an older page, up to the whole session. The cache-stable mode (the
+default of ``TokenPruner()``) and a summarizer need the whole history: a cache-stable prompt is a
+replay of the history from its first message (:mod:`ctxkeep.cache`), and a summary covers every
+dropped message. They, a pruner of another type, and no pruner at all read every message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctxkeep.messages import SYSTEM_ROLES, Message, missing_content
+from ctxkeep.prune import TokenPruner
+
+FIRST_PAGE = 64
+"""Messages in the first page of a paged prompt read; each further page is twice the last."""
+
+
+def pages_suffice(pruner: Any) -> bool:
+    """Whether a prompt for ``pruner`` can be built from the newest pages of a session: a
+    :class:`~ctxkeep.TokenPruner` itself (not a subclass, which may prune otherwise) in its
+    default mode, without a summarizer.
+    """
+    return type(pruner) is TokenPruner and not pruner.cache_stable and pruner.summarizer is None
+
+
+def prompt_from_tail(
+    pruner: TokenPruner,
+    prefix: list[Message],
+    marks: list[Message],
+    suffix: list[Message],
+) -> list[Message] | None:
+    """The pruned prompt of a session from its newest messages, or None if more are needed.
+
+    Args:
+        pruner: a pruner for which :func:`pages_suffice` holds.
+        prefix: the prompt's own system message, if any.
+        marks: every system message older than ``suffix``, and the newest user message older
+            than it (needed only if ``suffix`` has none), in session order.
+        suffix: every message of the session from some point to the newest (calls still
+            waiting for results left out), in order.
+
+    Returns:
+        ``pruner.prune(prefix + history)`` for the whole history, when the module docstring's
+        proof holds; else None (read an older page).
+
+    """
+    # The suffix from its first unit boundary on: tool results before it answer a call older
+    # than the suffix (the system messages among them are marks like the older ones).
+    lo = next((i for i, m in enumerate(suffix) if m.role not in SYSTEM_ROLES | {"tool"}), None)
+    if lo is None:
+        return None
+    marks = marks + [m for m in suffix[:lo] if m.role in SYSTEM_ROLES]
+    suffix = suffix[lo:]
+    lo = 0
+    end = lo + 1
+    while end < len(suffix) and suffix[end].role == "tool":
+        end += 1
+    newer = sum(1 for m in suffix[end:] if m.role not in SYSTEM_ROLES)
+    if newer < pruner.preserve_last_n:
+        return None
+    head = [m for m in marks if m.role in SYSTEM_ROLES]
+    user = next((m for m in reversed(suffix) if m.role == "user"), None)
+    if user is None:
+        user = next((m for m in reversed(marks) if m.role == "user"), None)
+        if user is not None:
+            head = [m for m in marks if m.role in SYSTEM_ROLES or m is user]
+    if user is not None and missing_content(user):
+        return None
+    msgs = prefix + head + suffix
+    try:
+        out, report = pruner.prune_with_report(msgs)
+    except Exception:  # an error names input indexes: the whole read raises it as it is
+        return None
+    # The report's fates by input index: only messages kept or compressed are in it, else
+    # "dropped for the budget" is its default (a repair, a summary or a pending call would
+    # leave another fate, and the walk may then have gone further: read on).
+    fates = report._fates
+    if any(f[0] not in ("kept", "compressed") for f in fates.values()):
+        return None
+    if len(prefix) + len(head) + lo in fates:
+        return None  # the walk reached the suffix's oldest unit and kept it: read on
+    return out
