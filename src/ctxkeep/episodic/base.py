@@ -20,6 +20,7 @@ primitives :meth:`_rows`, :meth:`_lexical`, :meth:`_vectors`, :meth:`_nb_rows`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
@@ -38,6 +39,7 @@ from ctxkeep import _check
 from ctxkeep.episodic.embedders import Embedder, get_embedder
 from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import IndexConfig
+from ctxkeep.episodic.terms import sorted_unique
 from ctxkeep.episodic.text import tokenize
 from ctxkeep.errors import ConfigError, EpisodeNotFoundError, InvalidMessageError
 
@@ -229,6 +231,13 @@ def neighbour_positions(rows: np.ndarray, nb: np.ndarray) -> tuple[np.ndarray, .
     return tuple(out)
 
 
+def copy_episode(e: Episode) -> Episode:
+    """A copy of ``e`` sharing nothing mutable with it: only its metadata is mutable (a
+    ``copy.deepcopy`` of the whole dataclass cost a search at 100,000 episodes 0.4 ms a hit).
+    """
+    return dataclasses.replace(e, metadata=copy.deepcopy(e.metadata))
+
+
 def episode_record(e: Episode) -> str:
     """The stored JSON of an episode."""
     from ctxkeep.sessions.records import dumps
@@ -363,10 +372,10 @@ def with_neighbours(
         scope: the rows that may be returned, sorted.
 
     """
-    cand = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    cand = sorted_unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
     if cand.size:
         nb = neighbours(cand).ravel()
-        cand = np.union1d(cand, nb[nb >= 0])
+        cand = sorted_unique(np.concatenate([cand, nb[nb >= 0]]))
     out: np.ndarray = cand[in_sorted(cand, scope)]
     return out.astype(np.int64, copy=False)
 

@@ -4,7 +4,8 @@ Episode rows are append-only; deleting tombstones a row and rebuilds the windows
 neighbour links of its session. The vectors live in an :class:`~ctxkeep.episodic.index.AutoIndex`
 keyed by row: exact below ``IndexConfig.hnsw_from`` episodes, where every filtered episode
 is scored; HNSW from there, where search scores only the candidates the two indexes return
-(see :meth:`MemoryEpisodicStore._candidates`). Thread-safe.
+(see :meth:`MemoryEpisodicStore._candidates`), counting their query terms from a
+:class:`~ctxkeep.episodic.terms.TokenTable` as the SQLite store does. Thread-safe.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ctxkeep.episodic.base import (
     NewEpisodes,
     RetrievalConfig,
     bm25,
+    copy_episode,
     in_sorted,
     informative_terms,
     lexical_top,
@@ -32,6 +34,7 @@ from ctxkeep.episodic.base import (
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import IndexConfig, VectorIndex, make_index
+from ctxkeep.episodic.terms import TokenTable, sorted_unique, window_term_counts
 
 
 class MemoryEpisodicStore(EpisodicMemoryStore):
@@ -53,13 +56,14 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         self._tokens: list[list[str]] = []
         self._docs: list[Counter[str]] = []
         self._postings: dict[str, dict[int, int]] = {}
-        self._doclen: list[int] = []
-        self._doclen_arr: np.ndarray | None = None  # cached np.asarray(_doclen)
+        self._table = TokenTable()  # own tokens, for counting terms in many windows at once
         self._sessions: dict[str, list[int]] = {}
-        self._nb: list[list[int]] = []  # per row: prev1, next1, prev2, next2 (-1: none)
+        # per row, in arrays grown by doubling ([:len(self._eps)] is current):
+        self._doclen = np.zeros(0, np.float64)  # window document length (0: forgotten)
+        self._nb = np.zeros((0, 4), np.int64)  # prev1, next1, prev2, next2 (-1: none)
+        self._created_arr = np.zeros(0, np.float64)
         self.vectors: VectorIndex = make_index(self.embedder.dim, self.index_config)
         """The episodes' vectors by row."""
-        self._created_arr: list[float] = []
         self._live_rows: np.ndarray | None = None  # cached: every live row, sorted
 
     # -- indexes ---------------------------------------------------------------------------
@@ -76,7 +80,6 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             self._postings.setdefault(t, {})[row] = c
         self._docs[row] = doc
         self._doclen[row] = sum(doc.values())
-        self._doclen_arr = None
 
     def _rebuild_session(self, sid: str, start: int = 0) -> None:
         """Recompute window documents and neighbour links from position ``start`` on (and the
@@ -87,12 +90,22 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         for p in range(self.window_from(start), len(rows)):
             r = rows[p]
             self._set_doc(r, self.window_counts(tokens, p))
-            self._nb[r] = [
+            self._nb[r] = (
                 rows[p - 1] if p >= 1 else -1,
                 rows[p + 1] if p + 1 < len(rows) else -1,
                 rows[p - 2] if p >= 2 else -1,
                 rows[p + 2] if p + 2 < len(rows) else -1,
-            ]
+            )
+
+    def _grow(self, n: int) -> None:
+        """Make the per-row arrays hold ``n`` rows (new rows: empty, no neighbours)."""
+        if n <= self._doclen.size:
+            return
+        size = max(n, 2 * self._doclen.size, 64)
+        doclen, nb, created = np.zeros(size), np.full((size, 4), -1, np.int64), np.zeros(size)
+        old = self._doclen.size
+        doclen[:old], nb[:old], created[:old] = self._doclen, self._nb, self._created_arr
+        self._doclen, self._nb, self._created_arr = doclen, nb, created
 
     # -- primitives ------------------------------------------------------------------------
 
@@ -109,6 +122,8 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
     def _insert(self, batch: NewEpisodes) -> None:
         with self._lock:
             touched: dict[str, int] = {}
+            first = len(self._eps)
+            self._grow(first + len(batch.episodes))
             for e, k, _, toks in batch.rows():
                 r = len(self._eps)
                 self._eps.append(copy.deepcopy(e))
@@ -116,15 +131,14 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 self._row_key.append(k)
                 self._tokens.append(list(toks))
                 self._docs.append(Counter())
-                self._doclen.append(0)
-                self._nb.append([-1, -1, -1, -1])
-                self._created_arr.append(e.created_at)
+                self._created_arr[r] = e.created_at
                 session = self._sessions.setdefault(e.session_id, [])
                 touched.setdefault(e.session_id, len(session))
                 session.append(r)
-            first = len(self._eps) - len(batch.episodes)
-            self.vectors.add(np.arange(first, len(self._eps)), batch.vectors)
-            self._live_rows = self._doclen_arr = None
+            rows = np.arange(first, len(self._eps))
+            self.vectors.add(rows, batch.vectors)
+            self._table.add(rows.tolist(), batch.tokens)
+            self._live_rows = None
             for sid, start in touched.items():
                 self._rebuild_session(sid, start)
 
@@ -156,7 +170,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 pos = where[idx]
                 keep = pos >= 0
                 hits.append((qtf, pos[keep], tf[keep]))
-            doclen = self._doclens()[rows]
+            doclen = self._doclen[rows]
             return bm25(hits, doclen, self.config.k1, self.config.b)
 
     def _candidates(
@@ -181,7 +195,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             everything = self._rows(EpisodeFilter()).size
             informative = informative_terms(counts, df, everything) if use_lex else []
             if informative:
-                found = np.unique(
+                found = sorted_unique(
                     np.concatenate([np.fromiter(self._postings[w], np.int64) for w in informative])
                 )
                 found = found[in_sorted(found, scope)]
@@ -195,42 +209,40 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
     def _store_bm25(
         self, counts: dict[str, int], df: dict[str, int], rows: np.ndarray
     ) -> np.ndarray:
-        """BM25 of ``rows`` for the query terms ``counts``, store-wide statistics."""
-        docs = [self._docs[r] for r in rows.tolist()]
-        tf = np.asarray([[d.get(w, 0) for w in counts] for d in docs], np.float64)
-        doclen = self._doclens()
+        """BM25 of ``rows`` for the query terms ``counts``, store-wide statistics; the terms
+        are counted in the rows' windows from the token table (:mod:`~ctxkeep.episodic.terms`:
+        looking each up in each window's counts took 60% of a search at 100,000 episodes).
+        """
+        cfg = self.config
+        tf = window_term_counts(
+            rows, list(counts), self._table.counts, self._nb_rows, cfg.window, cfg.self_weight
+        )
         return store_bm25(
             counts,
             df,
-            tf.reshape(rows.size, len(counts)),
-            doclen[rows],
-            doclen[self._rows(EpisodeFilter())],
-            self.config.k1,
-            self.config.b,
+            tf,
+            self._doclen[rows],
+            self._doclen[self._rows(EpisodeFilter())],
+            cfg.k1,
+            cfg.b,
         )
-
-    def _doclens(self) -> np.ndarray:
-        """Every row's window document length (0 for forgotten rows), cached."""
-        if self._doclen_arr is None:
-            self._doclen_arr = np.asarray(self._doclen, np.float64)
-        return self._doclen_arr
 
     def _nb_rows(self, rows: np.ndarray) -> np.ndarray:
         with self._lock:
-            nb = self._nb
-            return np.asarray([nb[r] for r in rows.tolist()], np.int64).reshape(-1, 4)
+            out: np.ndarray = self._nb[rows]
+            return out
 
     def _vectors(self, rows: np.ndarray) -> np.ndarray:
         return self.vectors.vectors(rows)
 
     def _created(self, rows: np.ndarray) -> np.ndarray:
         with self._lock:
-            out: np.ndarray = np.asarray(self._created_arr, np.float64)[rows]
+            out: np.ndarray = self._created_arr[rows]
             return out
 
     def _episodes(self, rows: np.ndarray) -> list[Episode]:
         with self._lock:
-            return [copy.deepcopy(self._eps[int(r)]) for r in rows]  # type: ignore[misc]
+            return [copy_episode(self._eps[r]) for r in rows.tolist()]
 
     def _delete(self, rows: np.ndarray) -> None:
         with self._lock:
@@ -244,7 +256,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 self._set_doc(r, Counter())
                 self._keys.pop(self._row_key[r], None)
                 self._eps[r] = None
-                self._nb[r] = [-1, -1, -1, -1]
+                self._nb[r] = -1
             self.vectors.remove(rows)
             self._live_rows = None
             for sid in touched:

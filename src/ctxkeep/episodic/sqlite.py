@@ -9,9 +9,16 @@ removed). Below ``IndexConfig.hnsw_from`` episodes the index is exact and every 
 episode is scored (BM25 with the statistics of the searched scope). From there it is an
 HNSW graph, persisted beside the database as ``<file>.vidx`` (loaded if current, synced if
 only some rows changed, rebuilt if missing or built otherwise), and search scores only
-candidates: the best by FTS5's BM25 (store-wide statistics) and the nearest in the graph,
-with their session neighbours. Rows are never reused (``next_row``), so a row's vector never
-changes and a file's row fingerprint says whether it is current.
+candidates: the best by BM25 with store-wide statistics over the query's informative terms
+(FTS5 finds the documents holding them) and the nearest in the graph, with their session
+neighbours. Rows are never reused (``next_row``), so a row's vector never changes and a
+file's row fingerprint says whether it is current.
+
+Query terms are counted in window documents without reading them: each process holds every
+episode's own tokens (:class:`~ctxkeep.episodic.terms.TokenTable`, read by row, or all at
+once with a large store's first search) and adds them up over the cached neighbour links
+(:func:`~ctxkeep.episodic.terms.window_term_counts`). A row's tokens never change either, so
+the table is never stale; it only lacks rows written since.
 
 The file is reached through :class:`~ctxkeep._sqlite.SQLiteClient` (connections, transactions,
 errors); the schema version is its ``ctxkeep_meta`` row ``episodic``, brought up by the ordered
@@ -42,7 +49,9 @@ from ctxkeep.episodic.base import (
     NewEpisodes,
     RetrievalConfig,
     bm25,
+    in_sorted,
     informative_terms,
+    lexical_top,
     store_bm25,
     with_neighbours,
 )
@@ -57,6 +66,7 @@ from ctxkeep.episodic.index import (
     sync_index,
 )
 from ctxkeep.episodic.sql import COLUMNS, SQLStore
+from ctxkeep.episodic.terms import RowIndex, TokenTable, sorted_unique, window_term_counts
 from ctxkeep.errors import ConfigError, SchemaVersionError
 
 LEGACY_META = "ctxkeep_episodic_meta"
@@ -130,6 +140,12 @@ MIGRATIONS: list[Migration] = [
     # 4: the embedder and next row live in ctxkeep_meta
     _adopt_legacy_meta,
 ]
+
+READ_ALL_TOKENS = 0.02
+"""Rows' tokens are read by row until the rows read so (and now needed) reach this fraction of
+the rows the process lacks; then every lacking row's tokens are read in one scan (at 100,000
+episodes: about 1 s, once per process; a search's candidates need about 2,000 rows, so
+that comes with the first search of a large store; a small one reads all at once)."""
 
 SAVE_EVERY = 0.05
 """An HNSW index file is rewritten once this fraction of its rows (at least 10,000) was added
@@ -220,6 +236,9 @@ class SQLiteEpisodicStore(SQLStore):
         self._vindex: VectorIndex | None = None
         self._unsaved = 0
         self._df: dict[str, int] = {}  # term -> documents holding it (see _doc_freq)
+        self._tokens = TokenTable()  # own tokens by row (see _own_counts)
+        self._tokens_lock = threading.Lock()
+        self._tokens_read = 0  # rows whose tokens were read one by one since the last scan
         self._df_at = 0
         self.index_status: str | None = None
         """What opening the vector index did (``loaded``, ``synced``, ``rebuilt`` or
@@ -416,9 +435,13 @@ class SQLiteEpisodicStore(SQLStore):
         assert self._vindex is not None
         return self._vindex
 
-    def _pos_of(self, rows: np.ndarray) -> np.ndarray:
-        """Positions of (existing) rows in the cached arrays."""
-        out: np.ndarray = np.searchsorted(self._state()["ids"], rows)
+    def _pos_of(self, rows: np.ndarray, st: dict[str, Any] | None = None) -> np.ndarray:
+        """Positions of (existing) rows in the cached arrays (of ``st``, or read now)."""
+        st = self._state() if st is None else st
+        index = st.get("at")
+        if index is None or index.ids is not st["ids"]:  # keyed by the ids array it indexes
+            index = st["at"] = RowIndex(st["ids"])
+        out: np.ndarray = index.find(rows)
         return out
 
     # -- primitives ----------------------------------------------------------------------------
@@ -478,23 +501,51 @@ class SQLiteEpisodicStore(SQLStore):
         return super()._rows(f)
 
     def _term_counts(self, terms: Sequence[str], rows: np.ndarray) -> np.ndarray:
-        """How often each term occurs in each row's window document: (len(rows), len(terms))."""
-        out = np.zeros((rows.size, len(terms)), np.float64)
-        if not terms or rows.size == 0:
-            return out
-        at = {int(r): i for i, r in enumerate(rows)}
-        padded = [f" {w} " for w in terms]
-        for rowid, body in self._select_in(
-            "read window documents",
-            "SELECT rowid, body FROM ctxkeep_episode_fts",
-            "rowid",
-            rows.tolist(),
-        ):
-            # tokens are words without spaces, one space apart: doubling the spaces
-            # lets " w " match every occurrence (a repeated token shares its spaces)
-            doc = f" {body.replace(' ', '  ')} "
-            out[at[int(rowid)]] = [doc.count(w) for w in padded]
-        return out
+        """How often each term occurs in each row's window document: (len(rows), len(terms)),
+        counted from the rows' and their neighbours' own tokens (:mod:`~ctxkeep.episodic.terms`).
+        """
+        cfg = self.config
+        return window_term_counts(
+            rows, terms, self._own_counts, self._nb_rows, cfg.window, cfg.self_weight
+        )
+
+    def _own_counts(self, rows: np.ndarray, terms: Sequence[str]) -> np.ndarray:
+        """How often each term occurs in each row's own tokens (sorted unique ``rows``).
+
+        The tokens are held in process (:class:`~ctxkeep.episodic.terms.TokenTable`): a row's
+        tokens never change and rows are never reused, so what the table holds stays valid
+        whoever writes; rows it lacks are read here. A row gone meanwhile counts nothing.
+        """
+        if self._tokens.missing(rows).size:
+            with self._tokens_lock:
+                self._read_tokens(self._tokens.missing(rows))
+        return self._tokens.counts(rows, terms)
+
+    def _read_tokens(self, lacking: np.ndarray) -> None:
+        """Add the tokens of ``lacking`` rows to the table, or of every row it lacks (see
+        :data:`READ_ALL_TOKENS`).
+        """
+        table = self._tokens
+        ids = self._state()["ids"]
+        absent = table.missing(ids)
+        if self._tokens_read + lacking.size < READ_ALL_TOKENS * absent.size:
+            self._tokens_read += lacking.size
+            found = self._select_in(
+                "read tokens", "SELECT row, tokens FROM ctxkeep_episodes", "row", lacking
+            )
+        else:
+            self._tokens_read = 0
+            if len(table) > ids.size + max(1_000, ids.size // 10):
+                table.keep(ids)  # let go of forgotten rows
+            lacking = sorted_unique(np.concatenate([lacking, absent]))
+            found = self._db.q(
+                "read tokens",
+                "SELECT row, tokens FROM ctxkeep_episodes WHERE row >= ? ORDER BY row",
+                (int(lacking[0]),),
+            )
+            rows = np.fromiter((r for r, _ in found), np.int64, len(found))
+            found = [found[i] for i in np.flatnonzero(in_sorted(rows, lacking)).tolist()]
+        table.add([r for r, _ in found], [t for _, t in found])
 
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
         """BM25 with the statistics of the searched scope ``rows`` (small: at most a few
@@ -508,7 +559,8 @@ class SQLiteEpisodicStore(SQLStore):
         for j, qtf in enumerate(counts.values()):
             pos = np.flatnonzero(tf[:, j])
             hits.append((qtf, pos, tf[pos, j]))
-        doclen = self._state()["doclen"][self._pos_of(rows)]
+        st = self._state()
+        doclen = st["doclen"][self._pos_of(rows, st)]
         return bm25(hits, doclen, self.config.k1, self.config.b)
 
     def _vectors(self, rows: np.ndarray) -> np.ndarray:
@@ -517,9 +569,10 @@ class SQLiteEpisodicStore(SQLStore):
     def _candidates(
         self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """For a scope of more than ``4n`` episodes: the ``n`` best by FTS5's BM25 over the
-        informative query terms and the ``n`` nearest in the vector index, with their
-        session neighbours; their lexical scores are BM25 with store-wide statistics.
+        """For a scope of more than ``4n`` episodes: the ``n`` best by BM25 over the
+        informative query terms (store-wide statistics, as in the memory store) and the ``n``
+        nearest in the vector index, with their session neighbours; their lexical scores are
+        BM25 over every query term with store-wide statistics.
         """
         st = self._state()
         index = self.vectors
@@ -532,16 +585,28 @@ class SQLiteEpisodicStore(SQLStore):
         df = self._doc_freq(list(counts), st) if use_lex else {}
         informative = informative_terms(counts, df, st["ids"].size) if use_lex else []
         if informative:
+            # the documents holding an informative term (FTS5 only finds them: ranking them
+            # there took 10 ms), scored as the memory store scores them
             match = " OR ".join('"' + w.replace('"', '""') + '"' for w in informative)
-            where, params = f.where(self.dialect, lambda col: f"e.{col}")
-            top = self._db.q(
+            hold = self._db.q(
                 "find lexical candidates",
-                "SELECT e.row FROM ctxkeep_episode_fts JOIN ctxkeep_episodes e "
-                "ON e.row = ctxkeep_episode_fts.rowid "
-                f"WHERE ctxkeep_episode_fts MATCH ? AND {where} ORDER BY rank LIMIT ?",
-                (match, *params, n),
+                "SELECT rowid FROM ctxkeep_episode_fts WHERE ctxkeep_episode_fts MATCH ?",
+                (match,),
             )
-            parts.append(np.asarray([r for (r,) in top], np.int64))
+            found = sorted_unique(np.asarray([r for (r,) in hold], np.int64))
+            found = found[in_sorted(found, scope)]
+            sub = {w: counts[w] for w in informative}
+            doclen = st["doclen"]
+            scores = store_bm25(
+                sub,
+                df,
+                self._term_counts(list(sub), found),
+                doclen[self._pos_of(found, st)],
+                doclen,
+                self.config.k1,
+                self.config.b,
+            )
+            parts.append(found[lexical_top(scores, n)])
         if q is not None:
             parts.append(index.search(q, n, None if f.selects_all else scope)[0])
         cand = with_neighbours(parts, self._nb_rows, scope)
@@ -550,7 +615,7 @@ class SQLiteEpisodicStore(SQLStore):
         tf = self._term_counts(list(counts), cand)
         doclen = st["doclen"]
         lex = store_bm25(
-            counts, df, tf, doclen[self._pos_of(cand)], doclen, self.config.k1, self.config.b
+            counts, df, tf, doclen[self._pos_of(cand, st)], doclen, self.config.k1, self.config.b
         )
         return cand, lex
 
@@ -582,11 +647,13 @@ class SQLiteEpisodicStore(SQLStore):
             return {w: self._df.get(w, 0) for w in terms}
 
     def _nb_rows(self, rows: np.ndarray) -> np.ndarray:
-        out: np.ndarray = self._state()["nb"][self._pos_of(rows)]
+        st = self._state()
+        out: np.ndarray = st["nb"][self._pos_of(rows, st)]
         return out
 
     def _created(self, rows: np.ndarray) -> np.ndarray:
-        out: np.ndarray = self._state()["created"][self._pos_of(rows)]
+        st = self._state()
+        out: np.ndarray = st["created"][self._pos_of(rows, st)]
         return out
 
     def _delete(self, rows: np.ndarray) -> None:

@@ -373,8 +373,11 @@ class _SlotIndex(VectorIndex):
         """The stored vectors of ``ids``; zeros where absent."""
         with self._lock:
             slots = self._slots.get(_as_ids(ids))
-            out = np.zeros((slots.size, self.dim), np.float32)
             found = slots >= 0
+            if found.all():  # one gather, not a zeroed array and a masked one
+                out: np.ndarray = self._matrix()[slots]
+                return out
+            out = np.zeros((slots.size, self.dim), np.float32)
             out[found] = self._matrix()[slots[found]]
             return out
 

@@ -1,0 +1,290 @@
+"""Window term counts from episodes' own tokens, without reading window documents.
+
+An episode's lexical document (its window document, :meth:`~ctxkeep.episodic.base.
+EpisodicMemoryStore.window_counts`) is its own tokens ``self_weight`` times plus the tokens of
+its ``window`` session neighbours on each side. So how often a term occurs in it is
+
+    tf(row, w) = self_weight * own(row, w) + sum of own(n, w) over the row's window neighbours n
+
+and a store that holds every episode's own tokens and its session neighbour links can count
+query terms in any set of window documents with array operations, without fetching the
+documents. :class:`TokenTable` holds the own tokens (as ids of one vocabulary, by row), and
+:func:`window_term_counts` combines them over the window. The counts are exactly those of the
+window documents: same tokens, same neighbours.
+
+The SQLite store counts this way: reading and counting the ~1,500 window documents of a
+search's candidates took most of its 47-75 ms at 100,000 episodes (BENCHMARKS.md, issue 15).
+A row's tokens never change and rows are never reused, so a table filled once stays valid;
+it only lacks rows added since and holds rows forgotten since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+NeighbourRows = Callable[[np.ndarray], np.ndarray]
+"""For rows, their session's -1, +1, -2, +2 neighbour rows (-1: none), shape (len(rows), 4)."""
+
+
+class RowIndex:
+    """Positions of rows in a sorted array of distinct row numbers: a dense lookup table
+    while the numbers are compact (a store's rows, numbered from 1 with few forgotten),
+    binary search otherwise. Looking up 10,000 rows among 100,000 took 1.5 ms by binary
+    search here.
+    """
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = ids
+        """The sorted row numbers."""
+        top = int(ids[-1]) + 1 if ids.size else 0
+        self._at: np.ndarray | None = None
+        if ids.size and ids[0] >= 0 and top <= 4 * ids.size + 1_024:
+            self._at = np.full(top, -1, np.int64)
+            self._at[ids] = np.arange(ids.size)
+
+    def find(self, rows: np.ndarray) -> np.ndarray:
+        """The position of each of ``rows``, -1 for a row not in ``ids``."""
+        ids, at = self.ids, self._at
+        if at is not None:
+            ok = (rows >= 0) & (rows < at.size)
+            out = np.full(rows.size, -1, np.int64)
+            out[ok] = at[rows[ok]]
+            return out
+        if not ids.size:
+            return np.full(rows.size, -1, np.int64)
+        pos = np.minimum(np.searchsorted(ids, rows), ids.size - 1)
+        return np.where(ids[pos] == rows, pos, -1)
+
+
+def sorted_unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` by sorting (numpy's hashing ``unique`` took 2 ms for 10,000 ints)."""
+    a = np.sort(a)
+    if a.size:
+        a = a[np.concatenate([[True], a[1:] != a[:-1]])]
+    return a
+
+
+class _Vocabulary(dict[str, int]):
+    """Word -> id; an unknown word gets the next id when looked up with ``[]``."""
+
+    def __missing__(self, word: str) -> int:
+        self[word] = n = len(self)
+        return n
+
+
+class TokenTable:
+    """Episodes' own tokens by row, as int32 ids of one growing vocabulary.
+
+    CSR arrays grown by doubling, so appending rows after those held (how stores number
+    them) costs what is appended; a dense row -> position table finds rows. Not thread-safe:
+    the owner locks every call.
+    """
+
+    def __init__(self) -> None:
+        self._vocab = _Vocabulary()
+        self._n = 0  # rows held
+        self._rows = np.zeros(16, np.int64)  # sorted, [:_n]
+        self._off = np.zeros(17, np.int64)  # [:_n + 1]: each row's tokens in _ids
+        self._ids = np.zeros(256, np.int32)  # [:_off[_n]]
+        self._pos = np.full(16, -1, np.int64)  # row -> position (-1: not held)
+        self._col = np.full(16, -1, np.int64)  # vocabulary id -> column, in counts()
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The rows held, sorted (a copy)."""
+        return self._rows[: self._n].copy()
+
+    def find(self, rows: np.ndarray) -> np.ndarray:
+        """The position of each of ``rows``, -1 for a row not held."""
+        out = np.full(rows.size, -1, np.int64)
+        ok = (rows >= 0) & (rows < self._pos.size)
+        out[ok] = self._pos[rows[ok]]
+        return out
+
+    def missing(self, rows: np.ndarray) -> np.ndarray:
+        """Those of ``rows`` the table does not hold."""
+        out: np.ndarray = rows[self.find(rows) < 0]
+        return out
+
+    def add(self, rows: Iterable[int], tokens: Iterable[Sequence[str] | str]) -> None:
+        """Hold ``tokens`` for ``rows`` (rows not held yet; any order, fastest ascending after
+        those held). A row's tokens are a list, or one string of them one space apart (as
+        stores keep them: read that way, 100,000 rows are encoded in about 0.3 s).
+        """
+        new = np.fromiter(rows, np.int64)
+        parts = list(tokens)
+        if new.size != len(parts):
+            raise ValueError("add takes one token list per row")
+        if not new.size:
+            return
+        flat: list[str] = []
+        lens = [0] * len(parts)
+        strings = [t for t in parts if isinstance(t, str)]
+        if len(strings) == len(parts):  # split all at once, in C
+            lens = [t.count(" ") + 1 if t else 0 for t in strings]
+            flat = " ".join(t for t in strings if t).split(" ") if any(strings) else []
+            if len(flat) != sum(lens) or "" in flat:
+                flat = []  # not one space apart: one by one below
+        if not flat and any(parts):
+            lists = [t.split() if isinstance(t, str) else t for t in parts]
+            lens = [len(t) for t in lists]
+            flat = [w for t in lists for w in t]
+        ids = self._encode(flat)
+        n, m = self._n, int(self._off[self._n])
+        self._rows = _fit(self._rows, n + new.size)
+        self._off = _fit(self._off, n + new.size + 1)
+        self._ids = _fit(self._ids, m + ids.size)
+        self._rows[n : n + new.size] = new
+        self._off[n + 1 : n + new.size + 1] = m + np.cumsum(lens, dtype=np.int64)
+        self._ids[m : m + ids.size] = ids
+        self._n = n + new.size
+        held = self._rows[: self._n]
+        if (n and new[0] <= held[n - 1]) or (np.diff(new) <= 0).any():
+            self._reorder(np.argsort(held, kind="stable"))  # not simply appended
+        else:
+            self._index(n)
+
+    def _encode(self, flat: list[str]) -> np.ndarray:
+        """The vocabulary ids of ``flat`` (new words get new ids)."""
+        return np.fromiter(map(self._vocab.__getitem__, flat), np.int32, len(flat))
+
+    def keep(self, rows: np.ndarray) -> None:
+        """Drop every row not in ``rows``."""
+        held = self._rows[: self._n]
+        keep = np.isin(held, rows)
+        if not keep.all():
+            self._reorder(np.flatnonzero(keep))
+
+    def counts(self, rows: np.ndarray, terms: Sequence[str]) -> np.ndarray:
+        """How often each of the distinct ``terms`` occurs in each row's own tokens,
+        (len(rows), len(terms)); a row the table does not hold counts nothing.
+        """
+        n, k = rows.size, len(terms)
+        out = np.zeros((n, k), np.float64)
+        qid = np.asarray([self._vocab.get(w, -1) for w in terms], np.int64)
+        if not n or not (qid >= 0).any():
+            return out
+        p = self.find(rows)
+        held = p >= 0
+        starts = np.where(held, self._off[p], 0)
+        lens = np.where(held, self._off[p + 1] - starts, 0)
+        tok = self._ids[_segments(starts, lens)]
+        # each vocabulary id's column (-1: not a query term), set for this call only
+        if self._col.size < len(self._vocab):
+            self._col = np.full(max(len(self._vocab), 2 * self._col.size), -1, np.int64)
+        known = qid >= 0
+        self._col[qid[known]] = np.flatnonzero(known)
+        try:
+            col = self._col[tok]
+        finally:
+            self._col[qid[known]] = -1
+        hit = np.flatnonzero(col >= 0)
+        row = np.searchsorted(np.cumsum(lens), hit, side="right")  # the row of each hit
+        out += np.bincount(row * k + col[hit], minlength=n * k).reshape(n, k)
+        return out
+
+    def _reorder(self, order: np.ndarray) -> None:
+        """Keep the rows at positions ``order`` (ascending rows), in that order."""
+        off = self._off
+        starts, lens = off[order], off[order + 1] - off[order]
+        rows = self._rows[order]
+        ids = self._ids[_segments(starts, lens)]
+        self._n = rows.size
+        self._rows = _fit(rows, rows.size)
+        self._off = _fit(np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]), rows.size + 1)
+        self._ids = _fit(ids, ids.size)
+        self._pos[:] = -1
+        self._index(0)
+
+    def _index(self, first: int) -> None:
+        """Enter the positions of the rows from position ``first`` on."""
+        rows = self._rows[first : self._n]
+        if not rows.size:
+            return
+        top = int(rows.max()) + 1
+        if top > self._pos.size:
+            grown = np.full(max(top, 2 * self._pos.size), -1, np.int64)
+            grown[: self._pos.size] = self._pos
+            self._pos = grown
+        self._pos[rows] = np.arange(first, self._n)
+
+
+def _fit(a: np.ndarray, size: int) -> np.ndarray:
+    """``a``, or a copy with room for ``size`` items (doubling) if it has less."""
+    if size <= a.size:
+        return a
+    out = np.zeros(max(size, 2 * a.size), a.dtype)
+    out[: a.size] = a
+    return out
+
+
+def _segments(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The indexes of the concatenated ranges ``[start, start + len)``."""
+    shift = starts - (np.cumsum(lens) - lens)
+    out: np.ndarray = np.arange(int(lens.sum())) + np.repeat(shift, lens)
+    return out
+
+
+def window_neighbours(rows: np.ndarray, nb_rows: NeighbourRows, window: int) -> np.ndarray:
+    """The rows of each row's window neighbours, (len(rows), 2 * window), -1 where none: the
+    +-1 and +-2 neighbours from ``nb_rows``, further ones by following the +-1 links.
+    """
+    if window <= 0 or not rows.size:
+        return np.full((rows.size, 2 * max(window, 0)), -1, np.int64)
+    nb = nb_rows(rows)
+    cols = [nb[:, 0], nb[:, 1]]
+    if window >= 2:
+        cols += [nb[:, 2], nb[:, 3]]
+    prev, nxt = nb[:, 2], nb[:, 3]
+    for _ in range(3, window + 1):
+        prev, nxt = _step(prev, nb_rows, 0), _step(nxt, nb_rows, 1)
+        cols += [prev, nxt]
+    return np.stack(cols, 1)
+
+
+def _step(rows: np.ndarray, nb_rows: NeighbourRows, c: int) -> np.ndarray:
+    """Each row's neighbour in column ``c`` of ``nb_rows`` (-1 stays -1)."""
+    out = np.full(rows.size, -1, np.int64)
+    ok = rows >= 0
+    if ok.any():
+        out[ok] = nb_rows(rows[ok])[:, c]
+    return out
+
+
+def window_term_counts(
+    rows: np.ndarray,
+    terms: Sequence[str],
+    own: Callable[[np.ndarray, Sequence[str]], np.ndarray],
+    nb_rows: NeighbourRows,
+    window: int,
+    self_weight: int,
+) -> np.ndarray:
+    """How often each term occurs in each row's window document, (len(rows), len(terms)).
+
+    Args:
+        rows: the rows.
+        terms: the terms.
+        own: for sorted unique rows, the terms' counts in their own tokens (as
+            :meth:`TokenTable.counts`).
+        nb_rows: for rows, their session's -1, +1, -2, +2 neighbours (-1: none).
+        window: neighbours on each side in the window document.
+        self_weight: how many times a row's own tokens count.
+
+    """
+    if not rows.size or not terms:
+        return np.zeros((rows.size, len(terms)), np.float64)
+    near = window_neighbours(rows, nb_rows, window)
+    need = sorted_unique(np.concatenate([rows, near[near >= 0]]))
+    counts = own(need, terms)
+    at = RowIndex(need)
+    out: np.ndarray = self_weight * counts[at.find(rows)]
+    for j in range(near.shape[1]):
+        col = near[:, j]
+        ok = col >= 0
+        out[ok] += counts[at.find(col[ok])]
+    return out
