@@ -814,7 +814,22 @@ def test_the_sections_add_up_exactly_and_the_prompt_fits_and_is_valid(
     except ConfigError:
         # Only a cache-stable builder whose section caps leave the history no budget.
         assert stable
-        assert (caps[0] or 0) * use_fabric + (caps[1] or 0) * use_episodic >= window - reserve
+        from ctxkeep.builder.core import (
+            DEFAULT_MAX_FABRIC_TOKENS,
+            DEFAULT_MAX_PRIOR_TOKENS,
+            SECTION_SHARE,
+        )
+
+        room = window - reserve  # a cap left out is its default, at most a share of the room
+        fabric_cap = (
+            caps[0]
+            if caps[0] is not None
+            else min(DEFAULT_MAX_FABRIC_TOKENS, room // SECTION_SHARE)
+        )
+        prior_cap = (
+            caps[1] if caps[1] is not None else min(DEFAULT_MAX_PRIOR_TOKENS, room // SECTION_SHARE)
+        )
+        assert fabric_cap * use_fabric + prior_cap * use_episodic >= room
         return
     try:
         built = builder.build(sid, system=system)

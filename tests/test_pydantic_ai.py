@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import random
 import re
@@ -127,7 +128,8 @@ def test_agent_keeps_every_request_within_budget_and_well_formed() -> None:
             raise ModelRetry("try again")
         return "ok"
 
-    result = agent.run_sync("Read the logs.")
+    # asyncio.run, not run_sync: run_sync leaves its event loop open as the current loop.
+    result = asyncio.run(agent.run("Read the logs."))
     assert result.output == "All logs read."
     assert made >= 30
     assert len(seen) == 31
