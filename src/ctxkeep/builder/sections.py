@@ -116,6 +116,31 @@ def fit_hits(
     return fitted[0], 1, True
 
 
+def recall_block(
+    episodic: Any,
+    query: str,
+    *,
+    top_k: int,
+    max_tokens: int,
+    min_score: float | None,
+    filters: Mapping[str, Any] | None,
+    tokens: Callable[[Message], int],
+) -> tuple[list[Hit], str]:
+    """The best ``top_k`` relevant episodes for ``query`` that fit ``max_tokens``, and their
+    ``### Prior Historical Context`` block (``[], ""`` when nothing is recalled). Relevance is
+    :meth:`~ctxkeep.Hit.is_relevant` with ``min_score`` (None keeps the best hits as ranked).
+    What the framework integrations put into their instructions.
+    """
+    if episodic is None or max_tokens == 0 or not query.strip():
+        return [], ""
+    found: list[Hit] = episodic.search(query, top_k * 3, filters=filters)
+    relevant = [h for h in found if min_score is None or h.is_relevant(min_score)][:top_k]
+    section, n, _ = fit_hits(relevant, max_tokens, tokens)
+    if section is None or n == 0:
+        return [], ""
+    return relevant[:n], section.text
+
+
 def _section_message(text: str, section: str) -> Message:
     return Message("user", text, event_kind="context", metadata={"ctxkeep_section": section})
 

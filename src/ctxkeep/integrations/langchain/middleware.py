@@ -322,23 +322,18 @@ class ContextMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         return hit[1]
 
     def _recall(self, messages: Sequence[BaseMessage]) -> tuple[list[Hit], str]:
-        if self.episodic is None or self.max_prior_tokens == 0:
-            return [], ""
-        query = next((m.text for m in reversed(messages) if isinstance(m, HumanMessage)), "")
-        if not query.strip():
-            return [], ""
-        from ctxkeep.builder.sections import fit_hits
+        from ctxkeep.builder.sections import recall_block
 
-        found = self.episodic.search(query, self.recall_top_k * 3, filters=self.recall_filters)
-        relevant = [
-            h
-            for h in found
-            if self.recall_min_score is None or h.is_relevant(self.recall_min_score)
-        ][: self.recall_top_k]
-        section, n, _ = fit_hits(relevant, self.max_prior_tokens, self.counter.count_message)
-        if section is None or n == 0:
-            return [], ""
-        return relevant[:n], section.text
+        query = next((m.text for m in reversed(messages) if isinstance(m, HumanMessage)), "")
+        return recall_block(
+            self.episodic,
+            query,
+            top_k=self.recall_top_k,
+            max_tokens=self.max_prior_tokens,
+            min_score=self.recall_min_score,
+            filters=self.recall_filters,
+            tokens=self.counter.count_message,
+        )
 
 
 def tools_json(tools: Sequence[Any]) -> str:
