@@ -68,6 +68,25 @@ def open_artifacts(url: str = "memory://") -> ArtifactStore:
     )
 
 
+def as_artifact_store(value: ArtifactStore | str | None) -> ArtifactStore:
+    """An artifact store from what a caller passed for one: a store (used as is), an
+    :func:`open_artifacts` URL, or None (a new in-memory store).
+
+    Raises:
+        InvalidTypeError: anything else (a ``TypeError``).
+        ConfigError / MissingDependencyError: as :func:`open_artifacts`, for a URL.
+
+    """
+    if value is None:
+        return MemoryArtifactStore()
+    if isinstance(value, str):
+        return open_artifacts(value)
+    store: ArtifactStore = _check.instance(
+        "artifacts", value, ArtifactStore, "an ArtifactStore or a URL"
+    )
+    return store
+
+
 __all__ = [
     "READ_ARTIFACT_TOOL",
     "REF_PREFIX",
@@ -76,6 +95,7 @@ __all__ = [
     "MemoryArtifactStore",
     "SQLiteArtifactStore",
     "artifact_ref",
+    "as_artifact_store",
     "check_ref",
     "is_ref",
     "open_artifacts",

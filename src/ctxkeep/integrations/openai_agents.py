@@ -56,8 +56,7 @@ from ctxkeep import _check
 from ctxkeep.artifacts import (
     READ_ARTIFACT_TOOL,
     ArtifactStore,
-    MemoryArtifactStore,
-    open_artifacts,
+    as_artifact_store,
     read_artifact_tool,
 )
 from ctxkeep.errors import (
@@ -339,14 +338,7 @@ class CtxkeepInputFilter:
             self.counter = counter
         else:
             self.counter = get_counter(_check.optional_text("counter", counter))
-        if artifacts is None:
-            self.artifacts: ArtifactStore = MemoryArtifactStore()
-        elif isinstance(artifacts, str):
-            self.artifacts = open_artifacts(artifacts)
-        else:
-            self.artifacts = _check.instance(
-                "artifacts", artifacts, ArtifactStore, "an ArtifactStore or a URL"
-            )
+        self.artifacts = as_artifact_store(artifacts)
         self.compress_threshold = _check.optional_integer(
             "compress_threshold", compress_threshold, minimum=0
         )

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeAlias, cast, overload
+from typing import Any, Literal, TypeAlias, overload
 
 from ctxkeep import _check
-from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore, open_artifacts
+from ctxkeep.artifacts import ArtifactStore, as_artifact_store
 from ctxkeep.errors import (
     BudgetExceededError,
     ConfigError,
@@ -122,7 +122,7 @@ class _Trimmer:
         else:
             self.counter = get_counter(_check.optional_text("token_counter", token_counter))
         self.preserve_last_n = _check.integer("preserve_last_n", preserve_last_n, minimum=0)
-        self.artifacts = _artifacts(artifacts)
+        self.artifacts = as_artifact_store(artifacts)
         self.compress_threshold = _check.optional_integer(
             "compress_threshold", compress_threshold, minimum=0
         )
@@ -246,17 +246,6 @@ class _Trimmer:
 
 def _same(a: BaseMessage, b: BaseMessage) -> bool:
     return a is b
-
-
-def _artifacts(artifacts: ArtifactStore | str | None) -> ArtifactStore:
-    if artifacts is None:
-        return MemoryArtifactStore()
-    if isinstance(artifacts, str):
-        return open_artifacts(artifacts)
-    return cast(
-        "ArtifactStore",
-        _check.instance("artifacts", artifacts, ArtifactStore, "an ArtifactStore or a URL"),
-    )
 
 
 @overload
