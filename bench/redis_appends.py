@@ -15,16 +15,25 @@ two versions, run it against each one's source alternately, e.g.::
         PYTHONPATH=src python bench/redis_appends.py after
     done
     python bench/redis_appends.py after --backend postgres --url postgresql://...
+
+``--floor`` adds, in the same run and interleaved round by round with ctxkeep's appends, the
+driver's own floor on the same server: the fewest round trips an append can take, with no
+session logic. On Redis: one ``EVALSHA`` of a two-command script (``RPUSH`` the record,
+``HINCRBY`` a counter) and one plain ``RPUSH``, through redis-py. On PostgreSQL: one
+autocommitted ``INSERT`` of the record per append through psycopg (each commit waits for its
+WAL flush, as ctxkeep's do). ctxkeep's rate over the floor is the share left to shave off.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -33,17 +42,36 @@ from ctxkeep import MemoryConfig, open_memory
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-def run(url: str, appends: int, rounds: int, turns: int) -> tuple[float, float]:
-    """Median appends/s and median turn ms on ``url``."""
+TEXT = "hello world " * 20
+RECORD = json.dumps({"v": 3, "role": "user", "content": TEXT, "created_at": 1.7e9})
+"""What a floor append writes: a record of about the size ctxkeep writes for ``TEXT``."""
+
+Floor = Callable[[], None]
+
+
+def _rate(step: Callable[[], object], appends: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(appends):
+        step()
+    return appends / (time.perf_counter() - t0)
+
+
+def run(
+    url: str, appends: int, rounds: int, turns: int, floors: dict[str, Floor] | None = None
+) -> tuple[float, float, dict[str, float]]:
+    """Median appends/s and median turn ms on ``url``, and the median rate of each floor
+    (interleaved with ctxkeep's rounds).
+    """
     config = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
+    floors = floors or {}
+    floor_rates: dict[str, list[float]] = {name: [] for name in floors}
     with open_memory(url, config) as mem:
         sid = mem.create_session("bench")
         rates = []
         for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(appends):
-                mem.add_message(sid, "user", "hello world " * 20)
-            rates.append(appends / (time.perf_counter() - t0))
+            rates.append(_rate(lambda: mem.add_message(sid, "user", TEXT), appends))
+            for name, step in floors.items():
+                floor_rates[name].append(_rate(step, appends))
         times = []
         for _ in range(turns):
             t0 = time.perf_counter()
@@ -51,25 +79,37 @@ def run(url: str, appends: int, rounds: int, turns: int) -> tuple[float, float]:
             mem.build_prompt_messages(sid)
             times.append((time.perf_counter() - t0) * 1000)
         mem.delete_session(sid)
-    return statistics.median(rates), statistics.median(times)
+    medians = {name: statistics.median(r) for name, r in floor_rates.items()}
+    return statistics.median(rates), statistics.median(times), medians
 
 
-def _redis(args: argparse.Namespace) -> tuple[float, float]:
+Result = tuple[float, float, dict[str, float]]
+
+
+def _redis(args: argparse.Namespace) -> Result:
     import redis
 
     base = args.url or REDIS_URL
     prefix = f"ctxkeep-bench:{uuid.uuid4().hex}:"
+    floors: dict[str, Floor] = {}
+    raw = redis.Redis.from_url(base)
+    if args.floor:
+        script = raw.register_script(
+            "redis.call('RPUSH', KEYS[1], ARGV[1]); return redis.call('HINCRBY', KEYS[2], 'n', 1)"
+        )
+        keys = [f"{prefix}floor:list", f"{prefix}floor:hash"]
+        floors["EVALSHA (RPUSH + HINCRBY)"] = lambda: script(keys=keys, args=[RECORD])
+        floors["RPUSH"] = lambda: raw.rpush(keys[0], RECORD)
     try:
-        return run(f"{base}?prefix={prefix}", args.appends, args.rounds, args.turns)
+        return run(f"{base}?prefix={prefix}", args.appends, args.rounds, args.turns, floors)
     finally:
-        client = redis.Redis.from_url(base)
-        keys = list(client.scan_iter(match=f"{prefix}*"))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        stale = list(raw.scan_iter(match=f"{prefix}*"))
+        if stale:
+            raw.delete(*stale)
+        raw.close()
 
 
-def _postgres(args: argparse.Namespace) -> tuple[float, float]:
+def _postgres(args: argparse.Namespace) -> Result:
     import psycopg
 
     server = None
@@ -91,7 +131,15 @@ def _postgres(args: argparse.Namespace) -> tuple[float, float]:
                 scoped = f"{head}options={options}%20{rest}"
             else:
                 scoped = f"{url}{sep}options={options}"
-            return run(scoped, args.appends, args.rounds, args.turns)
+            if not args.floor:
+                return run(scoped, args.appends, args.rounds, args.turns)
+            with psycopg.connect(scoped, autocommit=True) as raw:
+                raw.execute("CREATE TABLE floor (id bigserial PRIMARY KEY, record text)")
+                insert = "INSERT INTO floor (record) VALUES (%s)"
+                floors: dict[str, Floor] = {
+                    "INSERT, autocommit": lambda: raw.execute(insert, (RECORD,))
+                }
+                return run(scoped, args.appends, args.rounds, args.turns, floors)
         finally:
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -107,13 +155,16 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--turns", type=int, default=30)
+    ap.add_argument("--floor", action="store_true", help="measure the driver's floor too")
     args = ap.parse_args()
-    rate, turn = (_redis if args.backend == "redis" else _postgres)(args)
+    rate, turn, floors = (_redis if args.backend == "redis" else _postgres)(args)
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"{args.label} [{args.backend}]: appends/s {rate:,.0f}, turn {turn:.2f} ms "
         f"(load average {load})"
     )
+    for name, floor in floors.items():
+        print(f"  floor, {name}: {floor:,.0f}/s; ctxkeep at {rate / floor:.2f}x of it")
 
 
 if __name__ == "__main__":

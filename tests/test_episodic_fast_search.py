@@ -24,7 +24,13 @@ from ctxkeep.episodic import (
 from ctxkeep.episodic.base import store_bm25
 from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import hnsw_available
-from ctxkeep.episodic.terms import RowIndex, TokenTable, sorted_unique, window_term_counts
+from ctxkeep.episodic.terms import (
+    RowIndex,
+    TokenTable,
+    sorted_unique,
+    window_hits,
+    window_term_counts,
+)
 from ctxkeep.episodic.text import tokenize
 
 WORDS = [f"word{i}" for i in range(60)]
@@ -102,23 +108,41 @@ def test_window_term_counts_are_the_window_documents_counts(
         for r, t in zip(rows, toks, strict=True)
     ]
     half = len(flat) // 2  # added in two parts, the second out of order
-    table.add([r for r, _ in flat[:half]], [t for _, t in flat[:half]])
-    table.add([r for r, _ in flat[half:]], [t for _, t in flat[half:]])
     terms = ["a", "c", "e", "zzz"]
+    table.add([r for r, _ in flat[:half]], [t for _, t in flat[:half]])
+    table.posting("a")  # postings of the first part: the second is scanned, or rebuilt
+    table.add([r for r, _ in flat[half:]], [t for _, t in flat[half:]])
     all_rows = np.asarray(sorted(nb), np.int64)
-    got = window_term_counts(
-        all_rows,
-        terms,
-        table.counts,
-        lambda rs: np.asarray([nb[int(r)] for r in rs], np.int64).reshape(-1, 4),
-        window,
-        self_weight,
-    )
+
+    def nb_rows(rs: np.ndarray) -> np.ndarray:
+        return np.asarray([nb[int(r)] for r in rs], np.int64).reshape(-1, 4)
+
+    got = window_term_counts(all_rows, terms, table.counts, nb_rows, window, self_weight)
+    hit_rows, hit_counts = window_hits(table, terms, all_rows, nb_rows, window, self_weight)
     for rows, toks in zip(rows_of, sessions, strict=True):
         for p, r in enumerate(rows):
             want = store.window_counts(toks, p)
             i = int(np.searchsorted(all_rows, r))
             assert got[i].tolist() == [want[w] for w in terms]
+    # window_hits: exactly the rows whose window holds a term, with the same counts
+    holding = np.flatnonzero(got.sum(1) > 0)
+    assert hit_rows.tolist() == all_rows[holding].tolist()
+    assert hit_counts.tolist() == got[holding].tolist()
+
+
+def test_postings_follow_the_table_as_it_grows_and_forgets() -> None:
+    table = TokenTable()
+    table.add([1, 2, 3], [["a", "b"], ["a", "a"], ["c"]])
+    assert [x.tolist() for x in table.posting("a")] == [[1, 2], [1, 2]]
+    table.add([5], [["a", "c"]])  # scanned, not rebuilt
+    assert [x.tolist() for x in table.posting("a")] == [[1, 2, 5], [1, 2, 1]]
+    table.add([4], [["c", "c"]])  # out of order: rows move, postings rebuilt
+    assert [x.tolist() for x in table.posting("c")] == [[3, 4, 5], [1, 2, 1]]
+    table.keep(np.asarray([2, 4, 5]))
+    assert [x.tolist() for x in table.posting("a")] == [[2, 5], [2, 1]]
+    assert [x.tolist() for x in table.posting("new")] == [[], []]
+    table.add([6], [["new"]])
+    assert [x.tolist() for x in table.posting("new")] == [[6], [1]]
 
 
 def test_a_token_table_keeps_and_finds_rows() -> None:

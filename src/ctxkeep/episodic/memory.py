@@ -34,7 +34,7 @@ from ctxkeep.episodic.base import (
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import IndexConfig, VectorIndex, make_index
-from ctxkeep.episodic.terms import TokenTable, sorted_unique, window_term_counts
+from ctxkeep.episodic.terms import TokenTable, window_hits, window_term_counts
 
 
 class MemoryEpisodicStore(EpisodicMemoryStore):
@@ -195,11 +195,19 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             everything = self._rows(EpisodeFilter()).size
             informative = informative_terms(counts, df, everything) if use_lex else []
             if informative:
-                found = sorted_unique(
-                    np.concatenate([np.fromiter(self._postings[w], np.int64) for w in informative])
+                # the windows holding an informative term, counted from the token table's
+                # postings (as the SQLite store does)
+                sub = {w: counts[w] for w in informative}
+                cfg = self.config
+                live = self._rows(EpisodeFilter())
+                found, tf = window_hits(
+                    self._table, list(sub), live, self._nb_rows, cfg.window, cfg.self_weight
                 )
-                found = found[in_sorted(found, scope)]
-                scores = self._store_bm25({w: counts[w] for w in informative}, df, found)
+                keep = in_sorted(found, scope)
+                found, tf = found[keep], tf[keep]
+                scores = store_bm25(
+                    sub, df, tf, self._doclen[found], self._doclen[live], cfg.k1, cfg.b
+                )
                 parts.append(found[lexical_top(scores, n)])
             if q is not None:
                 parts.append(self.vectors.search(q, n, None if f.selects_all else scope)[0])

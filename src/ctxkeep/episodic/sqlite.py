@@ -66,7 +66,13 @@ from ctxkeep.episodic.index import (
     sync_index,
 )
 from ctxkeep.episodic.sql import COLUMNS, SQLStore
-from ctxkeep.episodic.terms import RowIndex, TokenTable, sorted_unique, window_term_counts
+from ctxkeep.episodic.terms import (
+    RowIndex,
+    TokenTable,
+    sorted_unique,
+    window_hits,
+    window_term_counts,
+)
 from ctxkeep.errors import ConfigError, SchemaVersionError
 
 LEGACY_META = "ctxkeep_episodic_meta"
@@ -585,22 +591,29 @@ class SQLiteEpisodicStore(SQLStore):
         df = self._doc_freq(list(counts), st) if use_lex else {}
         informative = informative_terms(counts, df, st["ids"].size) if use_lex else []
         if informative:
-            # the documents holding an informative term (FTS5 only finds them: ranking them
-            # there took 10 ms), scored as the memory store scores them
-            match = " OR ".join('"' + w.replace('"', '""') + '"' for w in informative)
-            hold = self._db.q(
-                "find lexical candidates",
-                "SELECT rowid FROM ctxkeep_episode_fts WHERE ctxkeep_episode_fts MATCH ?",
-                (match,),
-            )
-            found = sorted_unique(np.asarray([r for (r,) in hold], np.int64))
-            found = found[in_sorted(found, scope)]
+            # the window documents holding an informative term, with its counts, from the
+            # postings of the rows' own tokens (no FTS5 query: finding them there and
+            # counting their terms took most of a search), scored as the memory store does
             sub = {w: counts[w] for w in informative}
+            with self._tokens_lock:
+                lacking = self._tokens.missing(st["ids"])
+                if lacking.size:
+                    self._read_tokens(lacking)
+                found, tf = window_hits(
+                    self._tokens,
+                    list(sub),
+                    st["ids"],
+                    self._nb_rows,
+                    self.config.window,
+                    self.config.self_weight,
+                )
+            keep = in_sorted(found, scope)
+            found, tf = found[keep], tf[keep]
             doclen = st["doclen"]
             scores = store_bm25(
                 sub,
                 df,
-                self._term_counts(list(sub), found),
+                tf,
                 doclen[self._pos_of(found, st)],
                 doclen,
                 self.config.k1,
