@@ -26,7 +26,8 @@ This was chosen over state that remembers the last prompt because:
 
 The price is that the first prune of a long history counts every message once (a replay of
 the whole history; token counts are cached per message, so only once), where the default mode
-reads only what it keeps; and with ``repair=False`` damage anywhere in the history raises.
+reads only what it keeps (a session store spares a new process that with a fold snapshot: see
+below); and with ``repair=False`` damage anywhere in the history raises.
 
 How a fold step goes (``_StableFolds.advance``): each unit (an assistant message with its tool
 results, or one message) and each system message is taken in order. If the prompt with it
@@ -40,6 +41,19 @@ compressed, the same way (the compressed form is content-addressed); a user mess
 the newest at a cut and lies before it stays in the prompt until the next cut, so a newer
 user message does not change the prefix.
 
+**Fold snapshots.** Right after a cut the fold's state is small: the system messages, the
+window (the units from the cut on), the pinned user message, which messages are compressed
+(their compressed form is content-addressed, so it is made again alike) and the totals. Between
+two cuts the fold only appends. :class:`FoldState` is that state at a fold's frontier, in
+indexes; a store of sessions keeps it (:mod:`ctxkeep.sessions.folds`) so that the first prompt
+of a new process reads the system messages, the pinned message and the window on, not the whole
+history. :meth:`_StableFolds.plan_state` takes it as a *seed*: the fold is rebuilt from the
+messages it names (the others may be :class:`Unread` placeholders, which raise if touched),
+checked against them (the window walked again, the totals counted again), and folded forward
+from there, as a warm fold would be; a seed that does not check out raises
+:class:`FoldMismatch` and the caller replays the whole history, which stays the reference.
+:func:`fold_params` names every setting that changes a fold (a snapshot is kept per setting).
+
 :func:`place_cache_breakpoints` turns a pruned prompt into an Anthropic payload with
 ``cache_control`` breakpoints on its stable prefix.
 """
@@ -52,8 +66,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ctxkeep.errors import BudgetExceededError, ConfigError, describe
-from ctxkeep.messages import SYSTEM_ROLES, AnthropicPayload, Message, coerce_messages, to_anthropic
+from ctxkeep._version import __version__
+from ctxkeep.errors import BudgetExceededError, ConfigError, CtxkeepError, describe
+from ctxkeep.messages import (
+    SYSTEM_ROLES,
+    AnthropicPayload,
+    Message,
+    coerce_messages,
+    missing_content,
+    to_anthropic,
+)
 from ctxkeep.prune.inputs import unchanged
 
 if TYPE_CHECKING:
@@ -120,16 +142,136 @@ class _StableFolds:
         """The cache-stable plan of ``messages`` (a list of ``Message`` objects or OpenAI
         dicts), or None where the default mode must do.
         """
+        return self.plan_state(messages)[0]
+
+    def plan_state(
+        self, messages: list[Any], seed: FoldState | None = None, *, state: bool = False
+    ) -> tuple[_Plan | None, FoldState | None]:
+        """:meth:`plan`, from ``seed`` where no fold kept here covers it, and (with ``state``)
+        the fold's state afterwards (None where it cannot be a snapshot: see
+        :meth:`FoldState.of`).
+
+        Args:
+            messages: the input; with a seed, the positions the seed does not name (before
+                its window) may hold anything (:class:`Unread`): they are never read.
+            seed: the fold's state at ``seed.frontier`` (:meth:`FoldState.from_json`), for a
+                history that starts with the messages it was taken from.
+            state: also return the state.
+
+        Raises:
+            FoldMismatch: ``seed`` does not describe ``messages``; nothing was kept.
+
+        """
         inp = messages
         if not inp:
-            return None  # nothing to fold: the default mode plans (and refuses) it alike
+            if seed is not None:
+                raise FoldMismatch("a seed for an empty history")
+            return None, None  # nothing to fold: the default mode plans (and refuses) it alike
         with self._lock:
             fold = self._find(inp)
+            if seed is not None and len(fold.keys) < seed.frontier:
+                self._folds.remove(fold)
+                fold = self._seeded(seed, inp)  # raises before anything is kept
+                self._folds.append(fold)
             try:
-                return self._advance(fold, inp)
+                plan = self._advance(fold, inp)
             except BaseException:
                 self._folds.remove(fold)  # half advanced: never reuse it
                 raise
+            if plan is None and seed is not None:
+                self._folds.remove(fold)  # the default mode would read what the seed left out
+                raise FoldMismatch("a system message after a pending call")
+            return plan, FoldState.of(fold) if state else None
+
+    def _seeded(self, seed: FoldState, inp: list[Any]) -> _Fold:
+        """The fold of ``inp[:seed.frontier]`` that ``seed`` describes, rebuilt from the
+        messages it names and checked against them.
+
+        The window is walked again (the same units, the same repairs), the system and pinned
+        messages are checked for their roles, the compressed forms are made again and every
+        total is counted again; anything that differs raises.
+
+        Raises:
+            FoldMismatch: the seed does not describe ``inp``.
+
+        """
+        from ctxkeep.prune import _Repairs, _Unit
+
+        p = self.pruner
+        end = seed.frontier
+        lo = seed.window_start
+        if not 0 < end <= len(inp):
+            raise FoldMismatch(f"the seed folds {end} messages; the history holds {len(inp)}")
+        msgs: list[Message] = list(inp[:end])
+
+        def message(i: int) -> Message:
+            if not 0 <= i < end or type(msgs[i]) is not Message:
+                raise FoldMismatch(f"the seed needs message {i}, which was not read")
+            return msgs[i]
+
+        window = [message(i) for i in range(lo, end)]
+        sys_in = {i for i, m in enumerate(window, lo) if m.role in SYSTEM_ROLES}
+        fix = _Repairs()
+        try:
+            walked = [u for u, _ in p._units_backwards(msgs, sys_in, fix, lo=lo, hi=end)]
+        except CtxkeepError as exc:
+            raise FoldMismatch(f"the window does not walk as it did: {exc}") from None
+        walked.reverse()
+        if fix.originals or fix.notes or any(u.synthetic for u in walked):
+            raise FoldMismatch("the window needs repairs a seed does not hold")
+        if [(u.start, tuple(u.members), u.tool) for u in walked] != list(seed.units):
+            raise FoldMismatch("the window's units are not the seed's")
+        empty_in = set(fix.empty) | {i for i in sys_in if missing_content(msgs[i])}
+        if {i for i in seed.empty if i >= lo} != empty_in or {
+            i for i in seed.orphans if i >= lo
+        } != set(fix.orphans):
+            raise FoldMismatch("the window's repairs are not the seed's")
+        system = list(seed.system)
+        for i in system:
+            m = message(i)
+            if m.role not in SYSTEM_ROLES or missing_content(m):
+                raise FoldMismatch(f"message {i} is not a system message with content")
+        if system != sorted(set(system)) or {i for i in system if i >= lo} != sys_in - empty_in:
+            raise FoldMismatch("the system messages are not the seed's")
+        pinned: _Unit | None = None
+        if seed.pinned is not None:
+            j = seed.pinned
+            m = message(j)
+            if j >= lo or m.role != "user" or missing_content(m):
+                raise FoldMismatch(f"message {j} is not a user message before the window")
+            pinned = _Unit(j, [j], tool=False, pinned=True)
+        users = [u.start for u in walked if msgs[u.start].role == "user"]
+        newest_user = users[-1] if users else (-1 if seed.pinned is None else seed.pinned)
+        if seed.last_user != newest_user or not 0 < seed.cut_end <= end:
+            raise FoldMismatch("the seed's newest user message or cut is not the history's")
+        keep = {j for u in walked for j in u.members}
+        if pinned is not None:
+            keep.add(pinned.start)
+        compressed: dict[int, Message] = {}
+        for j in seed.compressed:
+            if j not in keep:
+                raise FoldMismatch(f"compressed message {j} is not in the prompt")
+            compressed[j] = p.compress(msgs[j])
+        sys_tokens = sum(p.tokens(msgs[i]) for i in system)
+        total = p._priming + sys_tokens + sum(p._unit_tokens(msgs, u, compressed) for u in walked)
+        if pinned is not None:
+            total += p._unit_tokens(msgs, pinned, compressed)
+        if total != seed.total:
+            raise FoldMismatch(f"the seed counts {seed.total} tokens; its messages count {total}")
+        return _Fold(
+            fix=_Repairs(orphans=list(seed.orphans), empty=set(seed.empty)),
+            total=total,
+            keys=list(msgs),  # Messages are their own keys; an Unread is equal only to itself
+            msgs=msgs,
+            system=system,
+            sys_tokens=sys_tokens,
+            units=walked,
+            pinned=pinned,
+            compressed=compressed,
+            last_user=seed.last_user,
+            cut_end=seed.cut_end,
+            notes=list(seed.notes),
+        )
 
     def _find(self, inp: list[Any]) -> _Fold:
         from ctxkeep.prune import _Repairs
@@ -288,6 +430,221 @@ class _StableFolds:
             f"(low-water mark {low}); the prompt grows from here until the budget is full"
         )
         fold.notes = notes
+
+
+# -- fold snapshots -----------------------------------------------------------------------------
+
+FOLD_FORMAT = 1
+"""The version of the fold's rules and of :class:`FoldState`'s stored form: part of every
+snapshot's key (:func:`fold_params`), so bump it whenever either changes."""
+
+
+class FoldMismatch(Exception):
+    """A :class:`FoldState` that does not describe the history it was given (the caller
+    replays the whole history instead).
+    """
+
+
+class UnreadMessageTouched(AssertionError):
+    """A fold seeded from a snapshot used a message it did not read: a bug, never an input."""
+
+
+class Unread:
+    """History messages a seeded fold does not read, in their places in the list (one object
+    may fill every such place of one read): any attribute read raises
+    :class:`UnreadMessageTouched`; it is equal only to itself, so a fold keyed on it matches
+    the lists made from the same read, never another history.
+    """
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __getattr__(self, name: str) -> Any:
+        raise UnreadMessageTouched(
+            f"a message {self.where} was not read, yet the pruner used it ({name})"
+        )
+
+    def __repr__(self) -> str:
+        return f"<unread: a message {self.where}>"
+
+
+def fold_params(pruner: Any) -> list[Any] | None:
+    """Every setting of ``pruner`` that changes its cache-stable fold, JSON-ready (with
+    :data:`FOLD_FORMAT` and the ctxkeep version), or None where no snapshot may stand for a
+    replay: not a :class:`~ctxkeep.TokenPruner` itself (a subclass may prune otherwise), not
+    cache-stable, a counter whose counts are not a function of its settings (a
+    :class:`~ctxkeep.tokens.CalibratedCounter` learns; an unknown type), or an artifact store
+    whose refs are not the content's own (a ``put`` of its own).
+    """
+    from ctxkeep.artifacts import ArtifactStore
+    from ctxkeep.prune import TokenPruner
+    from ctxkeep.tokens import HeuristicCounter, Overhead, TiktokenCounter
+
+    if type(pruner) is not TokenPruner or pruner._stable is None or pruner.summarizer is not None:
+        return None
+    c = pruner.counter
+    counter: list[Any]
+    if type(c) is TiktokenCounter:
+        counter = ["tiktoken", c.name]
+    elif type(c) is HeuristicCounter:
+        counter = ["heuristic", repr(float(c.chars_per_token))]
+    else:
+        return None
+    o = c.overhead
+    if type(o) is not Overhead or type(pruner.artifacts).put is not ArtifactStore.put:
+        return None
+    return [
+        FOLD_FORMAT,
+        __version__,
+        pruner.max_token_budget,
+        pruner.preserve_last_n,
+        repr(pruner.low_water),
+        pruner.compress_threshold,
+        pruner.excerpt_tokens,
+        pruner.repair,
+        pruner.compress_oversized_user,
+        counter,
+        [o.per_message, o.per_name, o.reply_priming, o.per_tool_call],
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FoldState:
+    """A cache-stable fold's state at its frontier, in input indexes: what a snapshot keeps.
+
+    Everything before :attr:`window_start` that the fold still needs is named here (the system
+    messages and the pinned user message); the messages from the window on are all needed.
+    """
+
+    frontier: int
+    """Input messages folded."""
+    cut_end: int
+    """The last cut's end: messages before it stay as they are until the next cut."""
+    system: tuple[int, ...]
+    """The system messages kept (every one with content), in order."""
+    units: tuple[tuple[int, tuple[int, ...], bool], ...]
+    """The window: ``(start, members, tool)`` of every unit from the cut on, oldest first."""
+    pinned: int | None
+    """The user message kept from before the window, if any."""
+    compressed: tuple[int, ...]
+    """The messages in the prompt in their compressed form."""
+    last_user: int
+    """The newest user message folded (-1: none)."""
+    total: int
+    """Tokens of the prompt (priming included)."""
+    notes: tuple[str, ...]
+    """What the last cut did."""
+    empty: tuple[int, ...]
+    """Messages with no content, dropped."""
+    orphans: tuple[int, ...]
+    """Tool results with no call, dropped."""
+
+    @property
+    def window_start(self) -> int:
+        """The first message of the window (the frontier if the window is empty)."""
+        return self.units[0][0] if self.units else self.frontier
+
+    @property
+    def needed(self) -> list[int]:
+        """The messages before the window the fold reads: the system ones and the pinned one."""
+        lo = self.window_start
+        out = {i for i in self.system if i < lo}
+        if self.pinned is not None:
+            out.add(self.pinned)
+        return sorted(out)
+
+    @classmethod
+    def of(cls, fold: _Fold) -> FoldState | None:
+        """The state of ``fold``, or None where a snapshot would not stand for it: no cut
+        yet (a replay reads little), the budget exceeded, or repairs a state does not hold
+        (messages rewritten, synthetic results).
+        """
+        if fold.error is not None or fold.cut_end == 0 or fold.fix.originals or fold.fix.notes:
+            return None
+        pinned = fold.pinned
+        if any(u.synthetic or u.pinned for u in fold.units) or (
+            pinned is not None and (pinned.synthetic or pinned.members != [pinned.start])
+        ):
+            return None
+        return cls(
+            frontier=len(fold.keys),
+            cut_end=fold.cut_end,
+            system=tuple(fold.system),
+            units=tuple((u.start, tuple(u.members), u.tool) for u in fold.units),
+            pinned=None if pinned is None else pinned.start,
+            compressed=tuple(sorted(fold.compressed)),
+            last_user=fold.last_user,
+            total=fold.total,
+            notes=tuple(fold.notes),
+            empty=tuple(sorted(fold.fix.empty)),
+            orphans=tuple(sorted(fold.fix.orphans)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (:meth:`from_json` reads it back)."""
+        return {
+            "frontier": self.frontier,
+            "cut_end": self.cut_end,
+            "system": list(self.system),
+            "units": [[s, list(m), t] for s, m, t in self.units],
+            "pinned": self.pinned,
+            "compressed": list(self.compressed),
+            "last_user": self.last_user,
+            "total": self.total,
+            "notes": list(self.notes),
+            "empty": list(self.empty),
+            "orphans": list(self.orphans),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> FoldState:
+        """The state :meth:`to_json` wrote.
+
+        Raises:
+            FoldMismatch: ``data`` is not such a dict.
+
+        """
+        try:
+            units = tuple((_int(s), _ints(m), _bool(t)) for s, m, t in data["units"])
+            notes = data["notes"]
+            if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+                raise TypeError("notes")
+            pinned = data["pinned"]
+            return cls(
+                frontier=_int(data["frontier"]),
+                cut_end=_int(data["cut_end"]),
+                system=_ints(data["system"]),
+                units=units,
+                pinned=None if pinned is None else _int(pinned),
+                compressed=_ints(data["compressed"]),
+                last_user=_int(data["last_user"]),
+                total=_int(data["total"]),
+                notes=tuple(notes),
+                empty=_ints(data["empty"]),
+                orphans=_ints(data["orphans"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FoldMismatch(f"not a fold state: {exc!r}") from None
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an int, got {describe(value)}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if type(value) is not bool:
+        raise TypeError(f"expected a bool, got {describe(value)}")
+    return value
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {describe(value)}")
+    return tuple(_int(v) for v in value)
 
 
 # -- Anthropic breakpoints ----------------------------------------------------------------------

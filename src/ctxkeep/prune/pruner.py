@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
-from ctxkeep.cache import _StableFolds
+from ctxkeep.cache import FoldMismatch, FoldState, _StableFolds
 from ctxkeep.errors import ConfigError, describe
 from ctxkeep.messages import Message
 from ctxkeep.prune.inputs import Reader, as_list
@@ -73,7 +73,8 @@ class TokenPruner(_Summaries):
             trajectories it halves the Anthropic input cost of the default mode at equal
             validity (BENCHMARKS.md, "Prompt caching"); ``False`` prunes every turn to the
             full budget and reads only what it keeps (the first prune of a long history in
-            the cache-stable mode counts every message once).
+            the cache-stable mode counts every message once, but for a session's prompt from a
+            fold snapshot stored with it: :mod:`ctxkeep.sessions.folds`).
         low_water: with ``cache_stable``, the fraction of the budget a cut prunes down to
             (0 < low_water <= 1; the recent units and the newest user message are kept even
             above it).
@@ -204,6 +205,28 @@ class TokenPruner(_Summaries):
         plan = self._plan_either(messages)
         summary, error = await self._asummarize(plan)
         return self._assemble(plan, summary, error)
+
+    def _prune_folded(
+        self, messages: list[Any], seed: FoldState | None
+    ) -> tuple[list[Message], FoldState | None]:
+        """:meth:`prune` in the cache-stable mode, from ``seed`` where this pruner keeps no
+        fold that covers it, and the fold's state afterwards (for a snapshot; None where there
+        can be none): what a session store's first prompt of a process uses
+        (:mod:`ctxkeep.sessions.folds`).
+
+        Raises:
+            FoldMismatch: ``seed`` does not describe ``messages``.
+            Whatever :meth:`prune` raises.
+
+        """
+        if self._stable is None:
+            raise FoldMismatch("not a cache-stable pruner")
+        items = as_list(messages)
+        plan, state = self._stable.plan_state(items, seed, state=True)
+        if plan is None:
+            plan = self._plan(items)  # an empty history (a seed never gets here)
+        summary, error = self._summarize(plan)
+        return self._assemble(plan, summary, error)[0], state
 
     def _plan_either(self, messages: Sequence[Any]) -> _Plan:
         items = as_list(messages)  # once: an iterator is read once, whichever mode plans

@@ -12,7 +12,9 @@ tool result with another message, and sequence numbers stay gapless.
 Appends to a server (Redis, PostgreSQL) are one round trip: the check runs on the session's
 state last seen and the write is a compare-and-set on it (:func:`cas_append`). A prompt for a
 pruner that reads only what it keeps is built from the newest pages of the session
-(:meth:`Backend.read_tail`, :mod:`ctxkeep.sessions.tail`), not from every record.
+(:meth:`Backend.read_tail`, :mod:`ctxkeep.sessions.tail`), not from every record; one for a
+cache-stable pruner, from the fold snapshot stored with the session at its last cut and the
+messages it names (:meth:`Backend.read_rows`, :mod:`ctxkeep.sessions.folds`).
 
 Identity: every session gets a random ``generation`` when it is created. The prompt cache is
 keyed by it and every read comes with the session's info from the same instant
@@ -23,10 +25,12 @@ another.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 import uuid
+import warnings
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -35,14 +39,17 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
 
 from ctxkeep import _check
+from ctxkeep.cache import FoldMismatch, FoldState, UnreadMessageTouched
 from ctxkeep.errors import (
     ConfigError,
+    CtxkeepError,
     InvalidMessageError,
     InvalidTypeError,
     SessionChangedError,
     SessionNotFoundError,
 )
 from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message
+from ctxkeep.sessions.folds import Folded, Loaded, load, snapshot_key, snapshot_of
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
@@ -56,6 +63,8 @@ from ctxkeep.sessions.tail import FIRST_PAGE, pages_suffice, prompt_from_tail
 
 if TYPE_CHECKING:
     from ctxkeep.prune import TokenPruner
+
+log = logging.getLogger(__name__)
 
 EvictReason: TypeAlias = Literal["max_history", "ttl", "lru", "deleted"]
 
@@ -158,6 +167,9 @@ class Backend(ABC):
     itself declares :attr:`supports_native_ttl`; only then does the manager pass it a TTL.
     """
 
+    supports_folds: bool = False
+    """True if the store keeps fold snapshots (:meth:`put_fold`, :meth:`get_fold`); without
+    them a new process replays a cache-stable prompt from the session's first message."""
     supports_native_ttl: bool = False
     """True if the store expires idle sessions itself (Redis key TTL): the manager then passes
     ``ttl`` to :meth:`create`, :meth:`info` and :meth:`append`, and expects a session to vanish
@@ -227,6 +239,35 @@ class Backend(ABC):
         return tail_of(
             snap, limit=limit, before_seq=before_seq, roles=roles, newest_role=newest_role
         )
+
+    def read_rows(
+        self, session_id: str, *, seqs: Collection[int], after_seq: int
+    ) -> Snapshot | None:
+        """The session and its messages whose seq is in ``seqs`` or above ``after_seq``
+        (oldest first; a seq not held is left out), read at one instant; None for an unknown
+        id. A prompt from a fold snapshot reads the messages it names this way.
+
+        The default reads from the smallest seq asked for (:meth:`read`); a backend that can
+        read single messages overrides it.
+        """
+        low = min([after_seq, *(s - 1 for s in seqs)])
+        snap = self.read(session_id, low)
+        if snap is None:
+            return None
+        wanted = set(seqs)
+        return snap[0], [r for r in snap[1] if r[0] > after_seq or r[0] in wanted]
+
+    def get_fold(self, session_id: str, key: str) -> str | None:
+        """The fold snapshot stored for the session under ``key`` (see :attr:`supports_folds`),
+        or None. The default keeps none.
+        """
+        return None
+
+    def put_fold(self, session_id: str, generation: str, key: str, body: str) -> None:  # noqa: B027
+        """Store ``body`` as the session's fold snapshot under ``key`` (replacing the one
+        there) if the session exists and still has ``generation``; else do nothing. Snapshots
+        are deleted with their session. The default keeps none.
+        """
 
     @abstractmethod
     def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
@@ -396,6 +437,9 @@ class _Cached:
     messages: list[Message]
     complete: bool = True
     marks: list[tuple[int, Message]] = field(default_factory=list)
+    fold: Folded | None = None
+    """A cache-stable pruner's fold of the session (:mod:`ctxkeep.sessions.folds`); with
+    ``fold.base > 0`` the messages before it are placeholders but for the ones it knows."""
 
 
 class MemoryManager:
@@ -718,7 +762,11 @@ class MemoryManager:
         The decoded history of recently used sessions is cached in this manager, keyed by the
         session's generation (so a session created again under the same id never shows the
         earlier one's messages), and a turn reads and decodes only the messages added since
-        the last one; the pruner's per-message token counts carry over between turns.
+        the last one; the pruner's per-message token counts carry over between turns. A
+        ``TokenPruner(cache_stable=False)`` reads the newest pages only
+        (:mod:`ctxkeep.sessions.tail`); a cache-stable one (the default) reads from the fold
+        snapshot stored with the session at its last cut (:mod:`ctxkeep.sessions.folds`),
+        storing a new one when its fold cuts.
         """
         if pruner is not None:
             _check.has_method("pruner", pruner, "prune", "TokenPruner")
@@ -732,6 +780,9 @@ class MemoryManager:
         self._live(session_id, touch=True)
         if pages_suffice(pruner):
             return self._prompt_from_pages(session_id, prefix, pruner)
+        key = snapshot_key(pruner, prefix) if self.backend.supports_folds else None
+        if key is not None:
+            return self._prompt_from_fold(session_id, prefix, pruner, key)
         info, history = self._history(session_id)
         if info.pending:
             # The unit still waiting for results is not part of a prompt.
@@ -755,8 +806,9 @@ class MemoryManager:
         """
         with self._cache_lock:
             cached = self._prompt_cache.pop(session_id, None)
+        prior = cached
         if cached is not None and not cached.complete:
-            cached = None  # a paged read's: read it all
+            cached = None  # a paged read's, or a fold snapshot's: read it all
         info, rows = self._read(session_id, cached.seqs[-1] if cached and cached.seqs else 0)
         if cached is not None and (cached.generation, cached.revision) != (
             info.generation,
@@ -771,8 +823,20 @@ class MemoryManager:
         keep = bisect_left(cached.seqs, info.first_seq)
         seqs = cached.seqs[keep:] + [seq for seq, _ in rows]
         msgs = cached.messages[keep:] + [record_to_message(r) for _, r in rows]
+        fold = None
+        if (
+            prior is not None
+            and prior.fold is not None
+            and (prior.generation, prior.revision, prior.fold.first_seq)
+            == (info.generation, info.revision, info.first_seq)
+        ):
+            # The same messages in the same places: the fold's seed and what was stored hold.
+            f = prior.fold
+            fold = Folded(f.key, f.first_seq, seed=f.seed, written=f.written)
         with self._cache_lock:
-            self._prompt_cache[session_id] = _Cached(info.generation, info.revision, seqs, msgs)
+            self._prompt_cache[session_id] = _Cached(
+                info.generation, info.revision, seqs, msgs, fold=fold
+            )
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
         return info, list(msgs)
@@ -786,6 +850,8 @@ class MemoryManager:
         """
         with self._cache_lock:
             cached = self._prompt_cache.pop(session_id, None)
+        if cached is not None and cached.fold is not None and cached.fold.base > 0:
+            cached = None  # a fold snapshot's read: placeholders, not pages
         info: SessionInfo | None = None
         if cached is not None:
             info, rows = self._read(session_id, cached.seqs[-1] if cached.seqs else 0)
@@ -853,6 +919,124 @@ class MemoryManager:
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
         return out
+
+    def _prompt_from_fold(
+        self, session_id: str, prefix: list[Message], pruner: TokenPruner, key: str
+    ) -> list[Message]:
+        """:meth:`build_prompt_messages` for a cache-stable :class:`~ctxkeep.TokenPruner`:
+        the history read from the fold snapshot stored under ``key`` where one holds (the
+        messages it names and those from its window on), else every message; the fold started
+        from the snapshot, checked, and folded forward; a new snapshot stored when it cut (see
+        :mod:`ctxkeep.sessions.folds`). Anything the checks refuse is read and replayed whole.
+        """
+        with self._cache_lock:
+            cached = self._prompt_cache.pop(session_id, None)
+        loaded = self._fold_history(session_id, key, len(prefix), cached)
+        try:
+            out, state = self._fold_prompt(prefix, loaded, pruner)
+        except (FoldMismatch, UnreadMessageTouched) as exc:
+            if isinstance(exc, UnreadMessageTouched):  # a bug: the replay below is still right
+                warnings.warn(
+                    f"ctxkeep: a fold snapshot was not enough: {exc}", RuntimeWarning, stacklevel=2
+                )
+            loaded = self._fold_history(session_id, key, len(prefix), None, whole=True)
+            out, state = self._fold_prompt(prefix, loaded, pruner)
+        info, folded = loaded.info, loaded.folded
+        if state is not None:
+            folded.seed = state
+            self._store_fold(session_id, len(prefix), state, loaded)
+        with self._cache_lock:
+            self._prompt_cache[session_id] = _Cached(
+                info.generation,
+                info.revision,
+                loaded.seqs,
+                loaded.history,
+                complete=folded.base == 0,
+                fold=folded,
+            )
+            while len(self._prompt_cache) > self.prompt_cache_sessions:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+        return out
+
+    def _fold_history(
+        self,
+        session_id: str,
+        key: str,
+        prefix: int,
+        cached: _Cached | None,
+        *,
+        whole: bool = False,
+    ) -> Loaded:
+        """The session for a cache-stable prompt: the cached history and the messages added
+        since, else (unless ``whole``) what the stored snapshot needs, else every message.
+        """
+        f = cached.fold if cached is not None else None
+        if cached is not None and (cached.complete or f is not None):
+            after = cached.seqs[-1] if cached.seqs else (f.after_seq if f is not None else 0)
+            info, rows = self._read(session_id, after)
+            new_seqs = [seq for seq, _ in rows]
+            new = [record_to_message(r) for _, r in rows]
+            if (cached.generation, cached.revision) == (info.generation, info.revision):
+                if cached.complete:
+                    keep = bisect_left(cached.seqs, info.first_seq)  # trimmed since
+                    if f is None or f.key != key or f.first_seq != info.first_seq:
+                        f = Folded(key, info.first_seq)  # positions moved, or another fold
+                    return Loaded(
+                        info, cached.messages[keep:] + new, cached.seqs[keep:] + new_seqs, f
+                    )
+                if f is not None and f.key == key and f.first_seq == info.first_seq:
+                    return Loaded(info, cached.messages + new, cached.seqs + new_seqs, f)
+        if not whole:
+            loaded = load(self.backend, session_id, key, prefix)
+            if loaded is not None:
+                return loaded
+        info, rows = self._read(session_id)
+        return Loaded(
+            info,
+            [record_to_message(r) for _, r in rows],
+            [seq for seq, _ in rows],
+            Folded(key, info.first_seq),
+        )
+
+    @staticmethod
+    def _fold_prompt(
+        prefix: list[Message], loaded: Loaded, pruner: TokenPruner
+    ) -> tuple[list[Message], FoldState | None]:
+        """The pruned prompt of a loaded history and the fold's state after it."""
+        history, base = loaded.history, loaded.folded.base
+        if loaded.info.pending:
+            # The unit still waiting for results is not part of a prompt.
+            cut = next(
+                (i for i in range(len(history) - 1, base - 1, -1) if history[i].tool_calls), -1
+            )
+            if cut < 0 and base > 0:
+                raise FoldMismatch("the pending call is older than the messages read")
+            history = history[:cut] if cut >= 0 else history
+        return pruner._prune_folded(prefix + history, loaded.folded.seed)
+
+    def _store_fold(self, session_id: str, prefix: int, state: FoldState, loaded: Loaded) -> None:
+        """Store ``state`` as the session's snapshot if the fold cut since the one stored or
+        read; a failed write is logged and ignored (it costs a later process a replay).
+        """
+        info, f = loaded.info, loaded.folded
+        mark = (f.key, info.generation, info.revision, info.first_seq, state.cut_end)
+        if f.written == mark:
+            return
+        f.written = mark
+        seqs = loaded.seqs
+
+        def seq_at(i: int) -> int | None:
+            if i >= f.base:
+                return seqs[i - f.base] if i - f.base < len(seqs) else None
+            return f.known.get(i)
+
+        snap = snapshot_of(info, prefix, state, loaded.history, seq_at)
+        if snap is None:
+            return
+        try:
+            self.backend.put_fold(session_id, info.generation, f.key, snap.to_text())
+        except CtxkeepError as exc:
+            log.warning("fold snapshot of session %r not stored: %s", session_id, exc)
 
     def _tail(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
         tail = self.backend.read_tail(

@@ -2,7 +2,8 @@
 :class:`SessionMemory`, the in-process store with its TTL sweeper.
 
 :class:`MemoryBackend` only stores: sessions in a dict guarded by one lock, records kept as
-JSON text so that everything handed out is a fresh copy. It evicts nothing by itself.
+JSON text so that everything handed out is a fresh copy, fold snapshots beside them. It evicts
+nothing by itself.
 
 :class:`SessionMemory` is a :class:`~ctxkeep.sessions.base.MemoryManager` over a
 :class:`MemoryBackend` (so LRU beyond ``max_size`` and TTL have one owner, the manager) plus a
@@ -17,8 +18,10 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from collections.abc import Callable
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 from ctxkeep.errors import (
@@ -45,12 +48,14 @@ from ctxkeep.sessions.records import Append, SessionInfo, dumps, loads, pending_
 class _Session:
     info: SessionInfo
     rows: list[tuple[int, str]] = field(default_factory=list)  # (seq, record JSON)
+    folds: dict[str, str] = field(default_factory=dict)  # fold snapshots by key
 
 
 class MemoryBackend(Backend):
     """Session storage in a dict, for one process. Thread-safe; evicts nothing by itself."""
 
     name = "memory"
+    supports_folds = True
 
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
@@ -119,6 +124,39 @@ class MemoryBackend(Backend):
             rows = s.rows if after_seq < info.first_seq else [r for r in s.rows if r[0] > after_seq]
         out: list[Row] = [(seq, loads(text)) for seq, text in rows]
         return info, out
+
+    def read_rows(
+        self, session_id: str, *, seqs: Collection[int], after_seq: int
+    ) -> Snapshot | None:
+        """The session, the rows above ``after_seq`` and those in ``seqs`` (copies), found by
+        bisection under the lock.
+        """
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None:
+                return None
+            info = _copy(s.info)
+            start = bisect_right(s.rows, after_seq, key=itemgetter(0))
+            picked = []
+            for seq in sorted(set(seqs)):
+                i = bisect_left(s.rows, seq, key=itemgetter(0))
+                if i < start and s.rows[i][0] == seq:
+                    picked.append(s.rows[i])
+            picked += s.rows[start:]
+        return info, [(seq, loads(text)) for seq, text in picked]
+
+    def get_fold(self, session_id: str, key: str) -> str | None:
+        """The snapshot under ``key``."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            return None if s is None else s.folds.get(key)
+
+    def put_fold(self, session_id: str, generation: str, key: str, body: str) -> None:
+        """Keep the snapshot with the session (if it still has ``generation``)."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is not None and s.info.generation == generation:
+                s.folds[key] = body
 
     def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
         """Drop rows up to ``upto_seq``."""

@@ -17,6 +17,8 @@ key                       type    holds
 ``owners``                hash    id -> ``[agent_id, task_id]``, to clean indexes after expiry
 ``archive:{id}``          list    trimmed and evicted messages (record JSON), oldest first
 ``archive-ids:{id}``      set     message ids already archived (archiving is idempotent)
+``folds:{id}``            hash    fold snapshots by key (:mod:`ctxkeep.sessions.folds`); its
+                                  TTL is the session's when written, deleted with the session
 ``meta``                  hash    every store's schema version (field ``sessions``)
 ========================  ======  ==============================================================
 
@@ -57,7 +59,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -139,6 +141,10 @@ class RedisKeys:
     def archive_ids(self, session_id: str) -> str:
         """Ids of the session's archived messages."""
         return f"{self.prefix}archive-ids:{session_id}"
+
+    def folds(self, session_id: str) -> str:
+        """The session's fold snapshots, a hash by key."""
+        return f"{self.prefix}folds:{session_id}"
 
     @property
     def created(self) -> str:
@@ -275,6 +281,18 @@ return {'ok', string.format('%d', first), accessed, count}
 # -- the backend ------------------------------------------------------------------------------
 
 
+# A fold snapshot, stored only if the session still has the generation it was taken of; the
+# key expires when the session's keys do (as they stand now).
+# KEYS: session hash, folds hash. ARGV: generation, key, body.
+PUT_FOLD_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'generation') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) else redis.call('PERSIST', KEYS[2]) end
+return 1
+"""
+
+
 def _identify_sessions(db: RedisClient) -> None:
     """Migration 2: give every stored session a generation and its ``first_seq``."""
     keys = RedisKeys(db.prefix)
@@ -309,6 +327,7 @@ class RedisBackend(Backend):
 
     name = "redis"
     supports_native_ttl = True
+    supports_folds = True
 
     def __init__(self, url: str) -> None:
         self.db = RedisClient(
@@ -331,6 +350,7 @@ class RedisBackend(Backend):
         self.where = self.db.where
         self._client = self.db.conn
         self._append_script = self._client.register_script(APPEND_SCRIPT)
+        self._put_fold_script = self._client.register_script(PUT_FOLD_SCRIPT)
         self._known = KnownStates()
 
     def _atomic(self, watch: list[str], body: Callable[[Pipeline], T]) -> T:
@@ -374,7 +394,7 @@ class RedisBackend(Backend):
                 return False
             owner = cast("str | None", pipe.hget(keys.owners, session_id))
             pipe.multi()
-            pipe.delete(*keys.own(session_id))
+            pipe.delete(*keys.own(session_id), keys.folds(session_id))
             for index in (keys.created, keys.accessed, keys.expires):
                 pipe.zrem(index, session_id)
             if owner is not None:
@@ -606,6 +626,40 @@ class RedisBackend(Backend):
             return None
         rows: list[Row] = [parse_member(m) for m in members]
         return session_from_fields(session_id, fields), rows
+
+    @translated
+    def read_rows(
+        self, session_id: str, *, seqs: Collection[int], after_seq: int
+    ) -> Snapshot | None:
+        """The hash, the messages above ``after_seq`` and those in ``seqs`` (each by its
+        score), in one MULTI/EXEC.
+        """
+        wanted = sorted({s for s in seqs if s <= after_seq})
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hgetall(self.keys.session(session_id))
+        for seq in wanted:
+            pipe.zrangebyscore(self.keys.messages(session_id), seq, seq)
+        pipe.zrangebyscore(self.keys.messages(session_id), f"({after_seq}", "+inf")
+        fields, *found = pipe.execute()
+        if not fields:
+            return None
+        rows: list[Row] = [parse_member(m) for members in found for m in members]
+        return session_from_fields(session_id, fields), rows
+
+    @translated
+    def get_fold(self, session_id: str, key: str) -> str | None:
+        """The snapshot under ``key``."""
+        return cast("str | None", self._client.hget(self.keys.folds(session_id), key))
+
+    @translated
+    def put_fold(self, session_id: str, generation: str, key: str, body: str) -> None:
+        """Store the snapshot with the session's TTL, if it still has ``generation`` (one
+        script call).
+        """
+        self._put_fold_script(
+            keys=[self.keys.session(session_id), self.keys.folds(session_id)],
+            args=[generation, key, body],
+        )
 
     @translated
     def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:

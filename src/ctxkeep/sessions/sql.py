@@ -10,7 +10,9 @@ Tables (created by each backend's migrations): ``ctxkeep_sessions`` (one row per
 ``ctxkeep_messages`` (``session_id, seq, record``: a message's JSON text, never rewritten, and
 ``role``, indexed, so that :meth:`SQLBackend.read_tail` reads the newest messages and the older
 system ones without parsing the rest) and
-``ctxkeep_archive`` (trimmed and evicted messages, once per message id).
+``ctxkeep_archive`` (trimmed and evicted messages, once per message id) and ``ctxkeep_folds``
+(``session_id, fold_key, body``: a cache-stable pruner's fold snapshot per setting, deleted
+with the session; :mod:`ctxkeep.sessions.folds`).
 
 An append is one write transaction: the session row is read (and locked, where the engine
 locks rows), the manager's tool-call check runs, the messages are inserted under the next
@@ -181,6 +183,15 @@ def migrations(d: Dialect) -> list[str]:
         CREATE INDEX IF NOT EXISTS ctxkeep_messages_role
             ON ctxkeep_messages (session_id, role, seq);
         """,
+        # 5: each session's fold snapshots, one per pruner setting (ctxkeep.sessions.folds).
+        f"""
+        CREATE TABLE IF NOT EXISTS ctxkeep_folds (
+            session_id TEXT NOT NULL{d.messages_session},
+            fold_key TEXT NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (session_id, fold_key)
+        ){d.messages_options}
+        """,
     ]
 
 
@@ -209,6 +220,7 @@ class SQLBackend(Backend):
 
     db: Database
     dialect: Dialect
+    supports_folds = True
 
     def _sql(self, text: str) -> str:
         return placeholders(text, self.dialect.param)
@@ -419,6 +431,50 @@ class SQLBackend(Backend):
             [(seq, loads(rec)) for seq, rec in marks],
         )
 
+    def read_rows(
+        self, session_id: str, *, seqs: Collection[int], after_seq: int
+    ) -> Snapshot | None:
+        """The row, the messages above ``after_seq`` and those in ``seqs`` (by the primary
+        key), in one snapshot.
+        """
+        wanted = sorted({s for s in seqs if s <= after_seq})
+        sql = "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? AND seq > ?"
+        params: list[Any] = [session_id, after_seq]
+        if wanted:
+            sql += (
+                " UNION ALL SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
+                f"AND seq IN ({', '.join('?' for _ in wanted)})"
+            )
+            params += [session_id, *wanted]
+        with self.snapshot("read a session's messages") as conn:
+            row = conn.execute(
+                self._sql(f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"),
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            found = conn.execute(self._sql(sql + " ORDER BY seq"), tuple(params)).fetchall()
+        return row_to_info(row), [(seq, loads(rec)) for seq, rec in found]
+
+    def get_fold(self, session_id: str, key: str) -> str | None:
+        """The snapshot under ``key``."""
+        rows = self._q(
+            "read a fold snapshot",
+            "SELECT body FROM ctxkeep_folds WHERE session_id = ? AND fold_key = ?",
+            (session_id, key),
+        )
+        return str(rows[0][0]) if rows else None
+
+    def put_fold(self, session_id: str, generation: str, key: str, body: str) -> None:
+        """Upsert the snapshot, if the session row still has ``generation`` (one statement)."""
+        self._q(
+            "store a fold snapshot",
+            "INSERT INTO ctxkeep_folds (session_id, fold_key, body) SELECT ?, ?, ? "
+            "WHERE EXISTS (SELECT 1 FROM ctxkeep_sessions WHERE session_id = ? AND generation = ?) "
+            "ON CONFLICT (session_id, fold_key) DO UPDATE SET body = excluded.body RETURNING 1",
+            (session_id, key, body, session_id, generation),
+        )
+
     def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
         """Delete rows up to ``upto_seq`` and move ``first_seq``, in one write transaction."""
         with self.db.tx("trim messages") as conn:
@@ -490,6 +546,7 @@ class SQLBackend(Backend):
             conn.execute(
                 self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ?"), (session_id,)
             )
+            conn.execute(self._sql("DELETE FROM ctxkeep_folds WHERE session_id = ?"), (session_id,))
             return True
 
     def list_sessions(

@@ -26,8 +26,10 @@ Everything the pruner read is then the same in ``P`` and in the whole history, i
 so its output is the same (indexes differ; the output does not carry them). What fails the proof
 is answered by reading an older page, up to the whole session. The cache-stable mode (the
 default of ``TokenPruner()``) and a summarizer need the whole history: a cache-stable prompt is a
-replay of the history from its first message (:mod:`ctxkeep.cache`), and a summary covers every
-dropped message. They, a pruner of another type, and no pruner at all read every message.
+replay of the history from its first message (:mod:`ctxkeep.cache`; a fold snapshot stored with
+the session stands for the replay up to its last cut: :mod:`ctxkeep.sessions.folds`), and a
+summary covers every dropped message. A summarizer, a pruner of another type, and no pruner at
+all read every message.
 """
 
 from __future__ import annotations

@@ -673,6 +673,76 @@ class SessionContract:
         )
         assert paged == whole
 
+    # -- fold snapshots: the first cache-stable prompt of a process -----------------------
+
+    def test_read_rows_gives_the_named_messages_and_every_newer_one(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-rows")
+        for i in range(10):
+            memory.add_message(sid, "user" if i % 2 == 0 else "assistant", f"m{i}")
+        backend = memory.backend
+        got = backend.read_rows(sid, seqs=[2, 5, 8, 40], after_seq=7)
+        assert got is not None
+        info, rows = got
+        assert info.session_id == sid and info.next_seq == 11
+        assert [seq for seq, _ in rows] == [2, 5, 8, 9, 10]
+        assert [r["content"] for _, r in rows] == ["m1", "m4", "m7", "m8", "m9"]
+        got = backend.read_rows(sid, seqs=[], after_seq=0)
+        assert got is not None and [seq for seq, _ in got[1]] == list(range(1, 11))
+        assert backend.read_rows("no-such-session", seqs=[1], after_seq=0) is None
+
+    def test_fold_snapshots_are_kept_per_key_for_one_generation_and_deleted_with_it(
+        self, memory: MemoryManager
+    ) -> None:
+        backend = memory.backend
+        if not backend.supports_folds:
+            pytest.skip("the backend keeps no fold snapshots")
+        sid = memory.create_session("agent-folds")
+        gen = memory.get_session(sid).generation
+        assert backend.get_fold(sid, "k1") is None
+        backend.put_fold(sid, gen, "k1", '{"a": 1}')
+        backend.put_fold(sid, gen, "k2", '{"b": 2}')
+        backend.put_fold(sid, gen, "k1", '{"a": 3}')  # replaced
+        assert backend.get_fold(sid, "k1") == '{"a": 3}'
+        assert backend.get_fold(sid, "k2") == '{"b": 2}'
+        backend.put_fold(sid, "another-generation", "k1", "stale")  # not this session's
+        backend.put_fold("no-such-session", gen, "k1", "lost")
+        assert backend.get_fold(sid, "k1") == '{"a": 3}'
+        assert backend.get_fold("no-such-session", "k1") is None
+        memory.delete_session(sid)
+        memory.create_session("agent-folds", session_id=sid)  # the same id, created again
+        assert backend.get_fold(sid, "k1") is None and backend.get_fold(sid, "k2") is None
+
+    def test_cold_cache_stable_prompt_from_a_snapshot_is_the_whole_replay(
+        self, memory: MemoryManager
+    ) -> None:
+        from ctxkeep.prune import TokenPruner
+
+        class WholePruner(TokenPruner):  # another type: every message read, replayed whole
+            pass
+
+        sid = memory.create_session("agent-fold")
+        memory.add_message(sid, "system", "You are terse.")
+        args: dict[str, Any] = {"max_token_budget": 1200, "preserve_last_n": 4}
+        for i in range(40):
+            memory.add_message(sid, "user", f"question {i} " + "word " * (i % 7) * 20)
+            memory.add_messages(sid, tool_unit(i, n=1 + i % 3))
+            memory.add_message(sid, "assistant", f"answer {i} " + "word " * (i % 5) * 30)
+            if i % 3 == 0:  # turns of a process: the fold stored at its cuts
+                memory.build_prompt_messages(sid, pruner=TokenPruner(**args))
+        memory.add_message(sid, "user", "one more " * 40)
+        cold = MemoryManager(memory.backend, memory.config)  # a new process
+        got = cold.build_prompt_messages(sid, pruner=TokenPruner(**args))
+        whole = MemoryManager(memory.backend, memory.config).build_prompt_messages(
+            sid, pruner=WholePruner(**args)
+        )
+        assert got == whole
+        cached = cold._prompt_cache[sid]
+        if memory.backend.supports_folds and isinstance(memory, MemoryManager):
+            # The turns above stored the fold (a remote manager's service prunes on its side).
+            assert cached.fold is not None and cached.fold.base > 0  # read from the snapshot
+
     # -- concurrency ---------------------------------------------------------------------
 
     def test_concurrent_appends_lose_nothing(self, memory: MemoryManager) -> None:

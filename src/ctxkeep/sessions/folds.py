@@ -1,0 +1,282 @@
+"""The first prompt of a process for a cache-stable pruner: a fold snapshot kept with the session.
+
+A cache-stable prompt is a pure function of the history: the pruner replays the history from
+its first message, cutting where the budget overflowed (:mod:`ctxkeep.cache`). A process that
+already folded a session keeps the fold; a new process would replay all of it (8 s for 10,000
+messages: every message decoded and counted). But right after a cut the fold's state is small
+(the system messages, the window from the cut on, the pinned user message, the compressed
+messages, the totals), and between cuts the fold only appends. So the manager stores the fold's
+state with the session (:class:`FoldSnapshot`, a few hundred bytes of JSON) after each prompt
+whose fold cut (the state at that prompt's last message), and a new process reads only what the
+state names: the system and pinned messages, and every message from the window's start to the
+newest (:meth:`~ctxkeep.sessions.base.Backend.read_rows`). The pruner rebuilds the fold from
+them, checks it, and folds forward (``_StableFolds.plan_state`` in :mod:`ctxkeep.cache`); the
+messages it did not read are :class:`~ctxkeep.cache.Unread` placeholders in their places, which
+raise if anything touches them. On the 10,000-message session of ``bench/cold_prompt.py`` the
+first prompt of a process takes about 30 ms on a loaded two-core machine where the replay takes
+10 s.
+
+Keys and identity. A snapshot is stored per session under :func:`snapshot_key`: a hash of every
+pruner setting that changes the fold (:func:`~ctxkeep.cache.fold_params`, with the fold's format
+and the ctxkeep version) and of the prompt's own system message. It holds the session's identity
+when it was taken: ``generation`` (the session created again under the same id has another),
+``revision`` (a message taken back), ``first_seq`` (trimmed by ``max_history``), and the seq and
+id of the last message folded. With the same generation, revision and first_seq the messages up
+to that seq are the ones folded (appends only add newer seqs), and the message count checks the
+positions. A snapshot that does not match, a state the pruner's checks refuse
+(:class:`~ctxkeep.cache.FoldMismatch`), or a pending call older than the messages read make the
+manager read and replay the whole session, which stays the reference, and store the snapshot
+of that replay.
+
+Writes. A snapshot is written when the fold has cut since the one the manager last stored or
+read (one write per cut, not per turn), as the manager's last step of the prompt. A failed write
+(:class:`~ctxkeep.errors.CtxkeepError` from the store) is logged and ignored: the prompt is
+already built, and a missing snapshot costs the next new process a replay, never a wrong prompt.
+Snapshots are deleted with their session; on Redis the key expires with it (its TTL is the
+session's when written).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ctxkeep.cache import FoldMismatch, FoldState, Unread, fold_params
+from ctxkeep.messages import Message
+from ctxkeep.sessions.records import dumps, loads, message_to_record, record_to_message
+
+if TYPE_CHECKING:
+    from ctxkeep.sessions.base import Backend
+    from ctxkeep.sessions.records import SessionInfo
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_VERSION = 1
+"""The version of :class:`FoldSnapshot`'s stored form."""
+
+
+def snapshot_key(pruner: Any, prefix: list[Message]) -> str | None:
+    """The key of ``pruner``'s snapshots for prompts that start with ``prefix`` (the prompt's
+    own system message), or None where a snapshot may not stand for a replay
+    (:func:`~ctxkeep.cache.fold_params`).
+    """
+    params = fold_params(pruner)
+    if params is None:
+        return None
+    data = [SNAPSHOT_VERSION, params, [message_to_record(m) for m in prefix]]
+    return hashlib.sha256(dumps(data).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class FoldSnapshot:
+    """A fold's state with the session identity it holds for, as stored (history indexes are
+    positions in the session's messages; the state's are the pruner's input, ``prefix`` more).
+    """
+
+    generation: str
+    revision: int
+    first_seq: int
+    prefix: int
+    """Messages before the history in the pruner's input (the prompt's own system message)."""
+    read_from: int
+    """The first history message read in order: the window's start, or the frontier."""
+    after_seq: int
+    """Every message with a seq above this one is at ``read_from`` or later."""
+    marks: tuple[tuple[int, int], ...]
+    """``(history index, seq)`` of each message before ``read_from`` the fold needs."""
+    last_seq: int
+    """The seq of the last message folded."""
+    last_id: str | None
+    """Its id."""
+    state: FoldState
+
+    def to_text(self) -> str:
+        """The stored JSON."""
+        return dumps(
+            {
+                "v": SNAPSHOT_VERSION,
+                "generation": self.generation,
+                "revision": self.revision,
+                "first_seq": self.first_seq,
+                "prefix": self.prefix,
+                "read_from": self.read_from,
+                "after_seq": self.after_seq,
+                "marks": [list(m) for m in self.marks],
+                "last": [self.last_seq, self.last_id],
+                "state": self.state.to_json(),
+            }
+        )
+
+    @classmethod
+    def from_text(cls, text: str) -> FoldSnapshot:
+        """Read what :meth:`to_text` wrote.
+
+        Raises:
+            FoldMismatch: not such a snapshot (another version, or damaged).
+
+        """
+        try:
+            data = loads(text)
+            if data["v"] != SNAPSHOT_VERSION:
+                raise ValueError(f"version {data['v']!r}")
+            last_seq, last_id = data["last"]
+            ints = [data[k] for k in ("revision", "first_seq", "prefix", "read_from", "after_seq")]
+            marks = tuple((int(i), int(s)) for i, s in data["marks"])
+            if not all(type(v) is int for v in [*ints, last_seq]) or not isinstance(
+                data["generation"], str
+            ):
+                raise TypeError("a field of the wrong type")
+            if last_id is not None and not isinstance(last_id, str):
+                raise TypeError("last id")
+            return cls(
+                generation=data["generation"],
+                revision=ints[0],
+                first_seq=ints[1],
+                prefix=ints[2],
+                read_from=ints[3],
+                after_seq=ints[4],
+                marks=marks,
+                last_seq=last_seq,
+                last_id=last_id,
+                state=FoldState.from_json(data["state"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FoldMismatch(f"not a fold snapshot: {exc!r}") from None
+
+    def holds_for(self, info: SessionInfo) -> bool:
+        """Whether the session is still the one the snapshot was taken of."""
+        return (self.generation, self.revision, self.first_seq) == (
+            info.generation,
+            info.revision,
+            info.first_seq,
+        )
+
+
+@dataclass
+class Folded:
+    """What the manager's prompt cache knows of a session's fold for one snapshot key."""
+
+    key: str
+    first_seq: int
+    """The session's ``first_seq`` when read: a trim moves every position."""
+    base: int = 0
+    """History index of the first message read in order: those before it are
+    :class:`~ctxkeep.cache.Unread` but for :attr:`known`."""
+    known: dict[int, int] = field(default_factory=dict)
+    """History index -> seq of each message read before :attr:`base`."""
+    after_seq: int = 0
+    """Every message with a seq above this one is at :attr:`base` or later."""
+    seed: FoldState | None = None
+    """The newest fold state seen: a new pruner starts from it."""
+    written: tuple[Any, ...] | None = None
+    """The identity and cut of the snapshot last stored or read (nothing is written again
+    until the fold cuts)."""
+
+
+@dataclass
+class Loaded:
+    """A session read for a snapshot: its info, the history (placeholders where not read), the
+    seqs of the messages read in order (from ``folded.base`` on) and the snapshot's fold.
+    """
+
+    info: SessionInfo
+    history: list[Any]
+    seqs: list[int]
+    folded: Folded
+
+
+def load(backend: Backend, session_id: str, key: str, prefix: int) -> Loaded | None:
+    """The session as a stored snapshot under ``key`` needs it, or None (no snapshot, or one
+    that does not hold for the session as it is now).
+    """
+    text = backend.get_fold(session_id, key)
+    if text is None:
+        return None
+    try:
+        snap = FoldSnapshot.from_text(text)
+    except FoldMismatch as exc:
+        log.warning("fold snapshot of session %r ignored: %s", session_id, exc)
+        return None
+    end = snap.state.frontier - prefix
+    if snap.prefix != prefix or not 0 <= snap.read_from <= end:
+        return None
+    got = backend.read_rows(
+        session_id, seqs=[seq for _, seq in snap.marks] + [snap.last_seq], after_seq=snap.after_seq
+    )
+    if got is None:
+        return None
+    info, rows = got
+    if not snap.holds_for(info):
+        return None
+    tail = [(seq, record) for seq, record in rows if seq > snap.after_seq]
+    by_seq = dict(rows)
+    last = by_seq.get(snap.last_seq)
+    if last is None or last.get("id") != snap.last_id:
+        return None
+    seqs = [seq for seq, _ in tail]
+    if info.message_count != snap.read_from + len(tail) or len(seqs) < end - snap.read_from:
+        return None
+    if end - 1 >= snap.read_from and seqs[end - 1 - snap.read_from] != snap.last_seq:
+        return None
+    if end - 1 < snap.read_from and snap.last_seq != snap.after_seq:
+        return None
+    # One placeholder for every message not read: a new one per read (a fold keyed on it
+    # matches the lists made from this read only).
+    history: list[Any] = [Unread(f"before message {snap.read_from}")] * snap.read_from
+    known: dict[int, int] = {}
+    for i, seq in snap.marks:
+        record = by_seq.get(seq)
+        if record is None or not 0 <= i < snap.read_from:
+            return None
+        history[i] = record_to_message(record)
+        known[i] = seq
+    history += [record_to_message(r) for _, r in tail]
+    written = (key, info.generation, info.revision, info.first_seq, snap.state.cut_end)
+    folded = Folded(key, info.first_seq, snap.read_from, known, snap.after_seq, snap.state, written)
+    return Loaded(info, history, seqs, folded)
+
+
+def snapshot_of(
+    info: SessionInfo,
+    prefix: int,
+    state: FoldState,
+    history: list[Any],
+    seq_at: Callable[[int], int | None],
+) -> FoldSnapshot | None:
+    """The snapshot of ``state`` for the session as ``info`` says, or None where a message it
+    needs is not known here (its seq, or the last message's id).
+    """
+    end = state.frontier - prefix
+    lo = state.window_start - prefix
+    if end < 1 or lo < 0 or end > len(history) or type(history[end - 1]) is not Message:
+        return None
+    marks: list[tuple[int, int]] = []
+    for i in state.needed:
+        if i < prefix:
+            continue  # the prompt's own system message
+        seq = seq_at(i - prefix)
+        if seq is None:
+            return None
+        marks.append((i - prefix, seq))
+    last_seq = seq_at(end - 1)
+    first = seq_at(lo) if lo < end else last_seq
+    if last_seq is None or first is None:
+        return None
+    return FoldSnapshot(
+        generation=info.generation,
+        revision=info.revision,
+        first_seq=info.first_seq,
+        prefix=prefix,
+        read_from=lo,
+        after_seq=first - 1 if lo < end else last_seq,
+        marks=tuple(marks),
+        last_seq=last_seq,
+        last_id=history[end - 1].id,
+        state=state,
+    )
+
+
+__all__: list[str] = []
