@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from _cli import assert_one_line_error, ctxkeep_script
 from ctxkeep.cli import main
+from ctxkeep.cli.serve import DEFAULT_KEEP_ALIVE
 from ctxkeep.errors import ConfigError
 from ctxkeep.server import create_app
 from ctxkeep.server.keys import SQLiteKeyRegistry, open_key_registry
@@ -113,6 +114,28 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _healthz_on(conn: socket.socket) -> bytes:
+    """One ``GET /healthz`` on an open connection: the whole response (by Content-Length)."""
+    conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(4096)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.lower().split(b"\r\n")
+        if line.startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += conn.recv(4096)
+    return head + b"\r\n\r\n" + body
+
+
+def test_serve_outlasts_http_clients_idle_connections() -> None:
+    # uvicorn's own 5 s equals httpx's pool expiry: a call after ~5 s idle could meet the close
+    assert httpx.Limits().keepalive_expiry * 2 < DEFAULT_KEEP_ALIVE  # type: ignore[operator]
+
+
 def test_serve_runs_the_service_and_logs_json_lines(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/srv.db"
     registry = open_key_registry(db)
@@ -121,7 +144,7 @@ def test_serve_runs_the_service_and_logs_json_lines(tmp_path: Path) -> None:
     key = {"key": token}
     port = _free_port()
     proc = subprocess.Popen(
-        [ctxkeep_script(), "serve", "--db", db, "--port", str(port)],
+        [ctxkeep_script(), "serve", "--db", db, "--port", str(port), "--keep-alive", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -141,12 +164,20 @@ def test_serve_runs_the_service_and_logs_json_lines(tmp_path: Path) -> None:
         headers = {"Authorization": f"Bearer {key['key']}"}
         r = httpx.post(f"{base}/v1/sessions", json={"agent_id": "a"}, headers=headers)
         assert r.status_code == 201
+        # --keep-alive: an idle connection stays open that long, then the server closes it
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            assert _healthz_on(conn).startswith(b"HTTP/1.1 200")
+            time.sleep(1)
+            assert _healthz_on(conn).startswith(b"HTTP/1.1 200")
+            time.sleep(3)
+            assert conn.recv(4096) == b""  # closed by the server
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     lines = [json.loads(ln) for ln in err.splitlines() if ln.startswith("{")]
-    assert {"method": "POST", "path": "/v1/sessions", "status": 201, "tenant": "acme"}.items() <= (
-        lines[-1].items()
-    )
+    posts = [ln for ln in lines if ln.get("method") == "POST"]
+    assert len(posts) == 1
+    want = {"method": "POST", "path": "/v1/sessions", "status": 201, "tenant": "acme"}
+    assert want.items() <= posts[0].items()
     assert key["key"] not in err
     assert (tmp_path / "srv.tenants" / "acme.db").exists()

@@ -28,10 +28,11 @@ from urllib.parse import quote
 
 from ctxkeep import _check
 from ctxkeep.errors import (
+    AuthenticationError,
     InvalidMessageError,
     InvalidTypeError,
     MissingDependencyError,
-    StorageError,
+    RemoteError,
 )
 from ctxkeep.messages import Message, coerce_message
 from ctxkeep.server.problems import PROBLEM_CONTENT_TYPE, error_for, kind_for_type
@@ -53,27 +54,6 @@ T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 30.0
 _PAGE = 1000  # the server's largest page of sessions
-
-
-class RemoteError(StorageError):
-    """The service refused a request or could not be reached.
-
-    Attributes:
-        status: the HTTP status (None: no response).
-        problem: the problem details the service sent (empty if none).
-
-    """
-
-    def __init__(
-        self, message: str, *, status: int | None = None, problem: Mapping[str, Any] | None = None
-    ) -> None:
-        self.status = status
-        self.problem: dict[str, Any] = dict(problem or {})
-        super().__init__(message)
-
-
-class AuthenticationError(RemoteError):
-    """The service refused the API key (401): unknown, revoked or missing."""
 
 
 @dataclass(frozen=True)

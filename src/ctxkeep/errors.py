@@ -28,8 +28,10 @@ Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueEr
     │   ├── CheckpointNotFoundError (LookupError) no checkpoint with that id
     │   ├── EpisodeNotFoundError (LookupError)    no episode with that id
     │   ├── CorruptRecordError (ValueError)       a stored or encoded value that cannot be decoded
-    │   └── SchemaVersionError                    a stored record of an unknown version
-    │       └── CognitiveStateSchemaVersionError  a CognitiveState newer than this ctxkeep
+    │   ├── SchemaVersionError                    a stored record of an unknown version
+    │   │   └── CognitiveStateSchemaVersionError  a CognitiveState newer than this ctxkeep
+    │   └── RemoteError                           the service refused a request or is unreachable
+    │       └── AuthenticationError               the service refused the API key (401)
     └── MissingDependencyError (ImportError)      an optional extra is not installed
 """
 
@@ -284,6 +286,27 @@ class SchemaVersionError(StorageError):
 
 class CognitiveStateSchemaVersionError(SchemaVersionError):
     """A CognitiveState is newer than this ctxkeep knows how to read."""
+
+
+class RemoteError(StorageError):
+    """The service (``ctxkeep serve``) refused a request or could not be reached.
+
+    Attributes:
+        status: the HTTP status (None: no response).
+        problem: the problem details the service sent (empty if none).
+
+    """
+
+    def __init__(
+        self, message: str, *, status: int | None = None, problem: Mapping[str, Any] | None = None
+    ) -> None:
+        self.status = status
+        self.problem: dict[str, Any] = dict(problem or {})
+        super().__init__(message)
+
+
+class AuthenticationError(RemoteError):
+    """The service refused the API key (401): unknown, revoked or missing."""
 
 
 class MissingDependencyError(CtxkeepError, ImportError):

@@ -9,12 +9,13 @@ from typing import Any
 from ctxkeep.cli._args import positive_int
 from ctxkeep.errors import MissingDependencyError
 
-HELP = """Serve session memory and prompt building over HTTP (JSON under /v1, OpenAPI at
-/openapi.json, health at /healthz).
+HELP = """Serve session memory, prompt building, artifacts, episodic memory, checkpoints and
+the context fabric over HTTP (JSON under /v1, OpenAPI at /openapi.json, health at /healthz).
 
 Requests authenticate with `Authorization: Bearer <key>`; create keys with
-`ctxkeep keys create --tenant NAME --db <the same URL>`. Each tenant's sessions live in a store
+`ctxkeep keys create --tenant NAME --db <the same URL>`. Each tenant's records live in stores
 of their own, derived from --db. Access logs go to stderr, one JSON line per request.
+Episodes are kept in SQLite or PostgreSQL: on a redis:// server their routes answer 501.
 
 --db takes a URL (sqlite:///path.db, redis://host:port/db, postgresql://..., or memory:// for a
 throwaway server); the default is the embedded SQLite file ($CTXKEEP_DB or the user data
@@ -24,9 +25,15 @@ examples:
   ctxkeep serve
   ctxkeep serve --db sqlite:///srv/ctxkeep.db --port 8765
   ctxkeep serve --db redis://127.0.0.1:6379/0 --host 0.0.0.0 --port 9000
+  ctxkeep serve --db memory:// --embedder hash
 """
 
 DEFAULT_PORT = 8765
+DEFAULT_KEEP_ALIVE = 75
+"""Seconds uvicorn keeps an idle connection (its own default is 5 s, the same as httpx's pool
+expiry: a client that waits about 5 s between calls, an LLM call between two appends, then
+sends a request on a connection the server is closing and gets a read error). Longer than any
+client's, the client closes first (75 s: nginx's default)."""
 
 
 def register(sub: Any) -> None:
@@ -48,6 +55,20 @@ def register(sub: Any) -> None:
         default=None,
         help="largest request body accepted (default 4 MiB)",
     )
+    p.add_argument(
+        "--keep-alive",
+        type=positive_int,
+        default=DEFAULT_KEEP_ALIVE,
+        help=f"seconds an idle connection is kept open (default {DEFAULT_KEEP_ALIVE}: longer "
+        "than HTTP clients keep idle connections, so the client always closes first)",
+    )
+    p.add_argument(
+        "--embedder",
+        default="local",
+        help="episodic embedder, as ctxkeep.open_episodic names them: local (default; the "
+        "library's local model, on the CPU), openai (text-embedding-3-small, OPENAI_API_KEY) "
+        "or hash (tests only: it knows no meaning)",
+    )
     p.set_defaults(func=run)
 
 
@@ -59,12 +80,23 @@ def run(args: argparse.Namespace) -> int:
         raise MissingDependencyError("uvicorn", "server") from exc
     from ctxkeep.server.app import ACCESS_LOGGER, DEFAULT_MAX_BODY_BYTES, create_app
 
-    app = create_app(args.db, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    app = create_app(
+        args.db,
+        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        embedder=args.embedder,
+    )
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     access = logging.getLogger(ACCESS_LOGGER)
     access.addHandler(handler)
     access.setLevel(logging.INFO)
     access.propagate = False
-    uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="info")
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        access_log=False,
+        log_level="info",
+        timeout_keep_alive=args.keep_alive,
+    )
     return 0

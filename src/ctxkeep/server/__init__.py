@@ -1,8 +1,12 @@
-"""``ctxkeep serve``: session memory and prompt building as an HTTP service, per tenant.
+"""``ctxkeep serve``: session memory, prompt building, artifacts, episodic memory,
+checkpoints and the context fabric as an HTTP service, per tenant.
 
 :func:`create_app` builds the ASGI application (FastAPI) over a storage URL;
-:mod:`~ctxkeep.server.routes` lists the endpoints, :mod:`~ctxkeep.server.tenants` how each
-tenant gets a store of its own, :mod:`~ctxkeep.server.keys` the API keys,
+:mod:`~ctxkeep.server.routes` lists the session, message and prompt endpoints,
+:mod:`~ctxkeep.server.routes_memory` those of artifacts, episodes and checkpoints,
+:mod:`~ctxkeep.server.routes_fabric` those of task state and the bus (over
+:mod:`~ctxkeep.server.fabric`); :mod:`~ctxkeep.server.tenants` says how each tenant gets stores
+of its own, :mod:`~ctxkeep.server.keys` the API keys,
 :mod:`~ctxkeep.server.problems` the errors (RFC 9457) and :mod:`~ctxkeep.server.wire` the JSON
 of messages. :class:`ctxkeep.client.RemoteMemory` is the client.
 

@@ -6,8 +6,11 @@ Requests pass, outermost first, through:
    (method, path template, status, duration in ms, tenant; never a header, so never a key);
 2. :class:`BodyLimit`: a body over ``max_body_bytes`` is refused with 413 before anything
    parses it (by its ``Content-Length``, or once that many bytes have arrived);
-3. FastAPI's routing; the ``/v1`` routes (:mod:`ctxkeep.server.routes`) authenticate with
-   ``Authorization: Bearer <key>`` and run against the key's tenant's store only.
+3. FastAPI's routing; the ``/v1`` routes (sessions, messages and prompts in
+   :mod:`ctxkeep.server.routes`; artifacts, episodes and checkpoints in
+   :mod:`~ctxkeep.server.routes_memory`; task state and the bus in
+   :mod:`~ctxkeep.server.routes_fabric`) authenticate with ``Authorization: Bearer <key>``
+   and run against the key's tenant's stores only.
 
 Every error is answered as ``application/problem+json`` (:mod:`ctxkeep.server.problems`):
 ctxkeep's exceptions with their own type, request validation as ``invalid-request`` (422),
@@ -23,9 +26,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxkeep.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    from ctxkeep.episodic import Embedder
 
 try:
     from fastapi import FastAPI, Request
@@ -252,7 +258,7 @@ def _evicted_member(request: Request) -> dict[str, Any]:
 
 async def _on_ctxkeep_error(request: Request, exc: Exception) -> JSONResponse:
     problem = problems.problem_for(exc)
-    if problem["status"] >= 500:
+    if problem["status"] >= 500 and not isinstance(exc, problems.NotAvailableError):
         log.error("%s %s failed: %r", request.method, request.url.path, exc, exc_info=exc)
     return problem_response({**problem, **_evicted_member(request)})
 
@@ -284,6 +290,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     kind = {
+        400: problems.INVALID_REQUEST,  # a body that is not UTF-8 JSON: as invalid JSON
         404: problems.NOT_FOUND,
         405: problems.METHOD_NOT_ALLOWED,
         401: problems.UNAUTHORIZED,
@@ -342,6 +349,7 @@ def create_app(
     clock: Callable[[], float] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_open_tenants: int = DEFAULT_MAX_OPEN,
+    embedder: str | Embedder = "local",
 ) -> FastAPI:
     """The ctxkeep HTTP service over a storage URL.
 
@@ -352,7 +360,10 @@ def create_app(
         config: every tenant's session bounds (default: :func:`~ctxkeep.default_memory_config`).
         clock: the time source for TTL and LRU (tests).
         max_body_bytes: the largest request body accepted (larger: 413).
-        max_open_tenants: tenants' managers kept open at once (least recently used closed).
+        max_open_tenants: tenants' stores kept open at once (least recently used closed).
+        embedder: the episodic embedder: ``local`` (the library's default), ``openai``,
+            ``hash`` (tests only) or an :class:`~ctxkeep.episodic.Embedder`; made on first
+            use of the episodic routes and shared by every tenant.
 
     Returns:
         The FastAPI application; ``app.state.ctxkeep`` is its :class:`ServerState` (closed
@@ -364,6 +375,8 @@ def create_app(
 
     """
     from ctxkeep.errors import ConfigError
+    from ctxkeep.server import routes_fabric, routes_memory
+    from ctxkeep.server.inspector import router as inspector_router
     from ctxkeep.server.routes import router
 
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
@@ -373,7 +386,9 @@ def create_app(
     url = db_url or default_url()
     keys = open_key_registry(url)
     try:
-        stores = TenantStores(url, keys, config=config, clock=clock, max_open=max_open_tenants)
+        stores = TenantStores(
+            url, keys, config=config, clock=clock, max_open=max_open_tenants, embedder=embedder
+        )
     except BaseException:
         keys.close()
         raise
@@ -388,7 +403,8 @@ def create_app(
         title="ctxkeep",
         version=__version__,
         description=(
-            "Session memory and prompt building for LLM agents, per tenant. Authenticate "
+            "Session memory, prompt building, artifacts, episodic memory, checkpoints and "
+            "the context fabric for LLM agents, per tenant. Authenticate "
             "with `Authorization: Bearer <key>` (keys from `ctxkeep keys create`). Errors are "
             "RFC 9457 problem details."
         ),
@@ -396,6 +412,9 @@ def create_app(
     )
     app.state.ctxkeep = state
     app.include_router(router)
+    app.include_router(routes_memory.router)
+    app.include_router(routes_fabric.router)
+    app.include_router(inspector_router)
     app.add_exception_handler(CtxkeepError, _on_ctxkeep_error)
     app.add_exception_handler(Unauthorized, _on_unauthorized)
     app.add_exception_handler(RequestValidationError, _on_validation_error)

@@ -262,6 +262,23 @@ class PostgresKeyRegistry(KeyRegistry):
         with self.db.tx("create a tenant schema") as conn:
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
 
+    def extension_schema(self, extension: str, default: str) -> str:
+        """The schema that holds ``extension``; if the database has it nowhere, it is created
+        in schema ``default`` (both checked names). An extension lives in one schema of a
+        database, so tenants' schemas cannot each hold their own.
+        """
+        find = (
+            "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+            "WHERE e.extname = %s"
+        )
+        with self.db.tx(f"set up the {extension} extension") as conn:
+            row = conn.execute(find, (extension,)).fetchone()
+            if row is not None:
+                return str(row[0])
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{default}"')
+            conn.execute(f'CREATE EXTENSION IF NOT EXISTS "{extension}" SCHEMA "{default}"')
+        return default
+
     def close(self) -> None:
         """Close the pool."""
         self.db.close()

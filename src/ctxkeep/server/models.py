@@ -1,10 +1,10 @@
 """The service's request and response bodies, as pydantic models (they make the OpenAPI
 document).
 
-Messages travel in the wire form of :mod:`ctxkeep.server.wire`. Every ``/v1`` response is an
-object whose ``evicted`` member lists the messages the request trimmed or evicted from
-sessions (``max_history``, TTL, LRU): they are in the session's archive too, when the server
-archives.
+Messages travel in the wire form of :mod:`ctxkeep.server.wire`. Every ``/v1`` response of the
+session, message and prompt routes is an object whose ``evicted`` member lists the messages
+the request trimmed or evicted from sessions (``max_history``, TTL, LRU): they are in the
+session's archive too, when the server archives.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ The service answers every failure with ``application/problem+json``: ``type`` (a
 every problem of that kind), ``status`` and ``detail`` (the exception's message, which says
 what was wrong and what to do), plus extension members that carry the exception's attributes
 (``index`` and ``tool_call_id`` of a sequence error, ``budget``/``required``/``blocking`` of a
-budget error, ``limit``/``actual``/``unit``/``breakdown`` of a prompt that is too long...).
+budget error, ``limit``/``actual``/``unit``/``breakdown`` of a prompt that is too long,
+``task_id``/``expected``/``current`` of a stale task-state write...).
 
 :data:`PROBLEMS` is the one table both sides read: the server turns an exception into a
 problem with :func:`problem_for`, and :mod:`ctxkeep.client` turns a problem back into the same
@@ -21,9 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxkeep.errors import (
+    ArtifactNotFoundError,
     BudgetExceededError,
+    CheckpointNotFoundError,
+    CognitiveStateSchemaVersionError,
     ConfigError,
     CtxkeepError,
+    EpisodeNotFoundError,
+    InvalidFilterError,
     InvalidMessageError,
     InvalidSequenceError,
     InvalidTypeError,
@@ -35,7 +41,9 @@ from ctxkeep.errors import (
     SessionChangedError,
     SessionExistsError,
     SessionNotFoundError,
+    StaleTaskStateError,
     StorageError,
+    UnknownAgentError,
     UnknownEncodingError,
     UnknownRoleError,
 )
@@ -65,8 +73,17 @@ class ProblemKind:
         return PROBLEM_TYPE_PREFIX + self.slug
 
 
+class NotAvailableError(CtxkeepError):
+    """The server's storage does not offer this kind of record (episodes on Redis)."""
+
+
 PROBLEMS: tuple[ProblemKind, ...] = (
     ProblemKind(SessionNotFoundError, 404, "session-not-found", "Session not found"),
+    ProblemKind(ArtifactNotFoundError, 404, "artifact-not-found", "Artifact not found"),
+    ProblemKind(EpisodeNotFoundError, 404, "episode-not-found", "Episode not found"),
+    ProblemKind(CheckpointNotFoundError, 404, "checkpoint-not-found", "Checkpoint not found"),
+    ProblemKind(UnknownAgentError, 404, "unknown-agent", "Agent has joined no task"),
+    ProblemKind(StaleTaskStateError, 409, "stale-task-state", "Task state changed since read"),
     ProblemKind(SessionExistsError, 409, "session-exists", "Session already exists"),
     ProblemKind(SessionChangedError, 409, "session-changed", "Session changed since it was read"),
     ProblemKind(OrphanToolResultError, 422, "orphan-tool-result", "Tool result without its call"),
@@ -81,8 +98,16 @@ PROBLEMS: tuple[ProblemKind, ...] = (
     ProblemKind(PromptTooLongError, 422, "prompt-too-long", "Prompt too long"),
     ProblemKind(UnknownEncodingError, 422, "unknown-encoding", "Unknown token encoding"),
     ProblemKind(InvalidTypeError, 422, "invalid-type", "Argument of the wrong type"),
+    ProblemKind(InvalidFilterError, 422, "invalid-filter", "Invalid search filter"),
     ProblemKind(ConfigError, 422, "invalid-parameter", "Invalid parameter"),
+    ProblemKind(
+        CognitiveStateSchemaVersionError,
+        422,
+        "state-schema-version",
+        "Cognitive state of an unknown version",
+    ),
     ProblemKind(SchemaVersionError, 500, "schema-version", "Stored data of an unknown version"),
+    ProblemKind(NotAvailableError, 501, "not-available", "Not available on this storage"),
     ProblemKind(StorageError, 503, "storage-unavailable", "Storage failed"),
     ProblemKind(CtxkeepError, 500, "internal-error", "Internal error"),
 )
@@ -125,7 +150,8 @@ def problem_for(error: BaseException) -> dict[str, Any]:
     failure only: driver messages can carry hosts and paths that are not the caller's business.
     """
     kind = kind_of(error)
-    detail = str(error) if kind.status < 500 else f"{kind.title.lower()}; see the server's log"
+    told = kind.status < 500 or isinstance(error, NotAvailableError)  # 501 is no failure
+    detail = str(error) if told else f"{kind.title.lower()}; see the server's log"
     problem: dict[str, Any] = {
         "type": kind.type,
         "title": kind.title,
@@ -144,6 +170,8 @@ def _extensions(error: BaseException) -> dict[str, Any]:
         return {"index": error.index}
     if isinstance(error, SessionChangedError | SessionExistsError):
         return {"session_id": error.session_id}
+    if isinstance(error, StaleTaskStateError):
+        return {"task_id": error.task_id, "expected": error.expected, "current": error.current}
     if isinstance(error, BudgetExceededError):
         return {"budget": error.budget, "required": error.required, "blocking": error.blocking}
     if isinstance(error, PromptTooLongError):
@@ -200,6 +228,8 @@ def _rebuild(cls: type[Exception], detail: str, p: dict[str, Any]) -> CtxkeepErr
         return cls(_unprefixed(detail, at), index=at)
     if issubclass(cls, SessionChangedError | SessionExistsError):
         return cls(str(p["session_id"]))
+    if issubclass(cls, StaleTaskStateError):
+        return cls(str(p["task_id"]), int(p["expected"]), int(p["current"]))
     if issubclass(cls, BudgetExceededError):
         return cls(
             budget=int(p["budget"]), required=int(p["required"]), blocking=list(p["blocking"])

@@ -22,6 +22,10 @@ manager's method's. Routes are plain functions, run in worker threads (storage I
 ``GET    /v1/sessions/{id}/prompt``         the history as a prompt, unpruned
 ``POST   /v1/sessions/{id}/prompt``         build a prompt within a budget, with its report
 ==========================================  ====================================================
+
+Artifacts, episodes and checkpoints are in :mod:`~ctxkeep.server.routes_memory`, task state
+and the bus in :mod:`~ctxkeep.server.routes_fabric`; they use :class:`Tenant` and
+:func:`tenant_of` from here.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ from ctxkeep.server.models import (
     StatsResponse,
     SweepResponse,
 )
-from ctxkeep.server.tenants import collect_evictions
+from ctxkeep.server.tenants import TenantResources, collect_evictions
 from ctxkeep.server.wire import evicted_to_wire, message_from_wire, message_to_wire
 from ctxkeep.sessions.base import MemoryManager
 from ctxkeep.sessions.records import SessionInfo
@@ -112,8 +116,17 @@ class Tenant:
     @contextmanager
     def memory(self) -> Iterator[MemoryManager]:
         """The tenant's manager for the block; its evictions are recorded for the response."""
-        with self.state.stores.lease(self.name) as mem, collect_evictions(self.info.evicted):
-            yield mem
+        with self.stores() as resources:
+            yield resources.memory
+
+    @contextmanager
+    def stores(self) -> Iterator[TenantResources]:
+        """All the tenant's stores for the block; evictions are recorded for the response."""
+        with (
+            self.state.stores.lease_stores(self.name) as resources,
+            collect_evictions(self.info.evicted),
+        ):
+            yield resources
 
     def evicted(self) -> list[EvictedOut]:
         """What the request evicted, for the response."""
@@ -421,20 +434,22 @@ def build_prompt(session_id: str, body: PromptIn, tenant: TenantDep) -> PromptRe
     """Build the prompt for the session's next model call within a token budget.
 
     The history is pruned to ``max_prompt_tokens - reserve_output_tokens`` (tool calls and
-    results kept whole, recent messages preferred, old tool outputs compressed first); the
-    messages come in the provider ``format`` asked for, with the build report. When the
-    system prompt and the newest user message alone do not fit, 422 ``budget-exceeded``
-    says by how much and what is in the way.
+    results kept whole, recent messages preferred, old tool outputs compressed first: their
+    full text goes to the tenant's artifacts, and each decision's ``artifact_ref`` can be read
+    back with ``GET /v1/artifacts/{ref}``); the messages come in the provider ``format``
+    asked for, with the build report. When the system prompt and the newest user message
+    alone do not fit, 422 ``budget-exceeded`` says by how much and what is in the way.
     """
     counter = get_counter(body.encoding)
-    pruner = TokenPruner(
-        max(1, body.max_prompt_tokens - body.reserve_output_tokens),
-        body.preserve_last_n,
-        counter=counter,
-    )
-    with tenant.memory() as mem:
+    with tenant.stores() as stores:
+        pruner = TokenPruner(
+            max(1, body.max_prompt_tokens - body.reserve_output_tokens),
+            body.preserve_last_n,
+            counter=counter,
+            artifacts=stores.artifacts(),
+        )
         builder = ContextBuilder(
-            mem,
+            stores.memory,
             counter=counter,
             pruner=pruner,
             max_prompt_tokens=body.max_prompt_tokens,
