@@ -24,7 +24,28 @@ def _run_blocks() -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
     assert blocks
     for i, code in enumerate(blocks):
+        if "RemoteMemory(" in code:
+            _run_against_a_live_service(code, f"README.md block {i}")
+            continue
         exec(compile(code, f"README.md block {i}", "exec"), {"__name__": "readme"})
+
+
+def _run_against_a_live_service(code: str, name: str) -> None:
+    """The service block, against ``ctxkeep serve``'s app on a free port, with a real key."""
+    from _server import ThreadedServer
+    from ctxkeep.server import create_app
+
+    app = create_app("memory://", embedder="hash")
+    server = ThreadedServer(app).start()
+    try:
+        _, api_key = app.state.ctxkeep.keys.create("readme")
+        code = code.replace("http://127.0.0.1:8765", server.url)
+        scope = {"__name__": "readme", "api_key": api_key}
+        exec(compile(code, name, "exec"), scope)
+        assert [m.content for m in scope["mem"].get_messages(scope["sid"])] == ["hello"]
+        scope["mem"].close()
+    finally:
+        server.stop()
 
 
 def test_readme_has_the_two_commands() -> None:
