@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from ctxkeep._version import __version__
-from ctxkeep.cli import count, keys, memory, replay, serve, sessions
+from ctxkeep.cli import count, eval, keys, memory, replay, serve, sessions
 from ctxkeep.errors import CtxkeepError
 
-_GROUPS = (count, replay, sessions, memory, keys, serve)
+_GROUPS = (count, replay, sessions, memory, keys, serve, eval)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,11 @@ session. Retrieval is hybrid, with every knob chosen on LoCoMo (BENCHMARKS.md):
 * **dense**: cosine similarity of the embedder's vectors, smoothed over the session's
   neighbours (``smooth``: weights of the +-1 and +-2 neighbours);
 * **fusion**: each score vector is z-scored over the searched episodes and added with
-  ``dense_weight`` (score fusion beat reciprocal rank fusion by 11 points of recall@10).
+  ``dense_weight`` (score fusion beat reciprocal rank fusion by 11 points of recall@10);
+* **session prior**: each episode then gets ``session_weight`` times the z-score, over the
+  searched sessions, of the best fused score in its session, so a turn in the session where
+  the query's subject is discussed outranks an equal match in an unrelated one (on LoCoMo
+  with wordllama vectors, recall@10 78.9 -> 79.9 cross-validated; :func:`session_prior`).
 
 :class:`EpisodicMemoryStore` does this once for every backend, with the rules every backend
 shares: which episodes a filter selects (:class:`~ctxkeep.episodic.filters.EpisodeFilter`),
@@ -96,7 +100,9 @@ class Hit:
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Hybrid retrieval knobs; the defaults were chosen on LoCoMo (recall@10 80.9)."""
+    """Hybrid retrieval knobs; the defaults were chosen on LoCoMo (BENCHMARKS.md: in-sample
+    and cross-validated across its conversations).
+    """
 
     window: int = 2
     """Neighbours on each side in the same session added to an episode's lexical document."""
@@ -117,6 +123,14 @@ class RetrievalConfig:
     """BM25 term saturation."""
     b: float = 0.75
     """BM25 length normalisation."""
+    session_weight: float = 0.75
+    """Weight of the session prior: the z-score, over the searched sessions, of the best
+    fused score in the episode's session (0: none)."""
+
+
+INGEST_KNOBS = ("window", "self_weight")
+"""The :class:`RetrievalConfig` fields baked into a store's indexes as episodes are saved:
+changing one on a store holding episodes needs them saved again (the others act at search)."""
 
 
 def content_key(session_id: str, task_goal: str, summary: str) -> str:
@@ -380,6 +394,44 @@ def with_neighbours(
     return out.astype(np.int64, copy=False)
 
 
+def session_labels(prev: np.ndarray) -> np.ndarray:
+    """One label per session run: for each position, the position of the first episode of
+    its chain of previous-neighbour links.
+
+    Args:
+        prev: for each position, the position of its -1 session neighbour, its own where it
+            has none among the positions (a session cut by a filter is several runs).
+
+    """
+    root = prev
+    while True:  # pointer jumping: log2(longest session) steps
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            return root
+        root = nxt
+
+
+def session_prior(total: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """For each episode, the z-score over the searched sessions of the best of ``total`` in
+    its session (``labels`` from :func:`session_labels`).
+
+    Evidence comes in sessions: LoCoMo's questions are answered by turns of the sessions
+    where their subject is talked about, so the best match of a session says something about
+    its other turns. Chosen on LoCoMo by cross-validation (leave one conversation, or one
+    category, out) among weights 0.25 to 1.5 and the session's best or summed positive score:
+    every fold chose the best, weighted 0.5 to 1.
+    """
+    if not total.size:
+        return total
+    best = np.full(total.size, -np.inf)
+    np.maximum.at(best, labels, total)
+    present = np.flatnonzero(np.isfinite(best))
+    z = np.zeros(total.size)
+    z[present] = _z(best[present])
+    out: np.ndarray = z[labels]
+    return out
+
+
 def _z(x: np.ndarray) -> np.ndarray:
     if x.size == 0:
         return x
@@ -404,6 +456,8 @@ class EpisodicMemoryStore(ABC):
         """Which vector index the in-process stores keep (PostgreSQL has its own)."""
         if self.config.window < 0 or self.config.self_weight < 1:
             raise ConfigError("window must be >= 0 and self_weight >= 1")
+        if not math.isfinite(self.config.session_weight):
+            raise ConfigError("session_weight must be a finite number")
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -517,13 +571,18 @@ class EpisodicMemoryStore(ABC):
                 np.float64
             )
             total += cfg.lexical_weight * _z(lex)
+        nbs: tuple[np.ndarray, ...] | None = None
         if cfg.dense_weight and q is not None:
             dense = self._dense(q.astype(np.float32), rows).astype(np.float64)
             a, b = cfg.smooth
             if a or b:
-                p1, n1, p2, n2 = self._neighbours(rows)
+                nbs = self._neighbours(rows)
+                p1, n1, p2, n2 = nbs
                 dense = dense + a * (dense[p1] + dense[n1]) + b * (dense[p2] + dense[n2])
             total += cfg.dense_weight * _z(dense)
+        if cfg.session_weight:
+            nbs = nbs or self._neighbours(rows)
+            total += cfg.session_weight * session_prior(total, session_labels(nbs[0]))
         if cfg.recency_half_life:
             created = self._created(rows)
             age = np.maximum(0.0, created.max() - created)

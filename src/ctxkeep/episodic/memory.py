@@ -58,6 +58,9 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         self._postings: dict[str, dict[int, int]] = {}
         self._table = TokenTable()  # own tokens, for counting terms in many windows at once
         self._sessions: dict[str, list[int]] = {}
+        # task -> its rows, ascending (forgotten rows stay: _rows skips tombstones); a task
+        # filter scanned every episode, 80% of a LoCoMo search at 5,882 episodes
+        self._tasks: dict[str | None, list[int]] = {}
         # per row, in arrays grown by doubling ([:len(self._eps)] is current):
         self._doclen = np.zeros(0, np.float64)  # window document length (0: forgotten)
         self._nb = np.zeros((0, 4), np.int64)  # prev1, next1, prev2, next2 (-1: none)
@@ -132,6 +135,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 self._tokens.append(list(toks))
                 self._docs.append(Counter())
                 self._created_arr[r] = e.created_at
+                self._tasks.setdefault(e.task_id, []).append(r)
                 session = self._sessions.setdefault(e.session_id, [])
                 touched.setdefault(e.session_id, len(session))
                 session.append(r)
@@ -151,6 +155,8 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 return self._live_rows
             if f.session_id is not None:  # only the sessions' rows can match
                 cand: Any = sorted({r for s in f.session_id for r in self._sessions.get(s, ())})
+            elif f.task_id is not None:  # only the tasks' rows can match
+                cand = sorted({r for t in f.task_id for r in self._tasks.get(t, ())})
             else:
                 cand = range(len(self._eps))
             out = [i for i in cand if (e := self._eps[i]) is not None and f.matches(e)]
