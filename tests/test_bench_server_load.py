@@ -1,0 +1,132 @@
+"""bench/server_load.py: a tiny load run end to end against a real ``ctxkeep serve`` (and the
+in-process anchor) reports no errors and nothing lost, and its integrity check catches each
+kind of loss it exists to catch. Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("httpx")
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def test_a_tiny_load_run_has_no_errors_and_loses_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "server_load.py"),
+            "--clients",
+            "3",
+            "--requests",
+            "10",
+            "--backends",
+            "sqlite",
+            "--targets",
+            "server",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(out.read_text())["results"]["sqlite"]["server"]
+    assert r["errors"] == 0, r["error_samples"]
+    assert r["integrity"] == dict.fromkeys(r["integrity"], 0)
+    assert r["requests"] == 30
+    # every kind ran: own appends, shared appends (a note and a tool unit), prompt builds
+    assert {k: v["count"] for k, v in r["kinds"].items()} == {
+        "append": 18,
+        "append shared": 6,
+        "prompt": 6,
+    }
+    assert r["server_log_problems"] == []
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import server_load
+
+    return server_load
+
+
+def test_the_in_process_anchor_runs_the_same_scripts_and_loses_nothing(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    plan = bench.Plan(
+        [bench.client_script(c, 10, prompt_every=5, shared_every=4, shared=True) for c in (0, 1)],
+        group=2,
+    )
+    r = bench.run_in_process(f"sqlite:///{tmp_path / 'anchor.db'}", plan)
+    assert r["errors"] == 0, r["error_samples"]
+    assert r["integrity"] == dict.fromkeys(r["integrity"], 0)
+    assert {k: v["count"] for k, v in r["kinds"].items()} == {
+        "append": 12,
+        "append shared": 4,
+        "prompt": 4,
+    }
+
+
+def _msg(tag: str, mid: str, **kw: Any) -> dict[str, Any]:
+    return {"id": mid, "metadata": {"bench": tag}, "tool_calls": [], **kw}
+
+
+def test_the_integrity_check_counts_each_kind_of_failure(bench: ModuleType) -> None:
+    acked = {
+        "0:0": ("s", "a"),
+        "0:1": ("s", "b"),
+        "0:2": ("s", "c"),  # never stored: lost
+        "1:0": ("s", "d"),
+        "1:1": ("s", "e"),
+        "2:0": ("s", "f"),
+    }
+    sent = {tag: "s" for tag in [*acked, "2:1"]}
+    stored = {
+        "s": [
+            _msg("0:1", "b"),
+            _msg("0:0", "a"),  # after 0:1: out of order
+            _msg("1:0", "d", tool_calls=[{"id": "t1"}]),
+            _msg("1:1", "x", tool_call_id="t9"),  # answers another call; id not the acked one
+            _msg("1:1", "x"),  # twice
+            _msg("2:1", "g"),  # no 2xx for it
+        ]
+    }
+    counts = bench.check_integrity(acked, sent, stored, {"2:0"})
+    assert counts == {
+        "lost": 1,
+        "duplicated": 1,
+        "out_of_order": 2,  # 0:0 after 0:1, and 1:1 after 1:1
+        "unacknowledged": 1,
+        "id_changed": 2,
+        "wrong_session": 0,
+        "broken_units": 1,
+        "evicted": 1,
+    }
+
+
+def test_a_clients_script_mixes_every_kind_and_tags_each_message_once(bench: ModuleType) -> None:
+    script = bench.client_script(7, 40, prompt_every=5, shared_every=4, shared=True)
+    kinds = [op.kind for op in script]
+    assert kinds.count("prompt") == 8
+    assert kinds.count("append shared") == 8
+    tags = [m.metadata["bench"] for op in script for m in op.messages]
+    assert tags == [f"7:{n}" for n in range(len(tags))]
+    units = [op.messages for op in script if op.shared and len(op.messages) > 1]
+    assert units, "no tool call with its result among the shared appends"
+    for unit in units:
+        assert {tc.id for tc in unit[0].tool_calls} == {m.tool_call_id for m in unit[1:]}
