@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import math
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -445,3 +447,27 @@ def test_a_copied_message_keeps_its_cached_count() -> None:
     spy.encoded.clear()
     assert spy.count_message(m.copy()) == spy.count_message(m)
     assert spy.encoded == []
+
+
+def test_concurrent_first_calls_build_an_encoding_once() -> None:
+    # A fresh interpreter: nothing is warm. 8 threads ask for the same counter at once.
+    code = """
+import threading, tiktoken
+from ctxkeep import tokens
+built = []
+real = tiktoken.Encoding.__init__
+def counting(self, *a, **k):
+    built.append(1)
+    real(self, *a, **k)
+tiktoken.Encoding.__init__ = counting
+barrier = threading.Barrier(8)
+def ask():
+    barrier.wait()
+    tokens.get_counter("cl100k_base").count_text("hello")
+threads = [threading.Thread(target=ask) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(len(built))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"

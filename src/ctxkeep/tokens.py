@@ -21,6 +21,7 @@ message object, so counting a history that grew by one message costs that one me
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import hashlib
 import importlib.util
@@ -28,11 +29,11 @@ import json
 import math
 import struct
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ctxkeep.config import setting_str
 from ctxkeep.errors import InvalidTypeError, TokenizerError, UnknownEncodingError
@@ -134,7 +135,29 @@ def _data_file(name: str) -> Path:
     raise TokenizerError(f"bpe-openai does not ship {name}.tiktoken.gz")
 
 
-@cache
+_BUILD_LOCK = threading.RLock()
+"""Held while an encoding or a shared counter is built: ``functools.cache`` does not lock, so
+20 concurrent first calls (a fresh server's first prompt builds) built the encoding 20 times
+(10 s of CPU where one takes 0.6 s)."""
+
+T = TypeVar("T")
+
+
+def _built_once(fn: Callable[[str], T]) -> Callable[[str], T]:
+    """``functools.cache`` for a builder of one argument, each value built once however many
+    threads ask for it first.
+    """
+    cached = cache(fn)
+
+    @functools.wraps(fn)
+    def once(name: str) -> T:
+        with _BUILD_LOCK:
+            return cached(name)
+
+    return once
+
+
+@_built_once
 def load_encoding(name: str) -> Any:
     """The tiktoken ``Encoding`` for ``o200k_base`` or ``cl100k_base``, built offline.
 
@@ -532,7 +555,7 @@ def get_counter(name: str | None = None) -> TokenCounter:
     return _shared(encoding_for_model(key))
 
 
-@cache
+@_built_once
 def _shared(name: str) -> TokenCounter:
     if name == "heuristic":
         return HeuristicCounter()
