@@ -573,3 +573,28 @@ def test_valid_histories_round_trip_through_both_providers(history: list[dict[st
     assert from_anthropic(payload.messages, payload.system) == [
         anthropic_expressible(m) for m in msgs
     ]
+
+
+def test_a_copy_shares_nothing_mutable_with_its_message() -> None:
+    m = Message("user", [{"type": "text", "text": "hi"}], metadata={"k": [1]}, extra={"x": {}})
+    c = m.copy()
+    assert c == m and c is not m and c.__dict__ is not m.__dict__
+    c.metadata["k"].append(2)  # type: ignore[attr-defined]
+    c.extra["x"]["y"] = 1  # type: ignore[index]
+    c.content[0]["text"] = "changed"  # type: ignore[index]
+    assert m.metadata == {"k": [1]} and m.extra == {"x": {}} and m.text == "hi"
+    plain = Message("user", "hi")
+    c = plain.copy()
+    assert c.metadata is not plain.metadata and c.extra is not plain.extra
+
+
+def test_a_copy_carries_token_counts_but_no_other_cache() -> None:
+    m = Message("user", "hello there")
+    counter = get_counter()
+    n = counter.count_message(m)
+    m.__dict__["_ctxkeep_compressed"] = {"key": m}
+    c = m.copy()
+    assert c.__dict__["_tokens"] == m.__dict__["_tokens"]
+    assert c.__dict__["_tokens"] is not m.__dict__["_tokens"]
+    assert "_ctxkeep_compressed" not in c.__dict__
+    assert counter.count_message(c) == n and c == m

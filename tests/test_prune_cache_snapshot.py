@@ -288,7 +288,7 @@ def test_a_failed_snapshot_write_is_logged_and_the_prompt_built(
     mem = MemoryManager(backend, config)
     sid = mem.create_session("agent")
     _long_session(mem, sid, 20)
-    with caplog.at_level(logging.WARNING, logger="ctxkeep.sessions.base"):
+    with caplog.at_level(logging.WARNING, logger="ctxkeep.sessions.folds"):
         got = mem.build_prompt_messages(sid, pruner=TokenPruner(1500, 4))
     assert backend.writes and "not stored" in caplog.text and "read-only" in caplog.text
     want = MemoryManager(backend, config).build_prompt_messages(sid, pruner=WholePruner(1500, 4))

@@ -53,6 +53,8 @@ checked against them (the window walked again, the totals counted again), and fo
 from there, as a warm fold would be; a seed that does not check out raises
 :class:`FoldMismatch` and the caller replays the whole history, which stays the reference.
 :func:`fold_params` names every setting that changes a fold (a snapshot is kept per setting).
+The state, its stored form and these helpers live in :mod:`ctxkeep.foldstate` (importable
+from here too).
 
 :func:`place_cache_breakpoints` turns a pruned prompt into an Anthropic payload with
 ``cache_control`` breakpoints on its stable prefix.
@@ -66,8 +68,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ctxkeep._version import __version__
 from ctxkeep.errors import BudgetExceededError, ConfigError, CtxkeepError, describe
+from ctxkeep.foldstate import (
+    FOLD_FORMAT,
+    FoldMismatch,
+    FoldState,
+    Unread,
+    UnreadMessageTouched,
+    fold_params,
+)
 from ctxkeep.messages import (
     SYSTEM_ROLES,
     AnthropicPayload,
@@ -432,221 +441,6 @@ class _StableFolds:
         fold.notes = notes
 
 
-# -- fold snapshots -----------------------------------------------------------------------------
-
-FOLD_FORMAT = 1
-"""The version of the fold's rules and of :class:`FoldState`'s stored form: part of every
-snapshot's key (:func:`fold_params`), so bump it whenever either changes."""
-
-
-class FoldMismatch(Exception):
-    """A :class:`FoldState` that does not describe the history it was given (the caller
-    replays the whole history instead).
-    """
-
-
-class UnreadMessageTouched(AssertionError):
-    """A fold seeded from a snapshot used a message it did not read: a bug, never an input."""
-
-
-class Unread:
-    """History messages a seeded fold does not read, in their places in the list (one object
-    may fill every such place of one read): any attribute read raises
-    :class:`UnreadMessageTouched`; it is equal only to itself, so a fold keyed on it matches
-    the lists made from the same read, never another history.
-    """
-
-    __slots__ = ("where",)
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def __getattr__(self, name: str) -> Any:
-        raise UnreadMessageTouched(
-            f"a message {self.where} was not read, yet the pruner used it ({name})"
-        )
-
-    def __repr__(self) -> str:
-        return f"<unread: a message {self.where}>"
-
-
-def fold_params(pruner: Any) -> list[Any] | None:
-    """Every setting of ``pruner`` that changes its cache-stable fold, JSON-ready (with
-    :data:`FOLD_FORMAT` and the ctxkeep version), or None where no snapshot may stand for a
-    replay: not a :class:`~ctxkeep.TokenPruner` itself (a subclass may prune otherwise), not
-    cache-stable, a counter whose counts are not a function of its settings (a
-    :class:`~ctxkeep.tokens.CalibratedCounter` learns; an unknown type), or an artifact store
-    whose refs are not the content's own (a ``put`` of its own).
-    """
-    from ctxkeep.artifacts import ArtifactStore
-    from ctxkeep.prune import TokenPruner
-    from ctxkeep.tokens import HeuristicCounter, Overhead, TiktokenCounter
-
-    if type(pruner) is not TokenPruner or pruner._stable is None or pruner.summarizer is not None:
-        return None
-    c = pruner.counter
-    counter: list[Any]
-    if type(c) is TiktokenCounter:
-        counter = ["tiktoken", c.name]
-    elif type(c) is HeuristicCounter:
-        counter = ["heuristic", repr(float(c.chars_per_token))]
-    else:
-        return None
-    o = c.overhead
-    if type(o) is not Overhead or type(pruner.artifacts).put is not ArtifactStore.put:
-        return None
-    return [
-        FOLD_FORMAT,
-        __version__,
-        pruner.max_token_budget,
-        pruner.preserve_last_n,
-        repr(pruner.low_water),
-        pruner.compress_threshold,
-        pruner.excerpt_tokens,
-        pruner.repair,
-        pruner.compress_oversized_user,
-        counter,
-        [o.per_message, o.per_name, o.reply_priming, o.per_tool_call],
-    ]
-
-
-@dataclass(frozen=True, kw_only=True)
-class FoldState:
-    """A cache-stable fold's state at its frontier, in input indexes: what a snapshot keeps.
-
-    Everything before :attr:`window_start` that the fold still needs is named here (the system
-    messages and the pinned user message); the messages from the window on are all needed.
-    """
-
-    frontier: int
-    """Input messages folded."""
-    cut_end: int
-    """The last cut's end: messages before it stay as they are until the next cut."""
-    system: tuple[int, ...]
-    """The system messages kept (every one with content), in order."""
-    units: tuple[tuple[int, tuple[int, ...], bool], ...]
-    """The window: ``(start, members, tool)`` of every unit from the cut on, oldest first."""
-    pinned: int | None
-    """The user message kept from before the window, if any."""
-    compressed: tuple[int, ...]
-    """The messages in the prompt in their compressed form."""
-    last_user: int
-    """The newest user message folded (-1: none)."""
-    total: int
-    """Tokens of the prompt (priming included)."""
-    notes: tuple[str, ...]
-    """What the last cut did."""
-    empty: tuple[int, ...]
-    """Messages with no content, dropped."""
-    orphans: tuple[int, ...]
-    """Tool results with no call, dropped."""
-
-    @property
-    def window_start(self) -> int:
-        """The first message of the window (the frontier if the window is empty)."""
-        return self.units[0][0] if self.units else self.frontier
-
-    @property
-    def needed(self) -> list[int]:
-        """The messages before the window the fold reads: the system ones and the pinned one."""
-        lo = self.window_start
-        out = {i for i in self.system if i < lo}
-        if self.pinned is not None:
-            out.add(self.pinned)
-        return sorted(out)
-
-    @classmethod
-    def of(cls, fold: _Fold) -> FoldState | None:
-        """The state of ``fold``, or None where a snapshot would not stand for it: no cut
-        yet (a replay reads little), the budget exceeded, or repairs a state does not hold
-        (messages rewritten, synthetic results).
-        """
-        if fold.error is not None or fold.cut_end == 0 or fold.fix.originals or fold.fix.notes:
-            return None
-        pinned = fold.pinned
-        if any(u.synthetic or u.pinned for u in fold.units) or (
-            pinned is not None and (pinned.synthetic or pinned.members != [pinned.start])
-        ):
-            return None
-        return cls(
-            frontier=len(fold.keys),
-            cut_end=fold.cut_end,
-            system=tuple(fold.system),
-            units=tuple((u.start, tuple(u.members), u.tool) for u in fold.units),
-            pinned=None if pinned is None else pinned.start,
-            compressed=tuple(sorted(fold.compressed)),
-            last_user=fold.last_user,
-            total=fold.total,
-            notes=tuple(fold.notes),
-            empty=tuple(sorted(fold.fix.empty)),
-            orphans=tuple(sorted(fold.fix.orphans)),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (:meth:`from_json` reads it back)."""
-        return {
-            "frontier": self.frontier,
-            "cut_end": self.cut_end,
-            "system": list(self.system),
-            "units": [[s, list(m), t] for s, m, t in self.units],
-            "pinned": self.pinned,
-            "compressed": list(self.compressed),
-            "last_user": self.last_user,
-            "total": self.total,
-            "notes": list(self.notes),
-            "empty": list(self.empty),
-            "orphans": list(self.orphans),
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> FoldState:
-        """The state :meth:`to_json` wrote.
-
-        Raises:
-            FoldMismatch: ``data`` is not such a dict.
-
-        """
-        try:
-            units = tuple((_int(s), _ints(m), _bool(t)) for s, m, t in data["units"])
-            notes = data["notes"]
-            if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-                raise TypeError("notes")
-            pinned = data["pinned"]
-            return cls(
-                frontier=_int(data["frontier"]),
-                cut_end=_int(data["cut_end"]),
-                system=_ints(data["system"]),
-                units=units,
-                pinned=None if pinned is None else _int(pinned),
-                compressed=_ints(data["compressed"]),
-                last_user=_int(data["last_user"]),
-                total=_int(data["total"]),
-                notes=tuple(notes),
-                empty=_ints(data["empty"]),
-                orphans=_ints(data["orphans"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FoldMismatch(f"not a fold state: {exc!r}") from None
-
-
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise TypeError(f"expected an int, got {describe(value)}")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if type(value) is not bool:
-        raise TypeError(f"expected a bool, got {describe(value)}")
-    return value
-
-
-def _ints(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list, got {describe(value)}")
-    return tuple(_int(v) for v in value)
-
-
 # -- Anthropic breakpoints ----------------------------------------------------------------------
 
 
@@ -755,4 +549,13 @@ def _blocks(message: dict[str, Any]) -> int:
     return len(content) if isinstance(content, list) else 1
 
 
-__all__ = ["ANTHROPIC_MAX_BREAKPOINTS", "place_cache_breakpoints"]
+__all__ = [
+    "ANTHROPIC_MAX_BREAKPOINTS",
+    "FOLD_FORMAT",
+    "FoldMismatch",
+    "FoldState",
+    "Unread",
+    "UnreadMessageTouched",
+    "fold_params",
+    "place_cache_breakpoints",
+]

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
-from ctxkeep.cache import FoldMismatch, FoldState, _StableFolds
+from ctxkeep.cache import _StableFolds
 from ctxkeep.errors import ConfigError, describe
+from ctxkeep.foldstate import FoldMismatch, FoldState
 from ctxkeep.messages import Message
 from ctxkeep.prune.inputs import Reader, as_list
 from ctxkeep.prune.report import Action, PruneReport, _with_originals

@@ -3,7 +3,8 @@
 :class:`MemoryManager` does the work that is the same everywhere: copying, validation,
 tool-unit checks, ``max_history`` trimming in whole units, TTL and LRU policy, eviction hooks
 and archiving, prompt building. A :class:`Backend` supplies a few storage primitives; the
-memory, SQLite, Redis and PostgreSQL backends live beside this module.
+memory, SQLite, Redis and PostgreSQL backends live beside this module; the primitives and the
+types they speak are in :mod:`ctxkeep.sessions.backend` (importable from here too).
 
 Appends are atomic: :meth:`Backend.append` runs the caller's check (which tool calls are
 still waiting) inside the backend's transaction, so concurrent writers cannot interleave a
@@ -31,25 +32,39 @@ import threading
 import time
 import uuid
 import warnings
-from abc import ABC, abstractmethod
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Self
 
 from ctxkeep import _check
-from ctxkeep.cache import FoldMismatch, FoldState, UnreadMessageTouched
 from ctxkeep.errors import (
     ConfigError,
-    CtxkeepError,
     InvalidMessageError,
     InvalidTypeError,
     SessionChangedError,
     SessionNotFoundError,
 )
+from ctxkeep.foldstate import FoldMismatch, UnreadMessageTouched
 from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message
-from ctxkeep.sessions.folds import Folded, Loaded, load, snapshot_key, snapshot_of
+from ctxkeep.sessions.backend import (
+    Backend,
+    Check,
+    Evicted,
+    EvictHook,
+    EvictReason,
+    KnownStates,
+    Row,
+    Snapshot,
+    Tail,
+    Written,
+    cas_append,
+    check_session_id,
+    page,
+    tail_of,
+)
+from ctxkeep.sessions.folds import Folded, fold_history, fold_prompt, snapshot_key, store_fold
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
@@ -64,9 +79,28 @@ from ctxkeep.sessions.tail import FIRST_PAGE, pages_suffice, prompt_from_tail
 if TYPE_CHECKING:
     from ctxkeep.prune import TokenPruner
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "Backend",
+    "CachedHistory",
+    "Check",
+    "EvictHook",
+    "EvictReason",
+    "Evicted",
+    "KnownStates",
+    "MemoryConfig",
+    "MemoryManager",
+    "Row",
+    "Snapshot",
+    "Tail",
+    "Written",
+    "cas_append",
+    "check_session_id",
+    "default_memory_config",
+    "page",
+    "tail_of",
+]
 
-EvictReason: TypeAlias = Literal["max_history", "ttl", "lru", "deleted"]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,321 +136,6 @@ def default_memory_config() -> MemoryConfig:
     return MemoryConfig()
 
 
-@dataclass(frozen=True)
-class Evicted:
-    """Messages leaving a session, as passed to ``on_evict`` hooks."""
-
-    session_id: str
-    agent_id: str
-    reason: EvictReason
-    messages: list[Message]
-
-
-EvictHook: TypeAlias = Callable[[Evicted], None]
-Check: TypeAlias = Callable[[SessionInfo], tuple[str, ...]]
-Row: TypeAlias = tuple[int, dict[str, Any]]
-"""A stored message: ``(seq, record)``."""
-Snapshot: TypeAlias = tuple[SessionInfo, list[Row]]
-"""A session and some of its messages, read at one instant."""
-
-
-@dataclass(frozen=True)
-class Tail:
-    """The newest messages of a session and the few older ones a prompt may need, read at one
-    instant (:meth:`Backend.read_tail`).
-    """
-
-    info: SessionInfo
-    rows: list[Row]
-    """The newest ``limit`` messages below ``before_seq``, oldest first."""
-    marks: list[Row]
-    """Older than every row of :attr:`rows` (and below ``before_seq``): each message whose role
-    is in ``roles`` and the newest whose role is ``newest_role``, oldest first. A backend that
-    cannot tell a stored message's role without decoding it may add it here too: the caller
-    filters by the decoded role."""
-
-
-def tail_of(
-    snap: Snapshot,
-    *,
-    limit: int | None,
-    before_seq: int | None,
-    roles: Collection[str],
-    newest_role: str | None,
-) -> Tail:
-    """:meth:`Backend.read_tail`'s answer cut from a snapshot of every message (``role`` read
-    from the records).
-    """
-    info, rows = snap
-    if before_seq is not None:
-        rows = [r for r in rows if r[0] < before_seq]
-    split = 0 if limit is None else max(len(rows) - limit, 0)
-    older, page = rows[:split], rows[split:]
-    marks = [r for r in older if r[1].get("role") in roles]
-    newest = next((r for r in reversed(older) if r[1].get("role") == newest_role), None)
-    if newest is not None and newest[1].get("role") not in roles:
-        marks = sorted([*marks, newest], key=lambda r: r[0])
-    return Tail(info, page, marks)
-
-
-class Backend(ABC):
-    """Storage primitives a session backend implements. All methods are thread-safe.
-
-    A backend stores; it decides nothing. TTL, LRU, ``max_history``, archiving and the
-    prompt cache belong to :class:`MemoryManager`. A backend that can expire idle sessions by
-    itself declares :attr:`supports_native_ttl`; only then does the manager pass it a TTL.
-    """
-
-    supports_folds: bool = False
-    """True if the store keeps fold snapshots (:meth:`put_fold`, :meth:`get_fold`); without
-    them a new process replays a cache-stable prompt from the session's first message."""
-    supports_native_ttl: bool = False
-    """True if the store expires idle sessions itself (Redis key TTL): the manager then passes
-    ``ttl`` to :meth:`create`, :meth:`info` and :meth:`append`, and expects a session to vanish
-    without an eviction of its own (the contract checks both)."""
-    name: str = "backend"
-
-    @abstractmethod
-    def create(self, info: SessionInfo, ttl: float | None) -> None:
-        """Store a new session.
-
-        Raises:
-            SessionExistsError: the id is in use.
-
-        """
-
-    @abstractmethod
-    def info(
-        self, session_id: str, *, touch: float | None, ttl: float | None
-    ) -> SessionInfo | None:
-        """The session, or None; with ``touch``, move its ``accessed_at`` forward first."""
-
-    @abstractmethod
-    def append(self, session_id: str, batch: Append) -> list[int]:
-        """Atomically: run ``batch.check(info)`` (the new pending ids, or it raises), store
-        ``batch.records`` under the next sequence numbers, update count, next_seq, pending and
-        accessed_at. Returns the sequence numbers given.
-
-        ``check`` depends on ``info.pending`` and ``info.accessed_at`` only, and one that passes
-        with an earlier ``accessed_at`` passes with a later one (the manager's does). So a
-        backend on a server may run it before the write, on a state of the session it saw
-        earlier, and make the write a compare-and-set in one round trip (:func:`cas_append`):
-        stored only if ``pending`` is still that state's and ``accessed_at`` no earlier; else
-        ``check`` runs again on the state as it is, and a ``check`` that raises on an earlier
-        state runs again on the current one before its error counts.
-
-        Raises:
-            SessionNotFoundError: an unknown id.
-
-        """
-
-    @abstractmethod
-    def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
-        """The session and its messages with ``seq > after_seq`` (oldest first), read at one
-        instant (no write lands between the two); None for an unknown id.
-        """
-
-    def read_tail(
-        self,
-        session_id: str,
-        *,
-        limit: int | None,
-        before_seq: int | None = None,
-        roles: Collection[str] = (),
-        newest_role: str | None = None,
-    ) -> Tail | None:
-        """The newest ``limit`` messages below ``before_seq`` (all of them if ``limit`` is None)
-        and the older messages :attr:`Tail.marks` names, read at one instant; None for an
-        unknown id. A prompt reads a long session this way, newest pages first, and stops once
-        its budget is full.
-
-        The default reads every message (:meth:`read`); a backend that can read the newest
-        messages by themselves overrides it.
-        """
-        snap = self.read(session_id)
-        if snap is None:
-            return None
-        return tail_of(
-            snap, limit=limit, before_seq=before_seq, roles=roles, newest_role=newest_role
-        )
-
-    def read_rows(
-        self, session_id: str, *, seqs: Collection[int], after_seq: int
-    ) -> Snapshot | None:
-        """The session and its messages whose seq is in ``seqs`` or above ``after_seq``
-        (oldest first; a seq not held is left out), read at one instant; None for an unknown
-        id. A prompt from a fold snapshot reads the messages it names this way.
-
-        The default reads from the smallest seq asked for (:meth:`read`); a backend that can
-        read single messages overrides it.
-        """
-        low = min([after_seq, *(s - 1 for s in seqs)])
-        snap = self.read(session_id, low)
-        if snap is None:
-            return None
-        wanted = set(seqs)
-        return snap[0], [r for r in snap[1] if r[0] > after_seq or r[0] in wanted]
-
-    def get_fold(self, session_id: str, key: str) -> str | None:
-        """The fold snapshot stored for the session under ``key`` (see :attr:`supports_folds`),
-        or None. The default keeps none.
-        """
-        return None
-
-    def put_fold(self, session_id: str, generation: str, key: str, body: str) -> None:  # noqa: B027
-        """Store ``body`` as the session's fold snapshot under ``key`` (replacing the one
-        there) if the session exists and still has ``generation``; else do nothing. Snapshots
-        are deleted with their session. The default keeps none.
-        """
-
-    @abstractmethod
-    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
-        """Atomically remove the messages with ``seq <= upto_seq`` and move ``first_seq`` past
-        them, if the session still has ``generation``.
-        """
-
-    @abstractmethod
-    def pop_newest(self, session_id: str, generation: str) -> Row | None:
-        """Atomically remove and return the newest message, if the session still has
-        ``generation`` and holds one: ``pending`` follows (:func:`pending_after_pop`),
-        ``revision`` goes up by one, ``next_seq`` stays (a sequence number is never reused).
-        """
-
-    @abstractmethod
-    def delete(self, session_id: str, generation: str | None = None) -> bool:
-        """Delete a session and its messages (only if it has ``generation``, when given);
-        False if nothing was deleted.
-        """
-
-    @abstractmethod
-    def list_sessions(
-        self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int
-    ) -> list[SessionInfo]:
-        """Sessions, newest ``created_at`` first."""
-
-    @abstractmethod
-    def latest_for_agent(self, agent_id: str) -> str | None:
-        """The agent's most recently created session."""
-
-    @abstractmethod
-    def count(self) -> int:
-        """How many sessions are stored."""
-
-    @abstractmethod
-    def least_recent(self, n: int) -> list[str]:
-        """The ``n`` sessions with the oldest ``accessed_at``."""
-
-    @abstractmethod
-    def idle_since(self, cutoff: float) -> list[str]:
-        """Sessions whose ``accessed_at`` is before ``cutoff``."""
-
-    def archive(self, evicted: Evicted) -> None:  # noqa: B027 - optional primitive
-        """Keep evicted messages (default: nowhere)."""
-
-    def archived(self, session_id: str) -> list[Message]:
-        """Archived messages of a session (default: none)."""
-        return []
-
-    def close(self) -> None:  # noqa: B027 - optional primitive
-        """Release connections."""
-
-    def messages(self, session_id: str) -> list[Row]:
-        """Every stored message of a session, oldest first.
-
-        Raises:
-            SessionNotFoundError: an unknown id.
-
-        """
-        snap = self.read(session_id)
-        if snap is None:
-            raise SessionNotFoundError(f"no session {session_id!r}")
-        return snap[1]
-
-
-class KnownStates:
-    """The state of each session this process last saw (the newest few thousand sessions):
-    what a compare-and-set append (:func:`cas_append`) runs its check on. Only a guess: the
-    write verifies it, so a stale or missing entry costs a round trip, never a wrong append.
-    """
-
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self._states: dict[str, SessionInfo] = {}
-        self._lock = threading.Lock()
-
-    def get(self, session_id: str) -> SessionInfo | None:
-        """The state last seen, or None."""
-        return self._states.get(session_id)
-
-    def put(self, info: SessionInfo) -> None:
-        """Remember ``info`` as the session's state (the oldest entry goes beyond ``size``)."""
-        with self._lock:
-            self._states.pop(info.session_id, None)
-            self._states[info.session_id] = info
-            while len(self._states) > self.size:
-                self._states.pop(next(iter(self._states)))
-
-    def forget(self, session_id: str) -> None:
-        """Drop what is known of a session."""
-        with self._lock:
-            self._states.pop(session_id, None)
-
-
-Written: TypeAlias = "tuple[list[int], SessionInfo] | SessionInfo | None"
-"""What a compare-and-set write answers: ``(seqs, the session after)`` when stored, the session
-as it is now when its state was not the one given, None when there is no session."""
-
-
-def cas_append(
-    session_id: str,
-    batch: Append,
-    known: KnownStates,
-    read: Callable[[], SessionInfo | None],
-    write: Callable[[SessionInfo, tuple[str, ...]], Written],
-) -> list[int]:
-    """An append as a compare-and-set: one round trip when ``known`` has the session's state.
-
-    ``batch.check`` runs on the state last seen (or, with none, on one ``read``); ``write(state,
-    pending)`` stores the batch with ``pending`` only if the stored ``pending`` still equals
-    ``state.pending`` and the stored ``accessed_at`` is not before ``state.accessed_at`` (see
-    :meth:`Backend.append` for why that is the check's whole input), all in one atomic step on
-    the server. When the state has moved on, the write answers the current one and the check
-    runs again on it. A check that raises on a remembered state is run again on a fresh
-    ``read`` before its error is believed.
-
-    Raises:
-        SessionNotFoundError: no such session.
-        Whatever ``batch.check`` raises on the session as stored.
-
-    """
-    base = known.get(session_id)
-    exact = base is None
-    while True:
-        if base is None:
-            base = read()
-            if base is None:
-                known.forget(session_id)
-                raise SessionNotFoundError(f"no session {session_id!r}")
-        try:
-            pending = batch.check(base)
-        except Exception:
-            if exact:
-                raise
-            base, exact = None, True  # a guess refused it: ask the store
-            continue
-        out = write(base, pending)
-        if out is None:
-            known.forget(session_id)
-            raise SessionNotFoundError(f"no session {session_id!r}")
-        if isinstance(out, SessionInfo):
-            base, exact = out, True  # another writer got there first: check again on its state
-            known.put(out)
-            continue
-        seqs, after = out
-        known.put(after)
-        return seqs
-
-
 def _now() -> float:
     return time.time()
 
@@ -426,7 +145,7 @@ class _Idle(Exception):
 
 
 @dataclass
-class _Cached:
+class CachedHistory:
     """A session's decoded history, as the prompt cache keeps it: all of it, or (``complete``
     False) every message from ``seqs[0]`` on and the older ``marks`` (a paged read's).
     """
@@ -473,7 +192,7 @@ class MemoryManager:
         # A TTL is handed to a backend only if it expires sessions by itself.
         self._native_ttl = self.config.session_ttl if backend.supports_native_ttl else None
         # session id -> its decoded history, keyed by generation; most recently used last.
-        self._prompt_cache: dict[str, _Cached] = {}
+        self._prompt_cache: dict[str, CachedHistory] = {}
         self._cache_lock = threading.Lock()
         self.prompt_cache_sessions = 64
         # Messages in the first page a paged prompt reads (each further page twice the last).
@@ -818,7 +537,7 @@ class MemoryManager:
             cached = None
             info, rows = self._read(session_id)
         if cached is None:
-            cached = _Cached(info.generation, info.revision, [], [])
+            cached = CachedHistory(info.generation, info.revision, [], [])
         # Trimmed since: drop what the session no longer holds.
         keep = bisect_left(cached.seqs, info.first_seq)
         seqs = cached.seqs[keep:] + [seq for seq, _ in rows]
@@ -834,7 +553,7 @@ class MemoryManager:
             f = prior.fold
             fold = Folded(f.key, f.first_seq, seed=f.seed, written=f.written)
         with self._cache_lock:
-            self._prompt_cache[session_id] = _Cached(
+            self._prompt_cache[session_id] = CachedHistory(
                 info.generation, info.revision, seqs, msgs, fold=fold
             )
             while len(self._prompt_cache) > self.prompt_cache_sessions:
@@ -860,7 +579,7 @@ class MemoryManager:
         if cached is None or info is None:
             tail = self._tail(session_id, self.prompt_page, None)
             info, rows = tail.info, tail.rows
-            cached = _Cached(
+            cached = CachedHistory(
                 info.generation,
                 info.revision,
                 [],
@@ -908,7 +627,7 @@ class MemoryManager:
             marks = [(seq, record_to_message(r)) for seq, r in tail.marks]
             complete = len(tail.rows) < page
         with self._cache_lock:
-            self._prompt_cache[session_id] = _Cached(
+            self._prompt_cache[session_id] = CachedHistory(
                 info.generation,
                 info.revision,
                 seqs,
@@ -931,22 +650,24 @@ class MemoryManager:
         """
         with self._cache_lock:
             cached = self._prompt_cache.pop(session_id, None)
-        loaded = self._fold_history(session_id, key, len(prefix), cached)
+        loaded = fold_history(self.backend, self._read, session_id, key, len(prefix), cached)
         try:
-            out, state = self._fold_prompt(prefix, loaded, pruner)
+            out, state = fold_prompt(prefix, loaded, pruner)
         except (FoldMismatch, UnreadMessageTouched) as exc:
             if isinstance(exc, UnreadMessageTouched):  # a bug: the replay below is still right
                 warnings.warn(
                     f"ctxkeep: a fold snapshot was not enough: {exc}", RuntimeWarning, stacklevel=2
                 )
-            loaded = self._fold_history(session_id, key, len(prefix), None, whole=True)
-            out, state = self._fold_prompt(prefix, loaded, pruner)
+            loaded = fold_history(
+                self.backend, self._read, session_id, key, len(prefix), None, whole=True
+            )
+            out, state = fold_prompt(prefix, loaded, pruner)
         info, folded = loaded.info, loaded.folded
         if state is not None:
             folded.seed = state
-            self._store_fold(session_id, len(prefix), state, loaded)
+            store_fold(self.backend, session_id, len(prefix), state, loaded)
         with self._cache_lock:
-            self._prompt_cache[session_id] = _Cached(
+            self._prompt_cache[session_id] = CachedHistory(
                 info.generation,
                 info.revision,
                 loaded.seqs,
@@ -957,86 +678,6 @@ class MemoryManager:
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
         return out
-
-    def _fold_history(
-        self,
-        session_id: str,
-        key: str,
-        prefix: int,
-        cached: _Cached | None,
-        *,
-        whole: bool = False,
-    ) -> Loaded:
-        """The session for a cache-stable prompt: the cached history and the messages added
-        since, else (unless ``whole``) what the stored snapshot needs, else every message.
-        """
-        f = cached.fold if cached is not None else None
-        if cached is not None and (cached.complete or f is not None):
-            after = cached.seqs[-1] if cached.seqs else (f.after_seq if f is not None else 0)
-            info, rows = self._read(session_id, after)
-            new_seqs = [seq for seq, _ in rows]
-            new = [record_to_message(r) for _, r in rows]
-            if (cached.generation, cached.revision) == (info.generation, info.revision):
-                if cached.complete:
-                    keep = bisect_left(cached.seqs, info.first_seq)  # trimmed since
-                    if f is None or f.key != key or f.first_seq != info.first_seq:
-                        f = Folded(key, info.first_seq)  # positions moved, or another fold
-                    return Loaded(
-                        info, cached.messages[keep:] + new, cached.seqs[keep:] + new_seqs, f
-                    )
-                if f is not None and f.key == key and f.first_seq == info.first_seq:
-                    return Loaded(info, cached.messages + new, cached.seqs + new_seqs, f)
-        if not whole:
-            loaded = load(self.backend, session_id, key, prefix)
-            if loaded is not None:
-                return loaded
-        info, rows = self._read(session_id)
-        return Loaded(
-            info,
-            [record_to_message(r) for _, r in rows],
-            [seq for seq, _ in rows],
-            Folded(key, info.first_seq),
-        )
-
-    @staticmethod
-    def _fold_prompt(
-        prefix: list[Message], loaded: Loaded, pruner: TokenPruner
-    ) -> tuple[list[Message], FoldState | None]:
-        """The pruned prompt of a loaded history and the fold's state after it."""
-        history, base = loaded.history, loaded.folded.base
-        if loaded.info.pending:
-            # The unit still waiting for results is not part of a prompt.
-            cut = next(
-                (i for i in range(len(history) - 1, base - 1, -1) if history[i].tool_calls), -1
-            )
-            if cut < 0 and base > 0:
-                raise FoldMismatch("the pending call is older than the messages read")
-            history = history[:cut] if cut >= 0 else history
-        return pruner._prune_folded(prefix + history, loaded.folded.seed)
-
-    def _store_fold(self, session_id: str, prefix: int, state: FoldState, loaded: Loaded) -> None:
-        """Store ``state`` as the session's snapshot if the fold cut since the one stored or
-        read; a failed write is logged and ignored (it costs a later process a replay).
-        """
-        info, f = loaded.info, loaded.folded
-        mark = (f.key, info.generation, info.revision, info.first_seq, state.cut_end)
-        if f.written == mark:
-            return
-        f.written = mark
-        seqs = loaded.seqs
-
-        def seq_at(i: int) -> int | None:
-            if i >= f.base:
-                return seqs[i - f.base] if i - f.base < len(seqs) else None
-            return f.known.get(i)
-
-        snap = snapshot_of(info, prefix, state, loaded.history, seq_at)
-        if snap is None:
-            return
-        try:
-            self.backend.put_fold(session_id, info.generation, f.key, snap.to_text())
-        except CtxkeepError as exc:
-            log.warning("fold snapshot of session %r not stored: %s", session_id, exc)
 
     def _tail(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
         tail = self.backend.read_tail(
@@ -1148,16 +789,3 @@ class MemoryManager:
             )
         )
         self.backend.remove_oldest(session_id, rows[cut - 1][0], info.generation)
-
-
-def check_session_id(session_id: Any) -> str:
-    """``session_id`` if it is a non-empty string, else SessionNotFoundError."""
-    if not isinstance(session_id, str) or not session_id:
-        raise SessionNotFoundError(f"no session {session_id!r}")
-    return session_id
-
-
-def page(items: Sequence[SessionInfo], limit: int, offset: int) -> list[SessionInfo]:
-    """One page of sessions sorted newest first (ties by id, for stable pages)."""
-    ordered = sorted(items, key=lambda s: (-s.created_at, s.session_id))
-    return ordered[offset : offset + limit]

@@ -10,22 +10,22 @@ state with the session (:class:`FoldSnapshot`, a few hundred bytes of JSON) afte
 whose fold cut (the state at that prompt's last message), and a new process reads only what the
 state names: the system and pinned messages, and every message from the window's start to the
 newest (:meth:`~ctxkeep.sessions.base.Backend.read_rows`). The pruner rebuilds the fold from
-them, checks it, and folds forward (``_StableFolds.plan_state`` in :mod:`ctxkeep.cache`); the
-messages it did not read are :class:`~ctxkeep.cache.Unread` placeholders in their places, which
-raise if anything touches them. On the 10,000-message session of ``bench/cold_prompt.py`` the
-first prompt of a process takes about 30 ms on a loaded two-core machine where the replay takes
-10 s.
+them, checks it, and folds forward (``_StableFolds.plan_state`` in :mod:`ctxkeep.cache`);
+the messages it did not read are :class:`~ctxkeep.foldstate.Unread` placeholders in their
+places, which raise if anything touches them. On the 10,000-message session of
+``bench/cold_prompt.py`` the first prompt of a process takes about 30 ms on a loaded two-core
+machine where the replay takes 10 s.
 
 Keys and identity. A snapshot is stored per session under :func:`snapshot_key`: a hash of every
-pruner setting that changes the fold (:func:`~ctxkeep.cache.fold_params`, with the fold's format
-and the ctxkeep version) and of the prompt's own system message. It holds the session's identity
-when it was taken: ``generation`` (the session created again under the same id has another),
-``revision`` (a message taken back), ``first_seq`` (trimmed by ``max_history``), and the seq and
-id of the last message folded. With the same generation, revision and first_seq the messages up
-to that seq are the ones folded (appends only add newer seqs), and the message count checks the
-positions. A snapshot that does not match, a state the pruner's checks refuse
-(:class:`~ctxkeep.cache.FoldMismatch`), or a pending call older than the messages read make the
-manager read and replay the whole session, which stays the reference, and store the snapshot
+pruner setting that changes the fold (:func:`~ctxkeep.foldstate.fold_params`, with the fold's
+format and the ctxkeep version) and of the prompt's own system message. It holds the session's
+identity when it was taken: ``generation`` (the session created again under the same id has
+another), ``revision`` (a message taken back), ``first_seq`` (trimmed by ``max_history``), and
+the seq and id of the last message folded. With the same generation, revision and first_seq the
+messages up to that seq are the ones folded (appends only add newer seqs), and the message count
+checks the positions. A snapshot that does not match, a state the pruner's checks refuse
+(:class:`~ctxkeep.foldstate.FoldMismatch`), or a pending call older than the messages read make
+the manager read and replay the whole session, which stays the reference, and store the snapshot
 of that replay.
 
 Writes. A snapshot is written when the fold has cut since the one the manager last stored or
@@ -40,16 +40,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ctxkeep.cache import FoldMismatch, FoldState, Unread, fold_params
+from ctxkeep.errors import CtxkeepError
+from ctxkeep.foldstate import FoldMismatch, FoldState, Unread, fold_params
 from ctxkeep.messages import Message
 from ctxkeep.sessions.records import dumps, loads, message_to_record, record_to_message
 
 if TYPE_CHECKING:
-    from ctxkeep.sessions.base import Backend
+    from ctxkeep.prune import TokenPruner
+    from ctxkeep.sessions.backend import Backend, Snapshot
+    from ctxkeep.sessions.base import CachedHistory
     from ctxkeep.sessions.records import SessionInfo
 
 log = logging.getLogger(__name__)
@@ -61,7 +65,7 @@ SNAPSHOT_VERSION = 1
 def snapshot_key(pruner: Any, prefix: list[Message]) -> str | None:
     """The key of ``pruner``'s snapshots for prompts that start with ``prefix`` (the prompt's
     own system message), or None where a snapshot may not stand for a replay
-    (:func:`~ctxkeep.cache.fold_params`).
+    (:func:`~ctxkeep.foldstate.fold_params`).
     """
     params = fold_params(pruner)
     if params is None:
@@ -164,7 +168,7 @@ class Folded:
     """The session's ``first_seq`` when read: a trim moves every position."""
     base: int = 0
     """History index of the first message read in order: those before it are
-    :class:`~ctxkeep.cache.Unread` but for :attr:`known`."""
+    :class:`~ctxkeep.foldstate.Unread` but for :attr:`known`."""
     known: dict[int, int] = field(default_factory=dict)
     """History index -> seq of each message read before :attr:`base`."""
     after_seq: int = 0
@@ -277,6 +281,93 @@ def snapshot_of(
         last_id=history[end - 1].id,
         state=state,
     )
+
+
+def fold_history(
+    backend: Backend,
+    read: Callable[[str, int], Snapshot],
+    session_id: str,
+    key: str,
+    prefix: int,
+    cached: CachedHistory | None,
+    *,
+    whole: bool = False,
+) -> Loaded:
+    """The session for a cache-stable prompt: the ``cached`` history and the messages added
+    since, else (unless ``whole``) what the stored snapshot needs, else every message.
+    ``read(session_id, after_seq)`` is the manager's read (it raises for a session gone).
+    """
+    f = cached.fold if cached is not None else None
+    if cached is not None and (cached.complete or f is not None):
+        after = cached.seqs[-1] if cached.seqs else (f.after_seq if f is not None else 0)
+        info, rows = read(session_id, after)
+        new_seqs = [seq for seq, _ in rows]
+        new = [record_to_message(r) for _, r in rows]
+        if (cached.generation, cached.revision) == (info.generation, info.revision):
+            if cached.complete:
+                keep = bisect_left(cached.seqs, info.first_seq)  # trimmed since
+                if f is None or f.key != key or f.first_seq != info.first_seq:
+                    f = Folded(key, info.first_seq)  # positions moved, or another fold
+                return Loaded(info, cached.messages[keep:] + new, cached.seqs[keep:] + new_seqs, f)
+            if f is not None and f.key == key and f.first_seq == info.first_seq:
+                return Loaded(info, cached.messages + new, cached.seqs + new_seqs, f)
+    if not whole:
+        loaded = load(backend, session_id, key, prefix)
+        if loaded is not None:
+            return loaded
+    info, rows = read(session_id, 0)
+    return Loaded(
+        info,
+        [record_to_message(r) for _, r in rows],
+        [seq for seq, _ in rows],
+        Folded(key, info.first_seq),
+    )
+
+
+def fold_prompt(
+    prefix: list[Message], loaded: Loaded, pruner: TokenPruner
+) -> tuple[list[Message], FoldState | None]:
+    """The pruned prompt of a loaded history and the fold's state after it.
+
+    Raises:
+        FoldMismatch: the call still waiting for results is older than the messages read.
+
+    """
+    history, base = loaded.history, loaded.folded.base
+    if loaded.info.pending:
+        # The unit still waiting for results is not part of a prompt.
+        cut = next((i for i in range(len(history) - 1, base - 1, -1) if history[i].tool_calls), -1)
+        if cut < 0 and base > 0:
+            raise FoldMismatch("the pending call is older than the messages read")
+        history = history[:cut] if cut >= 0 else history
+    return pruner._prune_folded(prefix + history, loaded.folded.seed)
+
+
+def store_fold(
+    backend: Backend, session_id: str, prefix: int, state: FoldState, loaded: Loaded
+) -> None:
+    """Store ``state`` as the session's snapshot if the fold cut since the one stored or read;
+    a failed write is logged and ignored (it costs a later process a replay).
+    """
+    info, f = loaded.info, loaded.folded
+    mark = (f.key, info.generation, info.revision, info.first_seq, state.cut_end)
+    if f.written == mark:
+        return
+    f.written = mark
+    seqs = loaded.seqs
+
+    def seq_at(i: int) -> int | None:
+        if i >= f.base:
+            return seqs[i - f.base] if i - f.base < len(seqs) else None
+        return f.known.get(i)
+
+    snap = snapshot_of(info, prefix, state, loaded.history, seq_at)
+    if snap is None:
+        return
+    try:
+        backend.put_fold(session_id, info.generation, f.key, snap.to_text())
+    except CtxkeepError as exc:
+        log.warning("fold snapshot of session %r not stored: %s", session_id, exc)
 
 
 __all__: list[str] = []
