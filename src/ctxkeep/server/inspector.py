@@ -54,13 +54,12 @@ from ctxkeep.builder import BuiltPrompt, ContextBuilder
 from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RESERVE_OUTPUT_TOKENS
 from ctxkeep.errors import BudgetExceededError, ConfigError, PromptTooLongError
 from ctxkeep.messages import Message
-from ctxkeep.prune import TokenPruner
+from ctxkeep.server import routes
 from ctxkeep.server.models import BuildReportOut, EvictedOut, Problem
 from ctxkeep.server.routes import TenantDep
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 from ctxkeep.sessions.records import SessionInfo
-from ctxkeep.tokens import get_counter
 
 MAX_TOKENS_PARAM = 10_000_000
 """The largest window or reserve the inspect routes take (no model has more)."""
@@ -206,26 +205,21 @@ ParamsDep = Annotated[BuildParams, Depends(build_params)]
 def prompt_builder(
     memory: MemoryManager, params: BuildParams, artifacts: ArtifactStore
 ) -> ContextBuilder:
-    """The builder ``POST /v1/sessions/{id}/prompt`` builds with, over ``memory``.
+    """The builder ``POST /v1/sessions/{id}/prompt`` builds with, over ``memory``
+    (:func:`ctxkeep.server.routes.prompt_builder` with ``params``).
 
     Raises:
         UnknownEncodingError: an unknown encoding.
         ConfigError: a reserve that leaves the prompt no room.
 
     """
-    counter = get_counter(params.encoding)
-    pruner = TokenPruner(
-        max(1, params.max_prompt_tokens - params.reserve_output_tokens),
-        params.preserve_last_n,
-        counter=counter,
-        artifacts=artifacts,
-    )
-    return ContextBuilder(
+    return routes.prompt_builder(
         memory,
-        counter=counter,
-        pruner=pruner,
+        artifacts=artifacts,
         max_prompt_tokens=params.max_prompt_tokens,
         reserve_output_tokens=params.reserve_output_tokens,
+        preserve_last_n=params.preserve_last_n,
+        encoding=params.encoding,
     )
 
 
@@ -250,25 +244,6 @@ def _turns(messages: list[Message]) -> list[int]:
         n += m.role == "user"
         turns.append(n)
     return turns
-
-
-def _report_out(built: BuiltPrompt) -> BuildReportOut:
-    """The build report in the form ``POST /v1/sessions/{id}/prompt`` gives it."""
-    report = built.report
-    summary = report.summary()
-    summary["prune"]["decisions"] = [
-        {
-            "index": d.index,
-            "role": d.role,
-            "action": d.action,
-            "reason": d.reason,
-            "tokens_before": d.tokens_before,
-            "tokens_after": d.tokens_after,
-            "artifact_ref": d.artifact_ref,
-        }
-        for d in report.prune.decisions
-    ]
-    return BuildReportOut.model_validate(summary)
 
 
 def _decisions(built: BuiltPrompt, messages: list[Message]) -> list[InspectDecisionOut]:
@@ -330,7 +305,7 @@ def composition(
         session_id=session_id,
         at=at,
         total=total,
-        report=_report_out(built),
+        report=routes.report_out(built),
         decisions=_decisions(built, messages),
         evicted=tenant.evicted(),
     )

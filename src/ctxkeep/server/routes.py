@@ -39,7 +39,8 @@ import anyio.to_thread
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ctxkeep.builder import ContextBuilder
+from ctxkeep.artifacts import ArtifactStore
+from ctxkeep.builder import BuiltPrompt, ContextBuilder
 from ctxkeep.errors import SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.prune import TokenPruner
@@ -424,6 +425,59 @@ def prompt_history(session_id: str, tenant: TenantDep) -> MessagesResponse:
     )
 
 
+def prompt_builder(
+    memory: MemoryManager,
+    *,
+    artifacts: ArtifactStore,
+    max_prompt_tokens: int,
+    reserve_output_tokens: int,
+    preserve_last_n: int,
+    encoding: str | None,
+) -> ContextBuilder:
+    """The builder of ``POST /v1/sessions/{id}/prompt`` (and the inspector's compositions):
+    the history pruned to ``max_prompt_tokens - reserve_output_tokens``, old outputs
+    compressed into ``artifacts``.
+
+    Raises:
+        UnknownEncodingError: an unknown encoding.
+        ConfigError: a reserve that leaves the prompt no room.
+
+    """
+    counter = get_counter(encoding)
+    pruner = TokenPruner(
+        max(1, max_prompt_tokens - reserve_output_tokens),
+        preserve_last_n,
+        counter=counter,
+        artifacts=artifacts,
+    )
+    return ContextBuilder(
+        memory,
+        counter=counter,
+        pruner=pruner,
+        max_prompt_tokens=max_prompt_tokens,
+        reserve_output_tokens=reserve_output_tokens,
+    )
+
+
+def report_out(built: BuiltPrompt) -> BuildReportOut:
+    """A build's report as the API gives it, every pruning decision included."""
+    report = built.report
+    summary = report.summary()
+    summary["prune"]["decisions"] = [
+        {
+            "index": d.index,
+            "role": d.role,
+            "action": d.action,
+            "reason": d.reason,
+            "tokens_before": d.tokens_before,
+            "tokens_after": d.tokens_after,
+            "artifact_ref": d.artifact_ref,
+        }
+        for d in report.prune.decisions
+    ]
+    return BuildReportOut.model_validate(summary)
+
+
 @router.post(
     "/v1/sessions/{session_id}/prompt",
     response_model=PromptResponse,
@@ -440,20 +494,14 @@ def build_prompt(session_id: str, body: PromptIn, tenant: TenantDep) -> PromptRe
     asked for, with the build report. When the system prompt and the newest user message
     alone do not fit, 422 ``budget-exceeded`` says by how much and what is in the way.
     """
-    counter = get_counter(body.encoding)
     with tenant.stores() as stores:
-        pruner = TokenPruner(
-            max(1, body.max_prompt_tokens - body.reserve_output_tokens),
-            body.preserve_last_n,
-            counter=counter,
-            artifacts=stores.artifacts(),
-        )
-        builder = ContextBuilder(
+        builder = prompt_builder(
             stores.memory,
-            counter=counter,
-            pruner=pruner,
+            artifacts=stores.artifacts(),
             max_prompt_tokens=body.max_prompt_tokens,
             reserve_output_tokens=body.reserve_output_tokens,
+            preserve_last_n=body.preserve_last_n,
+            encoding=body.encoding,
         )
         built = builder.build(session_id, system=body.system)
     system: list[dict[str, Any]] | None = None
@@ -464,40 +512,11 @@ def build_prompt(session_id: str, body: PromptIn, tenant: TenantDep) -> PromptRe
         messages = to_responses(built.messages)
     else:
         messages = built.to_openai()
-    report = built.report
-    prune = {
-        **report.prune.summary(),
-        "decisions": [
-            {
-                "index": d.index,
-                "role": d.role,
-                "action": d.action,
-                "reason": d.reason,
-                "tokens_before": d.tokens_before,
-                "tokens_after": d.tokens_after,
-                "artifact_ref": d.artifact_ref,
-            }
-            for d in report.prune.decisions
-        ],
-    }
-    report_out = BuildReportOut.model_validate(
-        {
-            "session_id": report.session_id,
-            "agent_id": report.agent_id,
-            "max_prompt_tokens": report.max_prompt_tokens,
-            "reserve_output_tokens": report.reserve_output_tokens,
-            "prompt_tokens": report.prompt_tokens,
-            "sections": report.sections,
-            "budgets": report.budgets,
-            "notes": list(report.notes),
-            "prune": prune,
-        }
-    )
     return PromptResponse(
         format=body.format,
         messages=messages,
         system=system,
-        report=report_out,
+        report=report_out(built),
         evicted=tenant.evicted(),
     )
 
