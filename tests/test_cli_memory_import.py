@@ -271,7 +271,16 @@ def test_an_import_stopped_midway_resumes_without_duplicates(tmp_path: Path, sig
     deadline = time.monotonic() + 60
     while stored_rows(dbfile) == 0 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
-    os.kill(proc.pid, sig)
+    # Hold the file's write lock between two batches, so the import cannot run to its end
+    # (on a quiet machine it takes a fraction of a second): the signal finds it midway.
+    lock = sqlite3.connect(dbfile, timeout=30, isolation_level=None)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        os.kill(proc.pid, sig)
+        time.sleep(0.2)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
     _, err = proc.communicate(timeout=60)
     partial = stored_rows(dbfile)
     assert 0 < partial < n, "the import was not stopped midway"
