@@ -267,7 +267,14 @@ def test_an_import_stopped_midway_resumes_without_duplicates(tmp_path: Path, sig
     dbfile = tmp_path / "memory.db"
     cmd = [ctxkeep_script(), "memory", "import", str(path), "--db", f"sqlite:///{dbfile}"]
     cmd += ["--embedder", "hash", "--batch-size", "10"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # as from a terminal: a pytest-xdist worker ignores SIGINT, and its children would too
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while stored_rows(dbfile) == 0 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
