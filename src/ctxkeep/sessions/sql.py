@@ -279,17 +279,20 @@ class SQLBackend(Backend):
             )
         return row_to_info(rows[0]) if rows else None
 
+    def _session_row(self, conn: Any, session_id: str, *, lock: bool = False) -> Any:
+        """The session's row inside ``conn``'s transaction (locked for update if ``lock``),
+        or None.
+        """
+        sql = f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"
+        if lock:
+            sql += self.dialect.for_update
+        return conn.execute(self._sql(sql), (session_id,)).fetchone()
+
     def append(self, session_id: str, batch: Append) -> list[int]:
         """One write transaction: read the row, check, insert, update."""
         texts = [dumps(r) for r in batch.records]
         with self.db.tx("append") as conn:
-            row = conn.execute(
-                self._sql(
-                    f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"
-                    + self.dialect.for_update
-                ),
-                (session_id,),
-            ).fetchone()
+            row = self._session_row(conn, session_id, lock=True)
             if row is None:
                 raise SessionNotFoundError(f"no session {session_id!r}")
             info = row_to_info(row)
@@ -352,10 +355,7 @@ class SQLBackend(Backend):
     def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
         """The row and the messages after ``after_seq``, in one snapshot."""
         with self.snapshot("read a session") as conn:
-            row = conn.execute(
-                self._sql(f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"),
-                (session_id,),
-            ).fetchone()
+            row = self._session_row(conn, session_id)
             if row is None:
                 return None
             rows = conn.execute(
@@ -382,10 +382,7 @@ class SQLBackend(Backend):
         """
         before = _NO_SEQ if before_seq is None else before_seq
         with self.snapshot("read a session's newest messages") as conn:
-            row = conn.execute(
-                self._sql(f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"),
-                (session_id,),
-            ).fetchone()
+            row = self._session_row(conn, session_id)
             if row is None:
                 return None
             if limit is None:
@@ -447,10 +444,7 @@ class SQLBackend(Backend):
             )
             params += [session_id, *wanted]
         with self.snapshot("read a session's messages") as conn:
-            row = conn.execute(
-                self._sql(f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"),
-                (session_id,),
-            ).fetchone()
+            row = self._session_row(conn, session_id)
             if row is None:
                 return None
             found = conn.execute(self._sql(sql + " ORDER BY seq"), tuple(params)).fetchall()
