@@ -17,6 +17,7 @@ from ctxkeep import (
     BudgetExceededError,
     ConfigError,
     Message,
+    PruneReport,
     TokenPruner,
     ToolCall,
     get_counter,
@@ -133,6 +134,33 @@ def test_the_prompt_is_a_function_of_the_history_alone(
         except BudgetExceededError as exc:
             results.append([str(exc)])
     assert results[0] == results[1] == results[2]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories(), budget=st.integers(40, 3000), last_n=st.integers(0, 8))
+def test_a_report_stays_as_it_was_while_the_pruner_goes_on(
+    history: list[Message], budget: int, last_n: int
+) -> None:
+    # The fold shares its lists with the plans it returns while nothing is added: a later
+    # prune (the same input, or a longer one) must never change an earlier report.
+    pruner = _stable(budget, last_n)
+    dicts = [m.to_openai() for m in history]
+    reports = []
+    for k in _steps(history):
+        for _ in range(2):
+            with contextlib.suppress(BudgetExceededError):
+                _, report = pruner.prune_with_report(dicts[:k])
+                reports.append((report, _decided(report)))
+    for report, seen in reports:
+        assert _decided(report) == seen
+
+
+def _decided(report: PruneReport) -> list[tuple[object, ...]]:
+    """Every decision of ``report`` with the input message it is about."""
+    return [
+        (d.index, d.role, d.action, d.tokens_before, d.tokens_after, json.dumps(m.to_openai()))
+        for d, m in zip(report.decisions, report._messages, strict=True)
+    ]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

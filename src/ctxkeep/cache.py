@@ -135,7 +135,8 @@ def _starts_with(items: list[Any], keys: list[Any]) -> bool:
     n = len(keys)
     if len(items) < n:
         return False
-    return n == 0 or unchanged(keys, items[:n])
+    # the whole input when nothing was added: no slice (a slice touches every item once more)
+    return n == 0 or unchanged(keys, items if len(items) == n else items[:n])
 
 
 class _StableFolds:
@@ -310,7 +311,9 @@ class _StableFolds:
         lo = len(fold.keys)
         read = [p._reader.read(item, i) for i, item in enumerate(inp[lo:], lo)]
         new = [m for m, _ in read]
-        msgs = fold.msgs + new
+        # A new list whenever something was added (the last plan's report holds the old one);
+        # the same one when nothing was (a plan never changes its list).
+        msgs = fold.msgs + new if new else fold.msgs
         n = len(msgs)
         new_sys = [i for i in range(lo, n) if msgs[i].role in SYSTEM_ROLES]
         sys_set = set(new_sys)
@@ -332,7 +335,7 @@ class _StableFolds:
         fold.fix.empty |= fix.empty
         fold.fix.originals.update(fix.originals)
         fold.fix.notes.extend(fix.notes)
-        fold.msgs = msgs[:hi]
+        fold.msgs = msgs[:hi] if hi < n else msgs
         events: list[tuple[int, _Unit | None]] = [(i, None) for i in new_sys if i < hi]
         events += [(u.start, u) for u, _ in walked]
         events.sort(key=lambda e: e[0])
@@ -354,7 +357,7 @@ class _StableFolds:
                 end = u.members[-1] + 1
             if fold.error is not None or fold.total > budget:
                 self._cut(fold, msgs, end)
-        fold.keys = fold.keys + [k for _, k in read[: hi - lo]]
+        fold.keys.extend(k for _, k in read[: hi - lo])  # the fold's own list
         if fold.error is not None:
             e = fold.error
             raise BudgetExceededError(budget=e.budget, required=e.required, blocking=e.blocking)
