@@ -347,9 +347,8 @@ def store_all(
 
     def flush() -> None:
         keys = [content_key(e["session_id"], e["task_goal"], e["summary"]) for e in batch]
-        # The store's primitive for its dedup keys: one indexed look-up for the batch, so a
-        # resumed import skips stored batches without embedding them.
-        stored = store._find_keys(keys)
+        # one look-up for the batch: a resumed import skips stored batches without embedding
+        stored = store.find_stored(keys)
         fresh = {k for k in keys if k not in stored and k not in seen}
         tally.present += len({k for k in keys if k in stored and k not in seen})
         if fresh:

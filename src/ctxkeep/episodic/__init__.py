@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from ctxkeep import _check
-from ctxkeep.episodic.base import Episode, EpisodicMemoryStore, Hit, RetrievalConfig
+from ctxkeep.episodic.base import (
+    Episode,
+    EpisodicMemoryStore,
+    Hit,
+    RetrievalConfig,
+    content_key,
+)
 from ctxkeep.episodic.embedders import (
     CachedEmbedder,
     E5SmallEmbedder,
@@ -79,6 +85,7 @@ __all__ = [
     "OpenAIEmbedder",
     "RetrievalConfig",
     "WordLlamaEmbedder",
+    "content_key",
     "format_prior_context",
     "get_embedder",
     "open_episodic",

@@ -602,6 +602,13 @@ class EpisodicMemoryStore(ABC):
         """The texts of the best episodes (``filters`` as in :meth:`search`)."""
         return [h.episode.text for h in self.search(query, top_k, filters=filters)]
 
+    def find_stored(self, keys: Sequence[str]) -> dict[str, str]:
+        """The ids of the stored episodes whose :func:`content_key` is among ``keys`` (keys
+        of episodes not stored are absent): one indexed look-up, so an importer can skip what
+        is stored without embedding it.
+        """
+        return self._find_keys(list(keys))
+
     def get(self, episode_id: str) -> Episode:
         """One episode by id.
 

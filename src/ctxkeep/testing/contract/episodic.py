@@ -11,6 +11,7 @@ import pytest
 from ctxkeep.episodic import (
     EpisodeFilter,
     RetrievalConfig,
+    content_key,
     format_prior_context,
     open_episodic,
     parse_prior_context,
@@ -64,6 +65,14 @@ class EpisodicContract:
         )
         assert a == b == ids[0] == ids[2]
         assert store.count() == 1
+
+    def test_find_stored_names_stored_episodes_by_content_key(self, store: Any) -> None:
+        a = store.save_episode("s", "goal", "stored text")
+        stored, missing = content_key("s", "goal", "stored text"), content_key("s", "", "new")
+        assert store.find_stored([stored, missing]) == {stored: a}
+        assert store.find_stored([]) == {}
+        store.forget(episode_id=a)
+        assert store.find_stored([stored]) == {}
 
     def test_filters_by_agent_session_task_time_and_metadata(self, store: Any) -> None:
         self._fill(store)
