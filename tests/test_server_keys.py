@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import subprocess
 import time
@@ -17,7 +16,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from _cli import assert_one_line_error, ctxkeep_script
+from _cli import assert_one_line_error
+from _server import start_serve
 from ctxkeep.cli import main
 from ctxkeep.cli.serve import DEFAULT_KEEP_ALIVE
 from ctxkeep.errors import ConfigError
@@ -108,12 +108,6 @@ def test_keys_cli_refuses_bad_input_in_one_line(tmp_path: Path, cli: Callable[..
     assert_one_line_error(mem.stderr, "memory://")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _healthz_on(conn: socket.socket) -> bytes:
     """One ``GET /healthz`` on an open connection: the whole response (by Content-Length)."""
     conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -142,25 +136,11 @@ def test_serve_runs_the_service_and_logs_json_lines(tmp_path: Path) -> None:
     _, token = registry.create("acme")
     registry.close()
     key = {"key": token}
-    port = _free_port()
-    proc = subprocess.Popen(
-        [ctxkeep_script(), "serve", "--db", db, "--port", str(port), "--keep-alive", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
+    proc, base = start_serve(
+        "--db", db, "--keep-alive", "2", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    port = int(base.rsplit(":", 1)[1])
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.1)
         headers = {"Authorization": f"Bearer {key['key']}"}
         r = httpx.post(f"{base}/v1/sessions", json={"agent_id": "a"}, headers=headers)
         assert r.status_code == 201

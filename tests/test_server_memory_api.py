@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -634,32 +632,17 @@ def test_tenants_are_isolated_on_postgres(postgres_schema_factory: Callable[[], 
 
 
 def test_serve_takes_the_episodic_embedder_from_the_command_line(tmp_path: Path) -> None:
-    from _cli import ctxkeep_script
+    from _server import start_serve
     from ctxkeep.server.keys import open_key_registry
-    from test_server_keys import _free_port
 
     db = f"sqlite:///{tmp_path}/srv.db"
     registry = open_key_registry(db)
     token = registry.create("acme")[1]
     registry.close()
-    port = _free_port()
-    proc = subprocess.Popen(
-        [ctxkeep_script(), "serve", "--db", db, "--port", str(port), "--embedder", "hash"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=os.environ.copy(),
+    proc, base = start_serve(
+        "--db", db, "--embedder", "hash", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.1)
         headers = {"Authorization": f"Bearer {token}"}
         body = {"session_id": "s", "task_goal": "deploy", "summary": "rolled back the canary"}
         saved = httpx.post(f"{base}/v1/episodes", json=body, headers=headers)
