@@ -397,6 +397,16 @@ class Message:
         object.__setattr__(m, "__dict__", state)
         return m
 
+    def _identified(self, new_id: str, created_at: datetime) -> Message:
+        """A copy (:meth:`copy`) whose ``id`` and ``created_at`` are these where it has none:
+        what a store stamps on a message it stores (values it made: not validated again).
+        """
+        m = self.copy()
+        state = m.__dict__
+        state["id"] = state["id"] or new_id
+        state["created_at"] = state["created_at"] or created_at
+        return m
+
     @classmethod
     def _unchecked(cls, state: dict[str, Any]) -> Message:
         """A message whose attributes are ``state`` (every field; taken, not copied).

@@ -345,17 +345,21 @@ class MemoryManager:
         session_id = check_session_id(session_id)
         ttl = self.config.session_ttl
 
+        first_seq = [0]  # as the state the append was checked on had it (0: not seen)
+
         def check(info: SessionInfo) -> tuple[str, ...]:
             # The TTL test rides in the append's own check (no read before it): a session
             # idle past its TTL takes no message; it is reclaimed below, as _live does.
             if ttl is not None and info.accessed_at < now - ttl:
                 raise _Idle(session_id)
+            first_seq[0] = info.first_seq
             return advance_pending(info.pending, stamped)
 
         batch = Append(records=records, check=check, now=now, ttl=self._native_ttl)
+        seqs: list[int] = []
         for attempt in range(3):
             try:
-                self.backend.append(session_id, batch)
+                seqs = self.backend.append(session_id, batch)
                 break
             except _Idle:
                 # Reclaimed (archived, hooked) here, as on any access, unless another
@@ -370,9 +374,22 @@ class MemoryManager:
                 raise SessionNotFoundError(
                     f"no session {session_id!r} (unknown, deleted or expired)"
                 ) from None
-        if self.config.max_history is not None:
+        if self._may_exceed(seqs, first_seq[0]):
             self._trim(session_id)
         return [m.copy() for m in stamped]
+
+    def _may_exceed(self, seqs: list[int], first_seq: int) -> bool:
+        """Whether an append that got ``seqs``, checked on a state whose oldest message had
+        ``first_seq``, may have left more than ``max_history`` messages.
+
+        Every message held has a seq from the session's first_seq to the newest one given, and
+        trimming only moves first_seq forward (a state seen before the write has it no later):
+        so the span bounds the count, and a session below the limit is not read back.
+        """
+        limit = self.config.max_history
+        if limit is None:
+            return False
+        return not seqs or first_seq < 1 or seqs[-1] - first_seq + 1 > limit
 
     @staticmethod
     def _stamped(messages: Iterable[Any], now: float) -> list[Message]:
@@ -380,12 +397,8 @@ class MemoryManager:
         stamped: list[Message] = []
         for i, raw in enumerate(_check.iterable("messages", messages)):
             m = coerce_message(raw, index=i)
-            stamped.append(
-                m.replace(
-                    id=m.id or uuid.uuid4().hex,
-                    created_at=m.created_at or datetime.fromtimestamp(now, UTC),
-                )
-            )
+            when = m.created_at or datetime.fromtimestamp(now, UTC)
+            stamped.append(m._identified(m.id or uuid.uuid4().hex, when))
         return stamped
 
     def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
