@@ -22,6 +22,10 @@ session logic. On Redis: one ``EVALSHA`` of a two-command script (``RPUSH`` the 
 ``HINCRBY`` a counter) and one plain ``RPUSH``, through redis-py. On PostgreSQL: one
 autocommitted ``INSERT`` of the record per append through psycopg (each commit waits for its
 WAL flush, as ctxkeep's do). ctxkeep's rate over the floor is the share left to shave off.
+
+On Redis the line says which parser redis-py uses: hiredis (C, brought by the ``redis`` extra)
+or its own Python one. Both ctxkeep and the floors go through redis-py, so compare figures
+taken with the same one.
 """
 
 from __future__ import annotations
@@ -159,9 +163,13 @@ def main() -> None:
     args = ap.parse_args()
     rate, turn, floors = (_redis if args.backend == "redis" else _postgres)(args)
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    backend = args.backend
+    if backend == "redis":
+        from redis.utils import HIREDIS_AVAILABLE
+
+        backend += ", hiredis" if HIREDIS_AVAILABLE else ", Python parser"
     print(
-        f"{args.label} [{args.backend}]: appends/s {rate:,.0f}, turn {turn:.2f} ms "
-        f"(load average {load})"
+        f"{args.label} [{backend}]: appends/s {rate:,.0f}, turn {turn:.2f} ms (load average {load})"
     )
     for name, floor in floors.items():
         print(f"  floor, {name}: {floor:,.0f}/s; ctxkeep at {rate / floor:.2f}x of it")

@@ -1,9 +1,10 @@
 """The client every Redis store holds (``ctxkeep._redis.RedisClient``): URL and prefix, error
-translation, optimistic transactions and schema versions, against a real Redis.
+translation, optimistic transactions, Lua scripts and schema versions, against a real Redis.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ redis = pytest.importorskip(
 )
 
 from ctxkeep._redis import (  # noqa: E402
+    LuaScript,
     Migration,
     Pipeline,
     RedisClient,
@@ -140,6 +142,15 @@ def test_atomic_starts_over_when_a_watched_key_changes(
     assert client.atomic([key], increment) == 11
     assert attempts == [0, 10]
     assert raw.get(key) == "11"
+
+
+def test_a_script_the_server_does_not_know_is_loaded_and_run(raw: Any) -> None:
+    # A source of its own: no other test has loaded it, so the first run meets NOSCRIPT.
+    script = LuaScript(raw, f"-- {uuid.uuid4().hex}\nreturn {{KEYS[1], ARGV[1], 7}}")
+    assert raw.script_exists(script.sha) == [False]
+    assert script(["k"], "v") == ["k", "v", 7]
+    assert raw.script_exists(script.sha) == [True]
+    assert script(["k2"], "w") == ["k2", "w", 7]
 
 
 # -- schema versions ------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ schema versions, and the one place redis-py's errors become
 :class:`RedisClient` is the client a store holds (checkpoints, the bus, the fabric's task state;
 sessions next); the module functions below it (:func:`split_url`, :func:`describe_url`,
 :func:`connect`, :func:`atomic`, :func:`translated`) are its parts, kept for the stores that
-use them directly.
+use them directly. :class:`LuaScript` runs a store's Lua script in one ``EVALSHA``.
 
 URLs. ``?prefix=`` is ctxkeep's (the key prefix, ``ctxkeep:`` by default); a store may claim
 more query parameters of its own (``params``), which the client takes out and hands back in
@@ -27,9 +27,10 @@ Importing this module without redis-py installed raises an ``ImportError`` namin
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import ParamSpec, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
 from ctxkeep.errors import ConfigError, MissingDependencyError, SchemaVersionError, StorageError
@@ -39,6 +40,9 @@ try:
     from redis.client import Pipeline
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("redis", "redis") from exc
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -52,6 +56,7 @@ processes open an old key space at once: keep it idempotent).
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "LuaScript",
     "Migration",
     "Pipeline",
     "RedisClient",
@@ -165,6 +170,30 @@ def translated(method: Callable[P, T]) -> Callable[P, T]:
             raise storage_error(getattr(args[0], "where", "?"), exc) from exc
 
     return wrapper
+
+
+class LuaScript:
+    """A Lua script run by ``EVALSHA`` in one round trip, loaded into the server's script cache
+    when the server answers ``NOSCRIPT`` (first use, or after a restart or ``SCRIPT FLUSH``).
+
+    What redis-py's ``register_script`` does, for a hot path: the command goes straight to
+    ``execute_command``, without the copies of the keys and arguments, the import and the
+    three calls that redis-py's ``Script.__call__`` and ``evalsha`` make on every run.
+    """
+
+    def __init__(self, client: redis.Redis, source: str) -> None:
+        self.client = client
+        self.source = source
+        self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+    def __call__(self, keys: Sequence[str], *args: EncodableT) -> Any:
+        """Run the script on ``keys`` with ``args``; its answer as redis-py parses it."""
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
+        try:
+            return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
+        except redis.exceptions.NoScriptError:
+            self.client.script_load(self.source)
+            return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
 
 
 # -- the client ---------------------------------------------------------------------------------

@@ -38,12 +38,15 @@ the server, writes the messages, the hash and the indexes (``accessed``, ``expir
 deadline) only if the hash still has that ``pending`` and no earlier ``accessed_at``; else it
 answers the hash as it is, the check runs again on it and the script is called again
 (:func:`~ctxkeep.sessions.base.cas_append`). One round trip per append where four were (a
-read, ``WATCH``, a read, ``MULTI``/``EXEC``): 2.6x the appends per second on a loaded two-core
-machine (``bench/redis_appends.py``). Replacing the newest message keeps the ``WATCH`` path:
+read, ``WATCH``, a read, ``MULTI``/``EXEC``; a ``max_history`` adds the manager's read of the
+session for its trim): 2.6x the appends per second on a loaded two-core machine
+(``bench/redis_appends.py``). The client's share is kept small too: the script goes straight to
+redis-py's ``execute_command`` (:class:`~ctxkeep._redis.LuaScript`), answers its numbers as
+integers, and redis-py packs the command and parses the answer in C when hiredis is installed
+(the ``redis`` extra brings it). Replacing the newest message keeps the ``WATCH`` path:
 ``WATCH`` the hash and the messages, read, check, one ``MULTI``/``EXEC``, retried if another
 client changed the session meanwhile. Sequence numbers stay gapless under any number of
-writers. Multi-key transactions need one
-Redis node (no Redis Cluster); Redis 6.2 or newer.
+writers. Multi-key transactions need one Redis node (no Redis Cluster); Redis 6.2 or newer.
 
 Durability, honestly. Redis keeps everything in memory; what survives a restart of the Redis
 server depends on its persistence settings, not on ctxkeep. With RDB snapshots only, writes
@@ -65,6 +68,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ctxkeep._redis import (
     DEFAULT_PREFIX,
+    LuaScript,
     Migration,
     Pipeline,
     RedisClient,
@@ -221,6 +225,11 @@ def message_member(seq: int, record: dict[str, Any]) -> str:
     return f"{seq}:{dumps(record)}"
 
 
+def _pending_json(pending: tuple[str, ...]) -> str:
+    """``pending`` as the hash stores it (JSON), without encoding the common empty one."""
+    return dumps(list(pending)) if pending else "[]"
+
+
 def parse_member(member: str) -> tuple[int, dict[str, Any]]:
     """``(seq, record)`` from a zset member."""
     seq, _, text = member.partition(":")
@@ -237,6 +246,8 @@ def parse_member(member: str) -> tuple[int, dict[str, Any]]:
 # KEYS: session hash, messages zset, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now,
 #       deadline in Unix ms ("" for no TTL), then the records (JSON), oldest first.
+# Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
+# the client takes without parsing), {'stale', the hash's fields and values} or {'missing'}.
 APPEND_SCRIPT = """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at')
 if not h[1] then return {'missing'} end
@@ -274,7 +285,7 @@ else
   redis.call('PEXPIREAT', KEYS[2], ARGV[6])
   redis.call('ZADD', KEYS[4], ARGV[6], ARGV[1])
 end
-return {'ok', string.format('%d', first), accessed, count}
+return {'ok', first, accessed, tonumber(count)}
 """
 
 
@@ -349,8 +360,8 @@ class RedisBackend(Backend):
         self.keys = RedisKeys(self.db.prefix)
         self.where = self.db.where
         self._client = self.db.conn
-        self._append_script = self._client.register_script(APPEND_SCRIPT)
-        self._put_fold_script = self._client.register_script(PUT_FOLD_SCRIPT)
+        self._append_script = LuaScript(self._client, APPEND_SCRIPT)
+        self._put_fold_script = LuaScript(self._client, PUT_FOLD_SCRIPT)
         self._known = KnownStates()
 
     def _atomic(self, watch: list[str], body: Callable[[Pipeline], T]) -> T:
@@ -520,6 +531,7 @@ class RedisBackend(Backend):
         if batch.replaces is not None:
             return self._replace(session_id, batch)
         keys = self.keys
+        script_keys = [*keys.own(session_id), keys.accessed, keys.expires]
         records = [dumps(r) for r in batch.records]
         now = repr(float(batch.now))
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
@@ -530,16 +542,14 @@ class RedisBackend(Backend):
 
         def write(base: SessionInfo, pending: tuple[str, ...]) -> Written:
             out = self._append_script(
-                keys=[*keys.own(session_id), keys.accessed, keys.expires],
-                args=[
-                    session_id,
-                    dumps(list(base.pending)),
-                    repr(float(base.accessed_at)),
-                    dumps(list(pending)),
-                    now,
-                    deadline,
-                    *records,
-                ],
+                script_keys,
+                session_id,
+                _pending_json(base.pending),
+                repr(float(base.accessed_at)),
+                _pending_json(pending),
+                now,
+                deadline,
+                *records,
             )
             if out[0] == "missing":
                 return None
@@ -547,13 +557,13 @@ class RedisBackend(Backend):
                 flat = out[1]
                 fields = dict(zip(flat[::2], flat[1::2], strict=True))
                 return session_from_fields(session_id, fields)
-            first = int(out[1])
+            first: int = out[1]
             after = replace(
                 base,
                 pending=pending,
                 accessed_at=float(out[2]),
                 next_seq=first + len(records),
-                message_count=int(out[3]),
+                message_count=out[3],
             )
             return list(range(first, first + len(records))), after
 
@@ -657,8 +667,7 @@ class RedisBackend(Backend):
         script call).
         """
         self._put_fold_script(
-            keys=[self.keys.session(session_id), self.keys.folds(session_id)],
-            args=[generation, key, body],
+            [self.keys.session(session_id), self.keys.folds(session_id)], generation, key, body
         )
 
     @translated

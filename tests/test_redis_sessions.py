@@ -1,0 +1,101 @@
+"""What the Redis session backend promises beyond the session contract: an append to a session
+this process knows is one round trip (one ``EVALSHA``), whatever the TTL and the messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+
+from conftest_services import redis_prefix_factory, redis_url
+from ctxkeep.sessions import open_memory
+from ctxkeep.sessions.base import MemoryConfig, MemoryManager
+
+redis = pytest.importorskip(
+    "redis", reason="redis-py is not installed: pip install 'ctxkeep[redis]'"
+)
+
+pytestmark = pytest.mark.redis
+
+__all__ = ["redis_prefix_factory", "redis_url"]
+
+
+@pytest.fixture
+def url(redis_url: str, redis_prefix_factory: Callable[[], str]) -> str:
+    return f"{redis_url}?{urlencode({'prefix': redis_prefix_factory()})}"
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every command redis-py sends from now on, one entry per send (a pipeline's
+    commands, sent together, are one entry joined by ``+``): the round trips.
+    """
+    names: list[str] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        # RESP arrays: "*<n>\r\n$<len>\r\n<NAME>\r\n...", one per command in the send.
+        parts = packed.split(b"\r\n")
+        found = [parts[i + 2].decode() for i, p in enumerate(parts[:-2]) if p.startswith(b"*")]
+        names.append("+".join(n.upper() for n in found))
+        send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    return names
+
+
+def _open(url: str, **limits: Any) -> MemoryManager:
+    config = MemoryConfig(**{"max_history": None, "max_sessions": None, **limits})
+    return open_memory(url, config)
+
+
+@pytest.fixture
+def mem(url: str) -> Iterator[MemoryManager]:
+    with _open(url, session_ttl=None) as manager:
+        yield manager
+
+
+def test_an_append_to_a_known_session_is_one_evalsha(mem: MemoryManager, sent: list[str]) -> None:
+    sid = mem.create_session("agent")
+    mem.add_message(sid, "user", "the first append reads the session")
+    sent.clear()
+    for i in range(3):
+        mem.add_message(sid, "user", f"message {i}")
+    assert sent == ["EVALSHA"] * 3
+
+
+def test_an_append_with_a_ttl_is_one_evalsha(url: str, sent: list[str]) -> None:
+    with _open(url, session_ttl=3600.0) as mem:
+        sid = mem.create_session("agent")
+        mem.add_message(sid, "user", "hello")
+        sent.clear()
+        mem.add_message(sid, "assistant", "hi")
+        assert sent == ["EVALSHA"]
+
+
+def test_a_tool_unit_appends_one_message_at_a_time_in_one_round_trip_each(
+    mem: MemoryManager, sent: list[str]
+) -> None:
+    sid = mem.create_session("agent")
+    mem.add_message(sid, "user", "what time is it?")
+    sent.clear()
+    call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    mem.add_message(sid, "assistant", None, tool_calls=[call])
+    mem.add_message(sid, "tool", "12:00", tool_call_id="c1")
+    mem.add_message(sid, "assistant", "noon")
+    assert sent == ["EVALSHA"] * 3
+    assert mem.get_session(sid).pending == ()
+
+
+def test_appends_from_two_managers_in_turn_keep_every_seq(url: str) -> None:
+    with _open(url, session_ttl=None) as a, _open(url, session_ttl=None) as b:
+        sid = a.create_session("agent")
+        for i in range(6):
+            (a if i % 2 == 0 else b).add_message(sid, "user", f"m{i}")
+        info = a.get_session(sid)
+        assert [m.content for m in a.get_messages(sid)] == [f"m{i}" for i in range(6)]
+        assert (info.message_count, info.next_seq) == (6, 7)
