@@ -31,6 +31,13 @@ class _Liveness:
     HikariCP's ``aliveBypassWindowMs`` does. A ping per use doubled the round trips of a
     one-statement append; a connection that died within the window fails its statement with
     a StorageError (nothing is written) and the pool drops it.
+
+    The time of last use is noted by :meth:`PgClient.connection` as the connection goes back,
+    not by the pool's ``reset`` callback: with a ``reset`` the pool returns every connection
+    through a worker thread, a thread hand-off per call; a caller asking again before the
+    worker was done made the pool open another connection (a loop of appends from one thread
+    grew it to 4-8, each pinged after sitting idle). Without it a one-message session append
+    takes about 0.21 ms of client CPU instead of 0.32.
     """
 
     def __init__(self) -> None:
@@ -42,7 +49,7 @@ class _Liveness:
             ConnectionPool.check_connection(conn)
 
     def returned(self, conn: Any) -> None:
-        """Note when ``conn`` came back to the pool (the pool's ``reset``)."""
+        """Note that ``conn`` was used just now."""
         self._used[conn] = time.monotonic()
 
 
@@ -65,7 +72,7 @@ class PgClient:
         except psycopg.Error as exc:
             raise ConfigError(f"invalid PostgreSQL URL: {exc}") from exc
         self.where = f"{params.get('host') or 'localhost'}/{params.get('dbname') or ''}"
-        liveness = _Liveness()
+        self._liveness = liveness = _Liveness()
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url,
             min_size=min_size,
@@ -73,7 +80,6 @@ class PgClient:
             timeout=timeout,
             kwargs={"autocommit": True},
             check=liveness.check,
-            reset=liveness.returned,
             open=False,
             name=name,
         )
@@ -94,16 +100,25 @@ class PgClient:
             raise StorageError(f"PostgreSQL at {self.where}: {doing}: {exc}") from exc
 
     @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """A connection from the pool (autocommit), noted as just used when it goes back."""
+        with self.pool.connection() as conn:
+            try:
+                yield conn
+            finally:
+                self._liveness.returned(conn)
+
+    @contextmanager
     def tx(self, doing: str) -> Iterator[Any]:
         """A connection inside one transaction."""
-        with self.errors(doing), self.pool.connection() as conn, conn.transaction():
+        with self.errors(doing), self.connection() as conn, conn.transaction():
             yield conn
 
     def q(
         self, doing: str, sql: str, params: tuple[Any, ...] | Mapping[str, Any] = ()
     ) -> list[Any]:
         """Run one statement outside a transaction; its rows."""
-        with self.errors(doing), self.pool.connection() as conn:
+        with self.errors(doing), self.connection() as conn:
             rows: list[Any] = conn.execute(sql, params).fetchall()
             return rows
 

@@ -51,7 +51,9 @@ SCHEMA_VERSION = len(MIGRATIONS)
 # UPDATE takes the row lock (a concurrent writer waits, and the condition is evaluated again on
 # the row it committed), then the messages go in under the sequence numbers it moved past.
 # Answers (true, the row after) when stored, (false, the row) when not, nothing when there is
-# no session.
+# no session. The records and roles go as binary arrays (%b): in a text array psycopg escapes
+# each of a JSON record's double quotes with a regular expression, about 25 us of client CPU
+# per one-message append (more for records with more quotes).
 APPEND_SQL = f"""
 WITH upd AS (
     UPDATE ctxkeep_sessions
@@ -63,7 +65,7 @@ WITH upd AS (
 ), ins AS (
     INSERT INTO ctxkeep_messages (session_id, seq, record, role)
     SELECT upd.session_id, upd.next_seq - %(n)s + m.i - 1, m.record, m.role
-    FROM upd, unnest(%(records)s::text[], %(roles)s::text[]) WITH ORDINALITY AS m(record, role, i)
+    FROM upd, unnest(%(records)b::text[], %(roles)b::text[]) WITH ORDINALITY AS m(record, role, i)
 )
 SELECT true, {COLUMNS} FROM upd
 UNION ALL
