@@ -3,7 +3,7 @@
 Two measurements:
 
 * ``embed``: LoCoMo dialog turns saved with ``save_episodes`` (batches of ``--batch``) into
-  a fresh store with the real default embedder (e5-small, ``ctxkeep[embeddings]``):
+  a fresh store with e5-small (``ctxkeep[embeddings]``, the slowest local embedder):
   episodes per second embedded, stored and indexed, beside the embedder alone on the same
   texts in the same batches (the anchor: what is left is the store's share).
 * ``scale``: ``--episodes`` synthetic episodes (Zipf-distributed words from a 20,000-word

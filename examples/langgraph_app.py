@@ -7,7 +7,7 @@ Offline: the graph's "assistant" node is plain Python (no model). Turn 1 stores 
 user mentions as memories; the process then "restarts" (a new saver and store on the same
 file) and turn 2, on the same thread, resumes from the checkpoint and recalls the fact that
 bears on a question by its rare word ("penicillin": BM25 finds it where a dense-only store
-can rank it low), with the embedder's meaning fused in (``--embedder local``: e5-small).
+can rank it low), with the embedder's meaning fused in (``--embedder local``: wordllama).
 """
 
 from __future__ import annotations

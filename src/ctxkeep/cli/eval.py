@@ -61,7 +61,9 @@ def register(sub: Any) -> None:
     r.description = f"{r.description}\n{GRID_NOTE}"
     r.add_argument("file", metavar="FILE.json", help="a LoCoMo-format file")
     r.add_argument(
-        "--embedder", default="local", help="local (default), wordllama, openai or hash (tests)"
+        "--embedder",
+        default="local",
+        help="local (default: wordllama), e5-small, openai or hash (tests)",
     )
     r.add_argument("--db", default="memory://", help="memory:// (default) or sqlite:///new-file.db")
     r.add_argument("--k", default="5,10,25,50", help="recall cut-offs (default 5,10,25,50)")

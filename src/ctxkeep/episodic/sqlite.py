@@ -281,7 +281,7 @@ class SQLiteEpisodicStore(SQLStore):
                 stored = conn.execute(
                     "SELECT value FROM ctxkeep_meta WHERE key = 'episodic.embedder'"
                 ).fetchone()[0]
-        if stored != self.embedder.name:
+        if not self._stored_embedder(stored):
             raise ConfigError(
                 f"{self.path} holds vectors of embedder {stored!r}, not "
                 f"{self.embedder.name!r}: open it with the same embedder"
