@@ -60,13 +60,17 @@ def _rate(step: Callable[[], object], appends: int) -> float:
     return appends / (time.perf_counter() - t0)
 
 
+MAX_HISTORY: int | None = None
+"""``--max-history``: the sessions' ``max_history`` (None: no trimming, the default here)."""
+
+
 def run(
     url: str, appends: int, rounds: int, turns: int, floors: dict[str, Floor] | None = None
 ) -> tuple[float, float, dict[str, float]]:
     """Median appends/s and median turn ms on ``url``, and the median rate of each floor
     (interleaved with ctxkeep's rounds).
     """
-    config = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
+    config = MemoryConfig(max_history=MAX_HISTORY, session_ttl=None, max_sessions=None)
     floors = floors or {}
     floor_rates: dict[str, list[float]] = {name: [] for name in floors}
     with open_memory(url, config) as mem:
@@ -83,6 +87,12 @@ def run(
             mem.build_prompt_messages(sid)
             times.append((time.perf_counter() - t0) * 1000)
         mem.delete_session(sid)
+    if MAX_HISTORY is not None:
+        held = [min((r + 1) * appends, MAX_HISTORY) for r in range(rounds)]
+        print(
+            "rounds (messages held at the end: appends/s):",
+            ", ".join(f"{h:,}: {x:,.0f}/s" for h, x in zip(held, rates, strict=True)),
+        )
     medians = {name: statistics.median(r) for name, r in floor_rates.items()}
     return statistics.median(rates), statistics.median(times), medians
 
@@ -160,7 +170,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--turns", type=int, default=30)
     ap.add_argument("--floor", action="store_true", help="measure the driver's floor too")
+    ap.add_argument(
+        "--max-history",
+        type=int,
+        help="trim sessions to this many messages (MemoryConfig's default is 1000); every "
+        "round's rate is printed, so rounds below and at the limit can be told apart",
+    )
     args = ap.parse_args()
+    global MAX_HISTORY
+    MAX_HISTORY = args.max_history
     rate, turn, floors = (_redis if args.backend == "redis" else _postgres)(args)
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     backend = args.backend

@@ -233,3 +233,60 @@ def test_cli_demo_stores_session_and_sessions_show_displays_it(
     assert main(["sessions", "delete", sid]) == 0
     assert main(["sessions", "delete", sid]) == 1
     assert main(["sessions", "show", sid]) == 2
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_session_at_max_history_is_trimmed_from_its_head_without_reading_it_all(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An agent run of 300 messages (tool units of 1-3 parallel calls) kept to 40: after each
+    # append the session holds what trim_point leaves of everything appended (the whole
+    # units), and no append reads the whole session back.
+    from ctxkeep import ToolCall
+    from ctxkeep.sessions.records import trim_point
+
+    url = "memory://" if store == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    limit = 40
+    with open_memory(url, MemoryConfig(max_history=limit, max_sessions=None)) as mem:
+        sid = mem.create_session("a")
+        reads: list[object] = []  # whole-session reads made by appends
+        whole, add = mem.backend.read, mem.add_message
+        appending = [False]
+
+        def read(*a: object, **k: object) -> object:
+            if appending[0]:
+                reads.append(a)
+            return whole(*a, **k)  # type: ignore[arg-type]
+
+        def add_message(*a: object, **k: object) -> object:
+            appending[0] = True
+            try:
+                return add(*a, **k)  # type: ignore[arg-type]
+            finally:
+                appending[0] = False
+
+        monkeypatch.setattr(mem.backend, "read", read)
+        monkeypatch.setattr(mem, "add_message", add_message)
+        kept: list[str] = []
+        step = 0
+        while step < 100:
+            step += 1
+            mem.add_message(sid, "user", f"go {step}")
+            kept.append(f"go {step}")
+            calls = [ToolCall(f"c{step}_{k}", "run", "{}") for k in range(1 + step % 3)]
+            mem.add_message(sid, "assistant", f"calling {step}", tool_calls=calls)
+            kept.append(f"calling {step}")
+            for c in calls:
+                mem.add_message(sid, "tool", f"out {c.id}", tool_call_id=c.id)
+                kept.append(f"out {c.id}")
+                roles = ["tool" if k.startswith("out") else "x" for k in kept]
+                kept = kept[trim_point(roles, limit) :]
+                assert [m.text for m in mem.get_messages(sid)] == kept
+            roles = ["tool" if k.startswith("out") else "x" for k in kept]
+            kept = kept[trim_point(roles, limit) :]
+        assert [m.text for m in mem.get_messages(sid)] == kept
+        assert len(kept) <= limit
+        assert len(mem.archived_messages(sid)) + len(kept) == 2 * 100 + sum(
+            1 + s % 3 for s in range(1, 101)
+        )
+    assert reads == []

@@ -79,6 +79,14 @@ from ctxkeep.sessions.tail import FIRST_PAGE, pages_suffice, prompt_from_tail
 if TYPE_CHECKING:
     from ctxkeep.prune import TokenPruner
 
+_TRIM_SLACK = 16
+"""Messages read past the most a trim can remove, to find where the kept history starts (a
+tool unit's results); a trim that needs more reads the whole session."""
+_TRIM_HEAD_MAX = 256
+"""The most messages a trim reads from the head; more and it reads the whole session."""
+_NO_SEQ = 2**62
+"""Above every sequence number: ``read_rows(..., after_seq=_NO_SEQ)`` reads no tail."""
+
 __all__ = [
     "Backend",
     "CachedHistory",
@@ -197,6 +205,9 @@ class MemoryManager:
         self.prompt_cache_sessions = 64
         # Messages in the first page a paged prompt reads (each further page twice the last).
         self.prompt_page = FIRST_PAGE
+        # session id -> (generation, a first seq it had): what trims saw, for the next append
+        # (a compare-and-set append checks a remembered state, whose first seq can be old).
+        self._first_seqs: dict[str, tuple[str, int]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -345,15 +356,16 @@ class MemoryManager:
         session_id = check_session_id(session_id)
         ttl = self.config.session_ttl
 
-        first_seq = [0]  # as the state the append was checked on had it (0: not seen)
+        checked: list[SessionInfo] = []  # the state the append was checked on, last
 
         def check(info: SessionInfo) -> tuple[str, ...]:
             # The TTL test rides in the append's own check (no read before it): a session
             # idle past its TTL takes no message; it is reclaimed below, as _live does.
             if ttl is not None and info.accessed_at < now - ttl:
                 raise _Idle(session_id)
-            first_seq[0] = info.first_seq
-            return advance_pending(info.pending, stamped)
+            pending = advance_pending(info.pending, stamped)
+            checked[:] = [info]
+            return pending
 
         batch = Append(records=records, check=check, now=now, ttl=self._native_ttl)
         seqs: list[int] = []
@@ -374,9 +386,52 @@ class MemoryManager:
                 raise SessionNotFoundError(
                     f"no session {session_id!r} (unknown, deleted or expired)"
                 ) from None
-        if self._may_exceed(seqs, first_seq[0]):
-            self._trim(session_id)
+        first = self._first_seq(checked[0]) if checked else 0
+        if self._may_exceed(seqs, first):
+            self._trim(session_id, first, seqs[-1] if seqs else 0)
         return [m.copy() for m in stamped]
+
+    def _trim_point_from_head(
+        self, session_id: str, limit: int, first_seq: int, newest_seq: int
+    ) -> tuple[SessionInfo, list[Row]] | None:
+        """The session and the oldest messages to trim (``[]``: none), read from the head
+        (``first_seq`` on); None where the head does not settle it (the caller reads all).
+        """
+        over = newest_seq - first_seq + 1 - limit  # at most this many are over the limit
+        if first_seq < 1 or over < 1 or over > _TRIM_HEAD_MAX:
+            return None  # a big batch, or a first seq seen long ago: read everything
+        # the oldest messages, up to the first that may start the kept history (or a few)
+        wanted = range(first_seq, first_seq + over + _TRIM_SLACK)
+        snap = self.backend.read_rows(session_id, seqs=wanted, after_seq=_NO_SEQ)
+        if snap is None:
+            return None
+        info, head = snap
+        cut = info.message_count - limit
+        if cut <= 0:
+            return info, []
+        while cut < len(head) and head[cut][1]["role"] == "tool":
+            cut += 1  # the kept history starts at a whole unit
+        if cut >= len(head):
+            return None
+        # A call still waiting is safe: only its results come after it, and the kept
+        # history starts at a message that is not a result, so at the call or before it.
+        return info, head[:cut]
+
+    def _first_seq(self, info: SessionInfo) -> int:
+        """A first seq the session has had (no later than its first seq now): ``info``'s, or
+        the later one a trim of the same generation saw.
+        """
+        seen = self._first_seqs.get(info.session_id)
+        if seen is not None and seen[0] == info.generation:
+            return max(info.first_seq, seen[1])
+        return info.first_seq
+
+    def _saw_first_seq(self, info: SessionInfo, first_seq: int) -> None:
+        with self._cache_lock:
+            self._first_seqs.pop(info.session_id, None)
+            self._first_seqs[info.session_id] = (info.generation, first_seq)
+            while len(self._first_seqs) > 4096:
+                del self._first_seqs[next(iter(self._first_seqs))]
 
     def _may_exceed(self, seqs: list[int], first_seq: int) -> bool:
         """Whether an append that got ``seqs``, checked on a state whose oldest message had
@@ -384,7 +439,10 @@ class MemoryManager:
 
         Every message held has a seq from the session's first_seq to the newest one given, and
         trimming only moves first_seq forward (a state seen before the write has it no later):
-        so the span bounds the count, and a session below the limit is not read back.
+        so the span bounds the count, and a session below the limit is not read back. (One
+        race escapes it: a session deleted and made again by another process since this one
+        last saw it, already at the limit there, can hold one batch too many until the next
+        append.)
         """
         limit = self.config.max_history
         if limit is None:
@@ -777,28 +835,36 @@ class MemoryManager:
             if sid != keep and self._evict(sid, "lru"):
                 over -= 1
 
-    def _trim(self, session_id: str) -> None:
-        assert self.config.max_history is not None
-        snap = self.backend.read(session_id)
-        if snap is None:
-            return
-        info, rows = snap
-        if len(rows) <= self.config.max_history:
-            return
-        cut = trim_point([r["role"] for _, r in rows], self.config.max_history)
-        if info.pending:
-            # Never trim the call that still waits for results.
-            last_call = max(i for i, (_, r) in enumerate(rows) if r.get("tool_calls"))
-            cut = min(cut, last_call)
-        if cut <= 0:
+    def _trim(self, session_id: str, first_seq: int = 0, newest_seq: int = 0) -> None:
+        """Remove the oldest messages over ``max_history``, in whole units, never the call that
+        still waits for results; what goes is archived first (:class:`Evicted`).
+
+        Given the first seq an append saw (no later than the session's) and the newest it
+        wrote, only the oldest messages that can go are read: a session at the limit then
+        costs a few rows per append, not all of them.
+        """
+        limit = self.config.max_history
+        assert limit is not None
+        found = self._trim_point_from_head(session_id, limit, first_seq, newest_seq)
+        if found is None:  # not settled from the head: everything is read
+            snap = self.backend.read(session_id)
+            if snap is None:
+                return
+            info, rows = snap
+            cut = trim_point([r["role"] for _, r in rows], limit)
+            if info.pending and cut > 0:
+                # Never trim the call that still waits for results.
+                last_call = max(i for i, (_, r) in enumerate(rows) if r.get("tool_calls"))
+                cut = min(cut, last_call)
+            found = info, rows[:cut]
+        info, gone = found
+        self._saw_first_seq(info, max(info.first_seq, gone[-1][0] + 1 if gone else 0))
+        if not gone:
             return
         # Archive first, then remove: nothing is deleted before it is stored elsewhere.
         self._emit(
             Evicted(
-                session_id,
-                info.agent_id,
-                "max_history",
-                [record_to_message(r) for _, r in rows[:cut]],
+                session_id, info.agent_id, "max_history", [record_to_message(r) for _, r in gone]
             )
         )
-        self.backend.remove_oldest(session_id, rows[cut - 1][0], info.generation)
+        self.backend.remove_oldest(session_id, gone[-1][0], info.generation)
