@@ -145,6 +145,45 @@ def test_postings_follow_the_table_as_it_grows_and_forgets() -> None:
     assert [x.tolist() for x in table.posting("new")] == [[6], [1]]
 
 
+def test_counts_are_the_same_from_postings_and_from_rows_added_since() -> None:
+    rng = np.random.default_rng(7)
+    tokens = [[f"t{w}" for w in rng.zipf(1.5, rng.integers(0, 9)) if w < 40] for _ in range(300)]
+    table = TokenTable()
+    table.add(range(1, 201), tokens[:200])
+    table.posting("t1")  # postings of rows 1-200; rows 201-300 are read token by token
+    table.add(range(201, 301), tokens[200:])
+    terms = ["t1", "t2", "t7", "t30", "absent"]
+    rows = np.asarray([0, 3, 150, 200, 201, 250, 300, 301])
+    want = [[Counter(tokens[r - 1])[w] if 1 <= r <= 300 else 0 for w in terms] for r in rows]
+    assert table.counts(rows, terms).tolist() == want
+    assert table.counts(rows[::-1].copy(), terms).tolist() == want[::-1]  # any order
+
+
+def test_window_hits_match_the_counts_for_rare_and_common_terms() -> None:
+    # a rare term's hits are few (sorted), a common term's many (added up over every row)
+    rng = np.random.default_rng(8)
+    table, nb = TokenTable(), {}
+    rows = np.arange(1, 401)
+    for s in range(0, 400, 40):
+        for p in range(40):
+            nb[s + p + 1] = [s + p + 1 + d if 0 <= p + d < 40 else -1 for d in (-1, 1, -2, 2)]
+    tokens = [["common"] * int(rng.integers(0, 3)) for _ in rows]
+    tokens[123].append("rare")
+    table.add(rows.tolist(), tokens)
+
+    def nb_rows(rs: np.ndarray) -> np.ndarray:
+        return np.asarray([nb[int(r)] for r in rs], np.int64).reshape(-1, 4)
+
+    want = window_term_counts(rows, ["rare", "common"], table.counts, nb_rows, 2, 3)
+    for terms in (["rare"], ["common"], ["rare", "common"]):
+        cols = [["rare", "common"].index(t) for t in terms]
+        for live in (rows, RowIndex(rows)):
+            got_rows, got = window_hits(table, terms, live, nb_rows, 2, 3)
+            holding = np.flatnonzero(want[:, cols].sum(1) > 0)
+            assert got_rows.tolist() == rows[holding].tolist()
+            assert got.tolist() == want[holding][:, cols].tolist()
+
+
 def test_a_token_table_keeps_and_finds_rows() -> None:
     table = TokenTable()
     table.add([5, 9, 2], [["a", "b", "a"], [], ["b"]])
