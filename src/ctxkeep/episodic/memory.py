@@ -241,7 +241,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
 
     def _nb_rows(self, rows: np.ndarray) -> np.ndarray:
         with self._lock:
-            out: np.ndarray = self._nb[rows]
+            out: np.ndarray = np.take(self._nb, rows, axis=0)  # faster than self._nb[rows]
             return out
 
     def _vectors(self, rows: np.ndarray) -> np.ndarray:
