@@ -11,6 +11,11 @@ from typing import Any
 
 import pytest
 
+from _round_trips import (
+    appends_in_turn_keep_every_seq,
+    known_session_round_trips,
+    tool_unit_round_trips,
+)
 from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep.errors import OrphanToolResultError
 from ctxkeep.sessions import open_memory
@@ -72,26 +77,13 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_an_append_to_a_known_session_is_one_statement(mem: MemoryManager, sent: list[str]) -> None:
-    sid = mem.create_session("agent")
-    mem.add_message(sid, "user", "the first append reads the session")
-    sent.clear()
-    for i in range(3):
-        mem.add_message(sid, "user", f"message {i}")
-    assert sent == ["WITH"] * 3
+    assert known_session_round_trips(mem, sent) == ["WITH"] * 3
 
 
 def test_a_tool_unit_appends_one_message_at_a_time_in_one_statement_each(
     mem: MemoryManager, sent: list[str]
 ) -> None:
-    sid = mem.create_session("agent")
-    mem.add_message(sid, "user", "what time is it?")
-    sent.clear()
-    call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
-    mem.add_message(sid, "assistant", None, tool_calls=[call])
-    mem.add_message(sid, "tool", "12:00", tool_call_id="c1")
-    mem.add_message(sid, "assistant", "noon")
-    assert sent == ["WITH"] * 3
-    assert mem.get_session(sid).pending == ()
+    assert tool_unit_round_trips(mem, sent) == ["WITH"] * 3
 
 
 def test_a_connection_used_just_now_is_not_pinged_and_an_idle_one_is(
@@ -134,12 +126,7 @@ def test_a_guess_another_process_moved_on_is_checked_again_on_the_session_as_sto
 
 def test_appends_from_two_managers_in_turn_keep_every_seq(url: str) -> None:
     with open_memory(url, UNBOUNDED) as a, open_memory(url, UNBOUNDED) as b:
-        sid = a.create_session("agent")
-        for i in range(6):
-            (a if i % 2 == 0 else b).add_message(sid, "user", f"m{i}")
-        info = a.get_session(sid)
-        assert [m.content for m in a.get_messages(sid)] == [f"m{i}" for i in range(6)]
-        assert (info.message_count, info.next_seq) == (6, 7)
+        appends_in_turn_keep_every_seq(a, b)
 
 
 def test_records_with_quotes_backslashes_and_braces_are_stored_as_given(

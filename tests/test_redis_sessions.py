@@ -10,6 +10,11 @@ from urllib.parse import urlencode
 
 import pytest
 
+from _round_trips import (
+    appends_in_turn_keep_every_seq,
+    known_session_round_trips,
+    tool_unit_round_trips,
+)
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
@@ -60,12 +65,7 @@ def mem(url: str) -> Iterator[MemoryManager]:
 
 
 def test_an_append_to_a_known_session_is_one_evalsha(mem: MemoryManager, sent: list[str]) -> None:
-    sid = mem.create_session("agent")
-    mem.add_message(sid, "user", "the first append reads the session")
-    sent.clear()
-    for i in range(3):
-        mem.add_message(sid, "user", f"message {i}")
-    assert sent == ["EVALSHA"] * 3
+    assert known_session_round_trips(mem, sent) == ["EVALSHA"] * 3
 
 
 def test_an_append_with_a_ttl_is_one_evalsha(url: str, sent: list[str]) -> None:
@@ -80,22 +80,9 @@ def test_an_append_with_a_ttl_is_one_evalsha(url: str, sent: list[str]) -> None:
 def test_a_tool_unit_appends_one_message_at_a_time_in_one_round_trip_each(
     mem: MemoryManager, sent: list[str]
 ) -> None:
-    sid = mem.create_session("agent")
-    mem.add_message(sid, "user", "what time is it?")
-    sent.clear()
-    call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
-    mem.add_message(sid, "assistant", None, tool_calls=[call])
-    mem.add_message(sid, "tool", "12:00", tool_call_id="c1")
-    mem.add_message(sid, "assistant", "noon")
-    assert sent == ["EVALSHA"] * 3
-    assert mem.get_session(sid).pending == ()
+    assert tool_unit_round_trips(mem, sent) == ["EVALSHA"] * 3
 
 
 def test_appends_from_two_managers_in_turn_keep_every_seq(url: str) -> None:
     with _open(url, session_ttl=None) as a, _open(url, session_ttl=None) as b:
-        sid = a.create_session("agent")
-        for i in range(6):
-            (a if i % 2 == 0 else b).add_message(sid, "user", f"m{i}")
-        info = a.get_session(sid)
-        assert [m.content for m in a.get_messages(sid)] == [f"m{i}" for i in range(6)]
-        assert (info.message_count, info.next_seq) == (6, 7)
+        appends_in_turn_keep_every_seq(a, b)

@@ -1,0 +1,45 @@
+"""Append scenarios the round-trip tests of the server backends share (not collected)."""
+
+from __future__ import annotations
+
+from ctxkeep import MemoryManager
+
+
+def known_session_round_trips(mem: MemoryManager, sent: list[str]) -> list[str]:
+    """What ``sent`` records while three messages are appended to a session the manager
+    already knows (its first append read it).
+    """
+    sid = mem.create_session("agent")
+    mem.add_message(sid, "user", "the first append reads the session")
+    sent.clear()
+    for i in range(3):
+        mem.add_message(sid, "user", f"message {i}")
+    return list(sent)
+
+
+def tool_unit_round_trips(mem: MemoryManager, sent: list[str]) -> list[str]:
+    """What ``sent`` records while a tool call, its result and the answer are appended one at
+    a time to a session the manager already knows.
+    """
+    sid = mem.create_session("agent")
+    mem.add_message(sid, "user", "what time is it?")
+    sent.clear()
+    call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    mem.add_message(sid, "assistant", None, tool_calls=[call])
+    mem.add_message(sid, "tool", "12:00", tool_call_id="c1")
+    mem.add_message(sid, "assistant", "noon")
+    trips = list(sent)
+    assert mem.get_session(sid).pending == ()
+    return trips
+
+
+def appends_in_turn_keep_every_seq(a: MemoryManager, b: MemoryManager) -> None:
+    """Two managers on one store append to one session in turn: every message, in order,
+    under gapless sequence numbers.
+    """
+    sid = a.create_session("agent")
+    for i in range(6):
+        (a if i % 2 == 0 else b).add_message(sid, "user", f"m{i}")
+    info = a.get_session(sid)
+    assert [m.content for m in a.get_messages(sid)] == [f"m{i}" for i in range(6)]
+    assert (info.message_count, info.next_seq) == (6, 7)
