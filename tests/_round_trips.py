@@ -43,3 +43,22 @@ def appends_in_turn_keep_every_seq(a: MemoryManager, b: MemoryManager) -> None:
     info = a.get_session(sid)
     assert [m.content for m in a.get_messages(sid)] == [f"m{i}" for i in range(6)]
     assert (info.message_count, info.next_seq) == (6, 7)
+
+
+def a_session_made_again_is_checked_as_it_now_is(a: MemoryManager, b: MemoryManager) -> None:
+    """``a`` knows a session (trimmed far: its first seq is high) that ``b`` deletes and makes
+    again under the same id and fills past ``max_history``: ``a``'s next append lands in the
+    new session, checked on its state, and leaves at most ``max_history`` messages.
+    """
+    limit = a.config.max_history
+    assert limit is not None and b.config.max_history == limit
+    sid = a.create_session("agent", session_id="again")
+    for i in range(4 * limit):
+        a.add_message(sid, "user", f"old {i}")
+    b.delete_session(sid)
+    b.create_session("agent", session_id=sid)
+    for i in range(2 * limit):
+        b.add_message(sid, "user", f"new {i}")
+    a.add_message(sid, "user", "from a")
+    held = [m.content for m in a.get_messages(sid)]
+    assert held == [f"new {i}" for i in range(limit + 1, 2 * limit)] + ["from a"]

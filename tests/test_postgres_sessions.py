@@ -7,11 +7,13 @@ a connection is back in the pool when a call returns (no worker thread between t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from _round_trips import (
+    a_session_made_again_is_checked_as_it_now_is,
     appends_in_turn_keep_every_seq,
     known_session_round_trips,
     tool_unit_round_trips,
@@ -136,3 +138,13 @@ def test_records_with_quotes_backslashes_and_braces_are_stored_as_given(
     texts = ['say "hi"', "C:\\path\\{x}", "{a,b}", "NULL", "ünïcode 日本", ""]
     mem.add_messages(sid, [{"role": "user", "content": t} for t in texts])
     assert [m.content for m in mem.get_messages(sid)] == texts
+
+
+def test_an_append_to_a_session_made_again_elsewhere_is_checked_on_the_new_one(url: str) -> None:
+    # the compare-and-set compares the generation: a remembered state of the session deleted
+    # meanwhile is not taken for the new one (its first seq would let max_history overflow)
+    with (
+        open_memory(url, replace(UNBOUNDED, max_history=5)) as a,
+        open_memory(url, replace(UNBOUNDED, max_history=5)) as b,
+    ):
+        a_session_made_again_is_checked_as_it_now_is(a, b)

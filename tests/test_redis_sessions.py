@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 import pytest
 
 from _round_trips import (
+    a_session_made_again_is_checked_as_it_now_is,
     appends_in_turn_keep_every_seq,
     known_session_round_trips,
     tool_unit_round_trips,
@@ -86,3 +87,13 @@ def test_a_tool_unit_appends_one_message_at_a_time_in_one_round_trip_each(
 def test_appends_from_two_managers_in_turn_keep_every_seq(url: str) -> None:
     with _open(url, session_ttl=None) as a, _open(url, session_ttl=None) as b:
         appends_in_turn_keep_every_seq(a, b)
+
+
+def test_an_append_to_a_session_made_again_elsewhere_is_checked_on_the_new_one(url: str) -> None:
+    # the compare-and-set compares the generation: a remembered state of the session deleted
+    # meanwhile is not taken for the new one (its first seq would let max_history overflow)
+    with (
+        _open(url, max_history=5, session_ttl=None) as a,
+        _open(url, max_history=5, session_ttl=None) as b,
+    ):
+        a_session_made_again_is_checked_as_it_now_is(a, b)

@@ -439,10 +439,9 @@ class MemoryManager:
 
         Every message held has a seq from the session's first_seq to the newest one given, and
         trimming only moves first_seq forward (a state seen before the write has it no later):
-        so the span bounds the count, and a session below the limit is not read back. (One
-        race escapes it: a session deleted and made again by another process since this one
-        last saw it, already at the limit there, can hold one batch too many until the next
-        append.)
+        so the span bounds the count, and a session below the limit is not read back. (The
+        state checked is of the session written to: a compare-and-set append compares the
+        generation too, so a session deleted and made again elsewhere is checked anew.)
         """
         limit = self.config.max_history
         if limit is None:

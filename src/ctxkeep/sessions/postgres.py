@@ -47,7 +47,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 # One append as one statement (autocommit: one round trip, one commit): a compare-and-set on
 # the session's state (see ctxkeep.sessions.base.cas_append). The row is updated only if its
-# pending is still the one the client checked against and its accessed_at no earlier; the
+# pending is still the one the client checked against, its accessed_at no earlier and its
+# generation the same (a session deleted and made again under the same id is another); the
 # UPDATE takes the row lock (a concurrent writer waits, and the condition is evaluated again on
 # the row it committed), then the messages go in under the sequence numbers it moved past.
 # Answers (true, the row after) when stored, (false, the row) when not, nothing when there is
@@ -60,7 +61,7 @@ WITH upd AS (
     SET next_seq = next_seq + %(n)s, message_count = message_count + %(n)s,
         pending = %(pending)s, accessed_at = GREATEST(accessed_at, %(now)s)
     WHERE session_id = %(sid)s AND pending::jsonb = %(base_pending)s::jsonb
-        AND accessed_at >= %(base_accessed)s
+        AND accessed_at >= %(base_accessed)s AND generation = %(base_generation)s
     RETURNING {COLUMNS}
 ), ins AS (
     INSERT INTO ctxkeep_messages (session_id, seq, record, role)
@@ -127,6 +128,7 @@ class PostgresBackend(SQLBackend):
                     "now": batch.now,
                     "base_pending": dumps(list(base.pending)),
                     "base_accessed": base.accessed_at,
+                    "base_generation": base.generation,
                     "records": texts,
                     "roles": roles,
                 },

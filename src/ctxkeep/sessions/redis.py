@@ -241,31 +241,35 @@ def parse_member(member: str) -> tuple[int, dict[str, Any]]:
 
 # One append, in one round trip: a compare-and-set on the session's state (see
 # ctxkeep.sessions.base.cas_append). The client ran the manager's check on the state it last saw
-# (ARGV[2] pending, ARGV[3] accessed_at); the script stores the messages only if the hash still
-# has that pending and no earlier accessed_at, else it answers the hash as it is, to check again.
+# (ARGV[2] pending, ARGV[3] accessed_at, ARGV[7] generation); the script stores the messages
+# only if the hash still has that pending, no earlier accessed_at and that generation (a session
+# deleted and made again under the same id is another session), else it answers the hash as it
+# is, to check again.
 # KEYS: session hash, messages zset, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now,
-#       deadline in Unix ms ("" for no TTL), then the records (JSON), oldest first.
+#       deadline in Unix ms ("" for no TTL), base generation, then the records (JSON), oldest
+#       first.
 # Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
 # the client takes without parsing), {'stale', the hash's fields and values} or {'missing'}.
 APPEND_SCRIPT = """
-local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at')
+local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
+  'generation')
 if not h[1] then return {'missing'} end
 local stored, base = cjson.decode(h[3]), cjson.decode(ARGV[2])
-local same = #stored == #base and tonumber(h[4]) >= tonumber(ARGV[3])
+local same = #stored == #base and tonumber(h[4]) >= tonumber(ARGV[3]) and h[5] == ARGV[7]
 if same then
   for i = 1, #stored do
     if stored[i] ~= base[i] then same = false break end
   end
 end
 if not same then return {'stale', redis.call('HGETALL', KEYS[1])} end
-local first, n = tonumber(h[1]), #ARGV - 6
+local first, n = tonumber(h[1]), #ARGV - 7
 local count = string.format('%d', tonumber(h[2]) + n)
 local batch = {}
 for i = 1, n do
   local seq = string.format('%d', first + i - 1)
   batch[#batch + 1] = seq
-  batch[#batch + 1] = seq .. ':' .. ARGV[6 + i]
+  batch[#batch + 1] = seq .. ':' .. ARGV[7 + i]
   if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
     redis.call('ZADD', KEYS[2], unpack(batch))
     batch = {}
@@ -549,6 +553,7 @@ class RedisBackend(Backend):
                 _pending_json(pending),
                 now,
                 deadline,
+                base.generation,
                 *records,
             )
             if out[0] == "missing":
