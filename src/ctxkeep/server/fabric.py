@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ctxkeep import _check
 from ctxkeep.errors import InvalidTypeError, StaleTaskStateError, UnknownAgentError
 from ctxkeep.fabric import ContextFabric, IPCMessage
+from ctxkeep.fabric.bus import MessageBus
 
 if TYPE_CHECKING:
     from ctxkeep.fabric.redis_bus import RedisStreamBus
@@ -118,27 +119,51 @@ class TenantFabric(ABC):
 
         """
 
-    @abstractmethod
-    def subscribe(self, agent_id: str, topic: str) -> None:
-        """Deliver ``topic`` messages of the agent's task to it."""
+    bus: MessageBus
+    """The tenant's bus (every bus method below checks the agent has joined a task first)."""
 
     @abstractmethod
+    def _task(self, agent_id: str) -> str:
+        """The agent's task id.
+
+        Raises:
+            UnknownAgentError: the agent has joined no task.
+
+        """
+
+    def subscribe(self, agent_id: str, topic: str) -> None:
+        """Deliver ``topic`` messages of the agent's task to it."""
+        self._task(agent_id)
+        self.bus.subscribe(agent_id, topic)
+
     def send(
         self, sender: str, payload: Any, *, recipient: str | None, topic: str | None
     ) -> IPCMessage:
         """Send from ``sender`` (within its task); returns the message sent."""
+        message = IPCMessage(
+            sender=sender,
+            payload=payload,
+            task_id=self._task(sender),
+            recipient=recipient,
+            topic=topic,
+        )
+        self.bus.send(message)
+        return message
 
-    @abstractmethod
     def receive(self, agent_id: str, max_messages: int) -> list[IPCMessage]:
         """Up to ``max_messages`` for the agent, pending until acked (no waiting)."""
+        self._task(agent_id)
+        return self.bus.receive(agent_id, max_messages=max_messages)
 
-    @abstractmethod
     def ack(self, agent_id: str, ids: Sequence[str]) -> None:
         """Mark received messages handled (ids not pending are ignored)."""
+        self._task(agent_id)
+        self.bus.ack(agent_id, ids)
 
-    @abstractmethod
     def recover(self, agent_id: str) -> int:
         """Deliver the agent's unacked messages again, first; returns how many there are."""
+        self._task(agent_id)
+        return self.bus.recover(agent_id)
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
@@ -149,6 +174,7 @@ class LocalFabric(TenantFabric):
 
     def __init__(self) -> None:
         self.fabric = ContextFabric()
+        self.bus = self.fabric.bus
 
     def join(self, agent_id: str, task_id: str, state: Mapping[str, Any]) -> TaskState:
         """See :meth:`TenantFabric.join`."""
@@ -168,40 +194,6 @@ class LocalFabric(TenantFabric):
         self._task(agent_id)
         self.fabric.update_task_context(agent_id, data, expected_version=expected_version)
         return self.read(agent_id)
-
-    def subscribe(self, agent_id: str, topic: str) -> None:
-        """See :meth:`TenantFabric.subscribe`."""
-        self._task(agent_id)
-        self.fabric.bus.subscribe(agent_id, topic)
-
-    def send(
-        self, sender: str, payload: Any, *, recipient: str | None, topic: str | None
-    ) -> IPCMessage:
-        """See :meth:`TenantFabric.send`."""
-        message = IPCMessage(
-            sender=sender,
-            payload=payload,
-            task_id=self._task(sender),
-            recipient=recipient,
-            topic=topic,
-        )
-        self.fabric.bus.send(message)
-        return message
-
-    def receive(self, agent_id: str, max_messages: int) -> list[IPCMessage]:
-        """See :meth:`TenantFabric.receive`."""
-        self._task(agent_id)
-        return self.fabric.bus.receive(agent_id, max_messages=max_messages)
-
-    def ack(self, agent_id: str, ids: Sequence[str]) -> None:
-        """See :meth:`TenantFabric.ack`."""
-        self._task(agent_id)
-        self.fabric.bus.ack(agent_id, ids)
-
-    def recover(self, agent_id: str) -> int:
-        """See :meth:`TenantFabric.recover`."""
-        self._task(agent_id)
-        return self.fabric.bus.recover(agent_id)
 
     def _task(self, agent_id: str) -> str:
         try:
@@ -276,40 +268,6 @@ class RedisFabric(TenantFabric):
             task.update(changes, expected_version=expected_version)
             version, data = task.read()
         return TaskState(task_id, version, data)
-
-    def subscribe(self, agent_id: str, topic: str) -> None:
-        """See :meth:`TenantFabric.subscribe`."""
-        self._task(agent_id)
-        self.bus.subscribe(agent_id, topic)
-
-    def send(
-        self, sender: str, payload: Any, *, recipient: str | None, topic: str | None
-    ) -> IPCMessage:
-        """See :meth:`TenantFabric.send`."""
-        message = IPCMessage(
-            sender=sender,
-            payload=payload,
-            task_id=self._task(sender),
-            recipient=recipient,
-            topic=topic,
-        )
-        self.bus.send(message)
-        return message
-
-    def receive(self, agent_id: str, max_messages: int) -> list[IPCMessage]:
-        """See :meth:`TenantFabric.receive`."""
-        self._task(agent_id)
-        return self.bus.receive(agent_id, max_messages=max_messages)
-
-    def ack(self, agent_id: str, ids: Sequence[str]) -> None:
-        """See :meth:`TenantFabric.ack`."""
-        self._task(agent_id)
-        self.bus.ack(agent_id, ids)
-
-    def recover(self, agent_id: str) -> int:
-        """See :meth:`TenantFabric.recover`."""
-        self._task(agent_id)
-        return self.bus.recover(agent_id)
 
     def close(self) -> None:
         """Close the bus's connections."""
