@@ -406,13 +406,9 @@ class MemoryManager:
         if snap is None:
             return None
         info, head = snap
-        cut = info.message_count - limit
-        if cut <= 0:
-            return info, []
-        while cut < len(head) and head[cut][1]["role"] == "tool":
-            cut += 1  # the kept history starts at a whole unit
-        if cut >= len(head):
-            return None
+        cut = trim_point([r["role"] for _, r in head], limit, held=info.message_count)
+        if cut and cut >= len(head):
+            return None  # the kept history starts past the messages read
         # A call still waiting is safe: only its results come after it, and the kept
         # history starts at a message that is not a result, so at the call or before it.
         return info, head[:cut]

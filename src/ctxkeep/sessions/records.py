@@ -372,17 +372,18 @@ def pending_after_pop(pending: Sequence[str], record: dict[str, Any]) -> tuple[s
     return tuple(pending)
 
 
-def trim_point(roles: Sequence[str], max_history: int) -> int:
+def trim_point(roles: Sequence[str], max_history: int, *, held: int | None = None) -> int:
     """How many of the oldest messages to remove so at most ``max_history`` remain.
 
     The cut never leaves a tool result first: it moves later, past the rest of its unit, so
     the kept history starts at a whole unit (and may be shorter than ``max_history``).
-    ``roles`` are the stored messages' roles, oldest first.
+    ``roles`` are the stored messages' roles, oldest first: all of them, or (with ``held``,
+    how many there are) the oldest few; then ``len(roles)`` means the cut lies past them.
     """
-    n = len(roles)
+    n = len(roles) if held is None else held
     if n <= max_history:
         return 0
     cut = n - max_history
-    while cut < n and roles[cut] == "tool":
+    while cut < len(roles) and roles[cut] == "tool":
         cut += 1
     return cut
