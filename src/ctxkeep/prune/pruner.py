@@ -209,9 +209,9 @@ class TokenPruner(_Summaries):
 
     def _prune_folded(
         self, messages: list[Any], seed: FoldState | None
-    ) -> tuple[list[Message], FoldState | None]:
-        """:meth:`prune` in the cache-stable mode, from ``seed`` where this pruner keeps no
-        fold that covers it, and the fold's state afterwards (for a snapshot; None where there
+    ) -> tuple[list[Message], PruneReport, FoldState | None]:
+        """:meth:`prune_with_report` in the cache-stable mode, from ``seed`` where this pruner
+        keeps no fold that covers it, and the fold's state afterwards (for a snapshot; None where there
         can be none): what a session store's first prompt of a process uses
         (:mod:`ctxkeep.sessions.folds`).
 
@@ -227,7 +227,8 @@ class TokenPruner(_Summaries):
         if plan is None:
             plan = self._plan(items)  # an empty history (a seed never gets here)
         summary, error = self._summarize(plan)
-        return self._assemble(plan, summary, error)[0], state
+        out, report = self._assemble(plan, summary, error)
+        return out, report, state
 
     def _plan_either(self, messages: Sequence[Any]) -> _Plan:
         items = as_list(messages)  # once: an iterator is read once, whichever mode plans

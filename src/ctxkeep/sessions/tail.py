@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from ctxkeep.messages import SYSTEM_ROLES, Message, missing_content
-from ctxkeep.prune import TokenPruner
+from ctxkeep.prune import PruneReport, TokenPruner
 
 FIRST_PAGE = 64
 """Messages in the first page of a paged prompt read; each further page is twice the last."""
@@ -56,7 +56,7 @@ def prompt_from_tail(
     prefix: list[Message],
     marks: list[Message],
     suffix: list[Message],
-) -> list[Message] | None:
+) -> tuple[list[Message], PruneReport] | None:
     """The pruned prompt of a session from its newest messages, or None if more are needed.
 
     Args:
@@ -68,8 +68,9 @@ def prompt_from_tail(
             waiting for results left out), in order.
 
     Returns:
-        ``pruner.prune(prefix + history)`` for the whole history, when the module docstring's
-        proof holds; else None (read an older page).
+        ``pruner.prune_with_report(prefix + history)`` for the whole history, when the module
+        docstring's proof holds (the report's indexes are those of the messages read, in the
+        order read: its ``_messages``); else None (read an older page).
 
     """
     # The suffix from its first unit boundary on: tool results before it answer a call older
@@ -107,4 +108,4 @@ def prompt_from_tail(
         return None
     if len(prefix) + len(head) + lo in fates:
         return None  # the walk reached the suffix's oldest unit and kept it: read on
-    return out
+    return out, report
