@@ -224,7 +224,7 @@ def test_a_seed_that_names_an_unread_message_is_refused() -> None:
     msgs = [Message("system", "rules")] + [
         Message("user" if i % 2 == 0 else "assistant", "word " * 30) for i in range(40)
     ]
-    state = pruner._prune_folded(msgs, None)[1]
+    state = pruner._prune_folded(msgs, None)[2]
     assert state is not None
     sparse: list[Any] = list(msgs)
     sparse[0] = Unread("in a test")  # the system message the seed needs

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from ctxkeep.foldstate import Unread
 from ctxkeep.messages import Message
 from ctxkeep.prune.inputs import LazyMessages, Messages
 
@@ -59,7 +60,7 @@ class PruneReport:
     next cut (what a provider cache written at the cut can hit); None in the default mode."""
     stable_prefix_tokens: int | None = None
     """Cache-stable mode: the tokens of those messages (overhead included)."""
-    _messages: Sequence[Message] = field(default=(), repr=False)
+    _messages: Sequence[Message | Unread] = field(default=(), repr=False)
     _tokens: Any = field(default=None, repr=False)
     _fates: dict[int, tuple[Action, str, int, str | None]] = field(default_factory=dict, repr=False)
     _default_fate: tuple[Action, str] = field(default=("dropped", "over budget"), repr=False)
@@ -75,6 +76,8 @@ class PruneReport:
         """
         out = []
         for i, m in enumerate(self._messages):
+            if type(m) is Unread:
+                continue  # not read: older history a fold snapshot stood for
             before = self._tokens(m)
             fate = self._fates.get(i)
             if fate is None:
@@ -87,8 +90,18 @@ class PruneReport:
 
     @property
     def tokens_before(self) -> int:
-        """Tokens of the whole input as a prompt."""
-        return int(sum(self._tokens(m) for m in self._messages) + self.sections.get("priming", 0))
+        """Tokens of the input as a prompt (of the messages read: see :attr:`unread`)."""
+        read = (m for m in self._messages if type(m) is not Unread)
+        return int(sum(self._tokens(m) for m in read) + self.sections.get("priming", 0))
+
+    @property
+    def unread(self) -> int:
+        """Input messages the prune did not read: older history dropped at an earlier cut of
+        a cache-stable fold, which the session's fold snapshot stood for (a session's first
+        prompt of a process reads from the snapshot on). They count as dropped, and are in
+        neither :attr:`decisions` nor :attr:`tokens_before`.
+        """
+        return sum(1 for m in self._messages if type(m) is Unread)
 
     def count(self, action: Action) -> int:
         """How many input messages got ``action``."""
@@ -108,6 +121,7 @@ class PruneReport:
             "dropped": self.count("dropped"),
             "summarised": self.count("summarised"),
             "summary_error": self.summary_error,
+            "unread": self.unread,
             "notes": list(self.notes),
             "stable_prefix_messages": self.stable_prefix_messages,
             "stable_prefix_tokens": self.stable_prefix_tokens,

@@ -26,6 +26,7 @@ another.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -46,7 +47,7 @@ from ctxkeep.errors import (
     SessionChangedError,
     SessionNotFoundError,
 )
-from ctxkeep.foldstate import FoldMismatch, UnreadMessageTouched
+from ctxkeep.foldstate import FoldMismatch, Unread, UnreadMessageTouched
 from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message
 from ctxkeep.sessions.backend import (
     Backend,
@@ -77,7 +78,7 @@ from ctxkeep.sessions.records import (
 from ctxkeep.sessions.tail import FIRST_PAGE, pages_suffice, prompt_from_tail
 
 if TYPE_CHECKING:
-    from ctxkeep.prune import TokenPruner
+    from ctxkeep.prune import PruneReport, TokenPruner
 
 _TRIM_SLACK = 16
 """Messages read past the most a trim can remove, to find where the kept history starts (a
@@ -86,6 +87,16 @@ _TRIM_HEAD_MAX = 256
 """The most messages a trim reads from the head; more and it reads the whole session."""
 _NO_SEQ = 2**62
 """Above every sequence number: ``read_rows(..., after_seq=_NO_SEQ)`` reads no tail."""
+_UNREAD_PAGE = Unread("older than the pages read")
+"""The place of a message a paged prompt read did not need, in its report."""
+
+
+def _newest_user(history: list[Any]) -> Message | None:
+    """The newest user message of ``history`` (placeholders of messages not read skipped)."""
+    for m in reversed(history):
+        if type(m) is Message and m.role == "user":
+            return m
+    return None
 
 __all__ = [
     "Backend",
@@ -98,6 +109,7 @@ __all__ = [
     "MemoryConfig",
     "MemoryManager",
     "Row",
+    "SessionPrompt",
     "Snapshot",
     "Tail",
     "Written",
@@ -167,6 +179,23 @@ class CachedHistory:
     fold: Folded | None = None
     """A cache-stable pruner's fold of the session (:mod:`ctxkeep.sessions.folds`); with
     ``fold.base > 0`` the messages before it are placeholders but for the ones it knows."""
+
+
+@dataclass(frozen=True)
+class SessionPrompt:
+    """A session's prompt as :meth:`MemoryManager.build_prompt` read and pruned it."""
+
+    info: SessionInfo
+    """The session at the instant of the read."""
+    messages: list[Message]
+    """The prompt: the system message given, then the history, pruned (copies)."""
+    report: PruneReport | None
+    """The pruner's report (None with no pruner, or one that is not a ``TokenPruner``). Its
+    indexes are positions in the system message given plus the session's history; messages
+    the read did not need (older history a fold snapshot or the newest pages stood for) are
+    counted in its ``unread``."""
+    newest_user: Message | None
+    """The session's newest user message as stored (the prompt may hold it compressed)."""
 
 
 class MemoryManager:
@@ -551,7 +580,24 @@ class MemoryManager:
         ``TokenPruner(cache_stable=False)`` reads the newest pages only
         (:mod:`ctxkeep.sessions.tail`); a cache-stable one (the default) reads from the fold
         snapshot stored with the session at its last cut (:mod:`ctxkeep.sessions.folds`),
-        storing a new one when its fold cuts.
+        storing a new one when its fold cuts. :meth:`build_prompt` gives the report too.
+        """
+        return self.build_prompt(session_id, system=system, pruner=pruner).messages
+
+    def build_prompt(
+        self,
+        session_id: str,
+        *,
+        system: str | Message | None = None,
+        pruner: Any = None,
+    ) -> SessionPrompt:
+        """:meth:`build_prompt_messages` with the pruner's report, the session's info and its
+        newest user message, from the same read.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+            Whatever the pruner raises (``BudgetExceededError``...).
+
         """
         if pruner is not None:
             _check.has_method("pruner", pruner, "prune", "TokenPruner")
@@ -564,7 +610,9 @@ class MemoryManager:
             prefix = [system if isinstance(system, Message) else Message("system", system)]
         self._live(session_id, touch=True)
         if pages_suffice(pruner):
-            return self._prompt_from_pages(session_id, prefix, pruner)
+            found = self._prompt_from_pages(session_id, prefix, pruner)
+            if found is not None:
+                return found
         key = snapshot_key(pruner, prefix) if self.backend.supports_folds else None
         if key is not None:
             return self._prompt_from_fold(session_id, prefix, pruner, key)
@@ -573,10 +621,14 @@ class MemoryManager:
             # The unit still waiting for results is not part of a prompt.
             cut = max(i for i, m in enumerate(history) if m.tool_calls)
             history = history[:cut]
+        newest_user = _newest_user(history)
         msgs = prefix + history
-        if pruner is not None:
-            return list(pruner.prune(msgs))
-        return [m.copy() for m in msgs]
+        if pruner is None:
+            return SessionPrompt(info, [m.copy() for m in msgs], None, newest_user)
+        if callable(getattr(pruner, "prune_with_report", None)):
+            out, report = pruner.prune_with_report(msgs)
+            return SessionPrompt(info, list(out), report, newest_user)
+        return SessionPrompt(info, list(pruner.prune(msgs)), None, newest_user)
 
     def _read(self, session_id: str, after_seq: int = 0) -> Snapshot:
         snap = self.backend.read(session_id, after_seq)
@@ -628,10 +680,12 @@ class MemoryManager:
 
     def _prompt_from_pages(
         self, session_id: str, prefix: list[Message], pruner: TokenPruner
-    ) -> list[Message]:
-        """:meth:`build_prompt_messages` for a pruner that reads only what it keeps: the
-        session read newest first, a page at a time, until :func:`prompt_from_tail` proves the
-        prune of what was read the prune of it all (see :mod:`ctxkeep.sessions.tail`).
+    ) -> SessionPrompt | None:
+        """:meth:`build_prompt` for a pruner that reads only what it keeps: the session read
+        newest first, a page at a time, until :func:`prompt_from_tail` proves the prune of
+        what was read the prune of it all (see :mod:`ctxkeep.sessions.tail`). None where the
+        report's positions cannot be told from a partial read (a session with a gap in its
+        seqs, left by a message taken back): the caller reads it all.
         """
         with self._cache_lock:
             cached = self._prompt_cache.pop(session_id, None)
@@ -660,6 +714,7 @@ class MemoryManager:
         marks = [(seq, m) for seq, m in cached.marks if seq >= info.first_seq]
         complete = cached.complete or (bool(seqs) and seqs[0] <= info.first_seq)
         page = self.prompt_page
+        partial: tuple[list[Message], PruneReport] | None = None
         while True:
             history: list[Message] | None = msgs
             if info.pending:
@@ -669,12 +724,11 @@ class MemoryManager:
                     history = None  # the waiting call is older than this page
             if complete:
                 assert history is not None
-                out = list(pruner.prune(prefix + history))
+                out, report = pruner.prune_with_report(prefix + history)
                 break
             if history is not None:
-                found = prompt_from_tail(pruner, prefix, [m for _, m in marks], history)
-                if found is not None:
-                    out = found
+                partial = prompt_from_tail(pruner, prefix, [m for _, m in marks], history)
+                if partial is not None:
                     break
             # An older page: below the oldest message held in this read.
             page *= 2
@@ -703,22 +757,48 @@ class MemoryManager:
             )
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
-        return out
+        newest_user = _newest_user(msgs) or _newest_user([m for _, m in marks])
+        if partial is None:
+            return SessionPrompt(info, out, report, newest_user)
+        # A prune of the messages read: its report's indexes are placed at their positions
+        # in the session (a seq's position is its offset from first_seq while the seqs have
+        # no gap: every seq from first_seq to next_seq - 1 held).
+        if info.next_seq - info.first_seq != info.message_count:
+            return None
+        out, report = partial
+        seq_of = {id(m): seq for seq, m in zip(seqs, msgs, strict=True)}
+        seq_of.update((id(m), seq) for seq, m in marks)
+        n = len(prefix)
+        where: list[int] = []
+        for i, m in enumerate(report._messages):
+            seq = seq_of.get(id(m)) if i >= n else None
+            if i >= n and seq is None:
+                return None  # not a message of this read (a repair): read it all
+            where.append(i if seq is None else n + seq - info.first_seq)
+        placed: list[Any] = [_UNREAD_PAGE] * (n + info.message_count)
+        for i, m in zip(where, report._messages, strict=True):
+            placed[i] = m
+        report = dataclasses.replace(
+            report,
+            _messages=placed,
+            _fates={where[i]: fate for i, fate in report._fates.items()},
+        )
+        return SessionPrompt(info, out, report, newest_user)
 
     def _prompt_from_fold(
         self, session_id: str, prefix: list[Message], pruner: TokenPruner, key: str
-    ) -> list[Message]:
-        """:meth:`build_prompt_messages` for a cache-stable :class:`~ctxkeep.TokenPruner`:
-        the history read from the fold snapshot stored under ``key`` where one holds (the
-        messages it names and those from its window on), else every message; the fold started
-        from the snapshot, checked, and folded forward; a new snapshot stored when it cut (see
+    ) -> SessionPrompt:
+        """:meth:`build_prompt` for a cache-stable :class:`~ctxkeep.TokenPruner`: the history
+        read from the fold snapshot stored under ``key`` where one holds (the messages it
+        names and those from its window on), else every message; the fold started from the
+        snapshot, checked, and folded forward; a new snapshot stored when it cut (see
         :mod:`ctxkeep.sessions.folds`). Anything the checks refuse is read and replayed whole.
         """
         with self._cache_lock:
             cached = self._prompt_cache.pop(session_id, None)
         loaded = fold_history(self.backend, self._read, session_id, key, len(prefix), cached)
         try:
-            out, state = fold_prompt(prefix, loaded, pruner)
+            out, report, state = fold_prompt(prefix, loaded, pruner)
         except (FoldMismatch, UnreadMessageTouched) as exc:
             if isinstance(exc, UnreadMessageTouched):  # a bug: the replay below is still right
                 warnings.warn(
@@ -727,7 +807,7 @@ class MemoryManager:
             loaded = fold_history(
                 self.backend, self._read, session_id, key, len(prefix), None, whole=True
             )
-            out, state = fold_prompt(prefix, loaded, pruner)
+            out, report, state = fold_prompt(prefix, loaded, pruner)
         info, folded = loaded.info, loaded.folded
         if state is not None:
             folded.seed = state
@@ -743,7 +823,7 @@ class MemoryManager:
             )
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
-        return out
+        return SessionPrompt(info, out, report, _newest_user(loaded.history))
 
     def _tail(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
         tail = self.backend.read_tail(

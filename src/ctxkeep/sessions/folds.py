@@ -51,7 +51,7 @@ from ctxkeep.messages import Message
 from ctxkeep.sessions.records import dumps, loads, message_to_record, record_to_message
 
 if TYPE_CHECKING:
-    from ctxkeep.prune import TokenPruner
+    from ctxkeep.prune import PruneReport, TokenPruner
     from ctxkeep.sessions.backend import Backend, Snapshot
     from ctxkeep.sessions.base import CachedHistory
     from ctxkeep.sessions.records import SessionInfo
@@ -326,8 +326,8 @@ def fold_history(
 
 def fold_prompt(
     prefix: list[Message], loaded: Loaded, pruner: TokenPruner
-) -> tuple[list[Message], FoldState | None]:
-    """The pruned prompt of a loaded history and the fold's state after it.
+) -> tuple[list[Message], PruneReport, FoldState | None]:
+    """The pruned prompt of a loaded history, its report and the fold's state after it.
 
     Raises:
         FoldMismatch: the call still waiting for results is older than the messages read.
