@@ -62,7 +62,8 @@ SECTION_SHARE = 4
 
 
 class _AsStored:
-    """A pass-through "pruner" for :meth:`MemoryManager.build_prompt_messages`.
+    """A pass-through "pruner" for :meth:`MemoryManager.build_prompt`, for a pruner whose
+    async summarizer the builder must await (:meth:`ContextBuilder.abuild`).
 
     It hands back the manager's cached messages themselves rather than copies (copying a
     5,000-message history costs ~100 ms a turn; this, ~0.3 ms), so their cached token counts
@@ -79,10 +80,14 @@ _AS_STORED = _AsStored()
 
 @dataclass
 class _Plan:
-    """A build before pruning: the inputs read, the sections made, the budgets set."""
+    """A build before its history is final: the session read, the sections made, the budgets
+    set. ``pruned``/``report`` hold the history as pruned to ``history_budget`` through the
+    manager's read (newest pages or the fold snapshot: what the pruner declares it needs);
+    with an async summarizer they are None and ``prune_input`` holds the history as stored,
+    for the caller to prune with ``aprune_with_report``.
+    """
 
     info: SessionInfo
-    prune_input: list[Message]
     newest_user: Message | None
     sections: list[Message]  # fabric view, recall: the messages put before the newest user
     budgets: dict[str, int]
@@ -90,6 +95,9 @@ class _Plan:
     query: str | None
     episodes: list[EpisodeDecision]
     notes: list[str]
+    pruned: list[Message] | None = None
+    report: PruneReport | None = None
+    prune_input: list[Message] | None = None
 
 
 class ContextBuilder:
@@ -287,8 +295,8 @@ class ContextBuilder:
 
         """
         plan = self._prepare(session_id, system, query, agent_id)
-        pruned, report = self._pruner_for(plan.history_budget).prune_with_report(plan.prune_input)
-        return self._finish(plan, pruned, report)
+        assert plan.pruned is not None and plan.report is not None
+        return self._finish(plan, plan.pruned, plan.report)
 
     async def abuild(
         self,
@@ -301,33 +309,61 @@ class ContextBuilder:
         """Async :meth:`build`: storage, search and counting run in a worker thread, so the
         event loop is never blocked; an async summarizer of the pruner is awaited.
         """
-        plan = await asyncio.to_thread(self._prepare, session_id, system, query, agent_id)
-        pruner = self._pruner_for(plan.history_budget)
-        if callable(getattr(pruner.summarizer, "asummarize", None)):
-            pruned, report = await pruner.aprune_with_report(plan.prune_input)
-        else:
-            pruned, report = await asyncio.to_thread(pruner.prune_with_report, plan.prune_input)
-        return await asyncio.to_thread(self._finish, plan, pruned, report)
+        deferred = callable(getattr(self.pruner.summarizer, "asummarize", None))
+        plan = await asyncio.to_thread(
+            self._prepare, session_id, system, query, agent_id, deferred=deferred
+        )
+        if plan.pruned is None or plan.report is None:
+            assert plan.prune_input is not None
+            pruner = self._pruner_for(plan.history_budget)
+            plan.pruned, plan.report = await pruner.aprune_with_report(plan.prune_input)
+        return await asyncio.to_thread(self._finish, plan, plan.pruned, plan.report)
 
     # -- the steps -----------------------------------------------------------------------
 
     def _tokens(self, message: Message) -> int:
         return self.counter.count_message(message)
 
-    def _prepare(self, session_id: str, system: Any, query: Any, agent_id: Any) -> _Plan:
-        """Read the session, make the fabric and recall sections, set the history budget."""
+    def _prepare(
+        self, session_id: str, system: Any, query: Any, agent_id: Any, *, deferred: bool = False
+    ) -> _Plan:
+        """Read and prune the session, make the fabric and recall sections, set the budgets.
+
+        The history is read through :meth:`MemoryManager.build_prompt` with the pruner
+        itself, so the read is what the pruner declares it needs: a cache-stable pruner's
+        fold snapshot and the messages from its window on, the default mode's newest pages.
+        A cache-stable pruner keeps its own budget, so one read serves; in the default mode
+        the history gets what the sections leave, so the read is pruned again to that budget
+        when a section took room (the second read reuses the first one's messages).
+        """
+        asked = query
         prefix = _system_message(system)
         query = _check.optional_text("query", query, empty=True)
         agent_id = _check.optional_text("agent_id", agent_id)
-        info = self.memory.get_session(session_id)
-        if agent_id is not None and agent_id != info.agent_id:
-            raise ConfigError(
-                f"session {info.session_id!r} belongs to agent {info.agent_id!r}, not "
-                f"{agent_id!r}: build an agent's prompt from its own session"
-            )
-        history = self.memory.build_prompt_messages(session_id, pruner=_AS_STORED)
-        prune_input = prefix + history
-        newest_user = next((m for m in reversed(history) if m.role == "user"), None)
+        if agent_id is not None:
+            owner = self.memory.get_session(session_id).agent_id
+            if agent_id != owner:
+                raise ConfigError(
+                    f"session {session_id!r} belongs to agent {owner!r}, not "
+                    f"{agent_id!r}: build an agent's prompt from its own session"
+                )
+        head = prefix[0] if prefix else None
+        prune_input: list[Message] | None = None
+        pruned: list[Message] | None = None
+        report: PruneReport | None = None
+        if deferred:
+            # An async summarizer is awaited by the caller: the history as stored.
+            read = self.memory.build_prompt(session_id, pruner=_AS_STORED)
+            prune_input = prefix + read.messages
+            system_tokens = sum(self._tokens(m) for m in prune_input if m.role in SYSTEM_ROLES)
+        else:
+            pruner = self.pruner if self.cache_stable else self._pruner_for(self.prompt_budget)
+            read = self.memory.build_prompt(session_id, system=head, pruner=pruner)
+            pruned, report = read.messages, read.report
+            assert report is not None  # a TokenPruner reports
+            # Every system message is in the prompt (never dropped, never compressed).
+            system_tokens = sum(self._tokens(m) for m in pruned if m.role in SYSTEM_ROLES)
+        info, newest_user = read.info, read.newest_user
         notes: list[str] = []
         wanted = self._wanted_room()
         if self.cache_stable:
@@ -338,9 +374,7 @@ class ContextBuilder:
         else:
             # The room the sections may take: never what the messages the pruner cannot
             # drop need.
-            floor = self._priming + sum(
-                self._tokens(m) for m in prune_input if m.role in SYSTEM_ROLES
-            )
+            floor = self._priming + system_tokens
             if newest_user is not None:
                 floor += self._tokens(newest_user)
             room = max(0, self.prompt_budget - floor)
@@ -384,9 +418,16 @@ class ContextBuilder:
         used = sum(self._tokens(m) for m in sections)
         history_budget = floor if self.cache_stable else self.prompt_budget - used
         budgets["history"] = history_budget
+        if used and not self.cache_stable and not deferred:
+            read = self.memory.build_prompt(
+                session_id, system=head, pruner=self._pruner_for(history_budget)
+            )
+            if (read.info.generation, read.info.revision) != (info.generation, info.revision):
+                # Changed between the two reads (another writer): build again from the start.
+                return self._prepare(session_id, system, asked, agent_id)
+            pruned, report = read.messages, read.report
         return _Plan(
             info=info,
-            prune_input=prune_input,
             newest_user=newest_user,
             sections=sections,
             budgets=budgets,
@@ -394,6 +435,9 @@ class ContextBuilder:
             query=query,
             episodes=episodes,
             notes=notes,
+            pruned=pruned,
+            report=report,
+            prune_input=prune_input,
         )
 
     def _wanted_room(self) -> int:
