@@ -93,6 +93,11 @@ if TYPE_CHECKING:
 ANTHROPIC_MAX_BREAKPOINTS = 4
 """Anthropic accepts at most four ``cache_control`` breakpoints per request."""
 
+_CHECKPOINTS = 3
+"""Checkpoints an advance takes inside the messages it adds: at the ends of its last units."""
+_KEPT = 8
+"""Checkpoints a fold keeps (its newest): a few turns of pops and retries roll back."""
+
 # -- the cache-stable fold ----------------------------------------------------------------------
 
 
@@ -123,6 +128,64 @@ class _Fold:
     """What the last cut did (reported until the next one)."""
     error: BudgetExceededError | None = None
     """Set while the must-keep messages do not fit: the next unit cuts again."""
+    open: bool = False
+    """Folded while a newer call waited for its results (left out): holds only for a history
+    with a user or assistant message at the frontier (see ``_StableFolds._may_extend``)."""
+    checkpoints: list[_Checkpoint] = field(default_factory=list)
+    """The fold as it stood at its last few unit boundaries, oldest first (see
+    :class:`_Checkpoint`)."""
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """A fold as it stood at ``frontier``: what a history that shares only the first
+    ``frontier`` messages with the fold rolls back to, instead of a replay from the start.
+
+    It costs a few references, no copies: every list a fold holds either only grows (keys,
+    system, the window until the next cut) or is never changed once made (the messages of an
+    advance, the compressed forms, the notes and the units: a cut walks copies), so a prefix
+    of the list named here is the state as it was. Only the repairs, a few sets usually empty,
+    are copied.
+    """
+
+    frontier: int
+    keys: list[Any]
+    msgs: list[Message]
+    """Holds at least ``frontier`` messages, the first ``frontier`` of them the fold's."""
+    system: int
+    """How many of the fold's system messages (a prefix of ``sys_list``) it held."""
+    sys_list: list[int]
+    units: int
+    unit_list: list[_Unit]
+    pinned: _Unit | None
+    compressed: dict[int, Message]
+    notes: list[str]
+    fix: _Repairs
+    total: int
+    sys_tokens: int
+    last_user: int
+    cut_end: int
+    open: bool
+
+    def restore(self) -> _Fold:
+        """A fold of its own (no list shared with the one the checkpoint was taken of)."""
+        f = self.frontier
+        fix = self.fix
+        return _Fold(
+            fix=type(fix)(list(fix.orphans), set(fix.empty), dict(fix.originals), list(fix.notes)),
+            total=self.total,
+            keys=self.keys[:f],
+            msgs=self.msgs if len(self.msgs) == f else self.msgs[:f],
+            system=self.sys_list[: self.system],
+            sys_tokens=self.sys_tokens,
+            units=self.unit_list[: self.units],
+            pinned=self.pinned,
+            compressed=self.compressed,
+            last_user=self.last_user,
+            cut_end=self.cut_end,
+            notes=self.notes,
+            open=self.open,
+        )
 
 
 def _starts_with(items: list[Any], keys: list[Any]) -> bool:
@@ -284,24 +347,66 @@ class _StableFolds:
         )
 
     def _find(self, inp: list[Any]) -> _Fold:
+        """The fold to advance for ``inp``: the kept fold or checkpoint that folded the longest
+        prefix of it (a checkpoint restored as a fold of its own), else a new fold.
+
+        A history that differs from a kept fold only in its newest messages (a retry, a pop,
+        a replaced answer) so rolls back to the newest checkpoint inside the common prefix
+        and folds forward from there: a few messages, not the whole history again.
+        """
         from ctxkeep.prune import _Repairs
 
         n = len(inp)
-        candidates = [
-            f
-            for f in self._folds
-            if len(f.keys) <= n and (not f.keys or unchanged([f.keys[-1]], [inp[len(f.keys) - 1]]))
-        ]
-        candidates.sort(key=lambda f: len(f.keys), reverse=True)
-        fold = next((f for f in candidates if _starts_with(inp, f.keys)), None)
-        if fold is None:
-            fold = _Fold(fix=_Repairs(), total=self.pruner._priming)
-        else:
-            self._folds.remove(fold)
-        self._folds.append(fold)
+        candidates: list[tuple[int, int, _Fold, _Checkpoint | None]] = []
+        for f in self._folds:
+            if len(f.keys) <= n and self._may_extend(f.open, len(f.keys), inp):
+                candidates.append((len(f.keys), 1, f, None))
+            candidates += [
+                (cp.frontier, 0, f, cp)
+                for cp in f.checkpoints
+                if cp.frontier < len(f.keys)
+                and cp.frontier <= n
+                and self._may_extend(cp.open, cp.frontier, inp)
+            ]
+        # The longest prefix first; a fold before its own checkpoint at the same frontier.
+        candidates.sort(key=lambda e: (e[0], e[1]), reverse=True)
+        found: _Fold | None = None
+        for k, _, f, c in candidates:
+            keys = f.keys if c is None else c.keys
+            if k and not unchanged([keys[k - 1]], [inp[k - 1]]):
+                continue  # the newest message differs: no need to compare the rest
+            if not _starts_with(inp, keys if len(keys) == k else keys[:k]):
+                continue
+            if c is None:
+                found = f
+                self._folds.remove(f)
+            else:
+                found = c.restore()
+                found.checkpoints = [d for d in f.checkpoints if d.frontier <= k]
+            break
+        if found is None:
+            found = _Fold(fix=_Repairs(), total=self.pruner._priming)
+        self._folds.append(found)
         if len(self._folds) > self.size:
             del self._folds[0]
-        return fold
+        return found
+
+    @staticmethod
+    def _may_extend(open_end: bool, frontier: int, inp: list[Any]) -> bool:
+        """Whether a fold state at ``frontier`` can stand for ``inp[:frontier]`` as far as
+        the newest unit goes: an *open* state (folded while a newer call waited for its
+        results, so an older unanswered call got synthetic results) holds only while a user
+        or assistant message follows it (else that older call is the newest: pending).
+        """
+        if not open_end:
+            return True
+        if len(inp) <= frontier:
+            return False
+        item = inp[frontier]
+        role = (
+            item.role if type(item) is Message else item.get("role") if type(item) is dict else None
+        )
+        return role in ("user", "assistant")
 
     def _advance(self, fold: _Fold, inp: list[Any]) -> _Plan | None:
         """Fold the messages added since the frontier; the plan of the whole of ``inp``."""
@@ -340,7 +445,16 @@ class _StableFolds:
         events += [(u.start, u) for u, _ in walked]
         events.sort(key=lambda e: e[0])
         budget = p.max_token_budget
-        for i, u in events:
+        fold.keys.extend(k for _, k in read[: hi - lo])  # the fold's own list
+        # Checkpoints inside this advance: at the ends of its last few units, where the state
+        # is the replay's of the history up to there (no repairs in the walk, no synthetic
+        # results: a replay of that prefix would take an unanswered call as pending).
+        marks = (
+            len(events) - _CHECKPOINTS
+            if not (fix.orphans or fix.empty or fix.originals or fix.notes)
+            else len(events)
+        )
+        for k, (i, u) in enumerate(events):
             if u is None:
                 if p._drop_empty(msgs, i, fold.fix):
                     continue
@@ -357,10 +471,13 @@ class _StableFolds:
                 end = u.members[-1] + 1
             if fold.error is not None or fold.total > budget:
                 self._cut(fold, msgs, end)
-        fold.keys.extend(k for _, k in read[: hi - lo])  # the fold's own list
+            if k >= marks and u is not None and not u.synthetic and end < hi and fold.error is None:
+                self._checkpoint(fold, msgs, end, open_end=False)
+        fold.open = pending is not None
         if fold.error is not None:
             e = fold.error
             raise BudgetExceededError(budget=e.budget, required=e.required, blocking=e.blocking)
+        self._checkpoint(fold, fold.msgs, hi, open_end=fold.open)
         notes = list(fold.notes)
         if pending is not None:
             notes.append("dropped a trailing tool call whose results have not arrived")
@@ -388,15 +505,52 @@ class _StableFolds:
             stable_before=fold.cut_end,
         )
 
+    @staticmethod
+    def _checkpoint(fold: _Fold, msgs: list[Message], frontier: int, *, open_end: bool) -> None:
+        """Keep the fold's state at ``frontier`` (its last :data:`_KEPT` checkpoints)."""
+        kept = fold.checkpoints
+        if kept and kept[-1].frontier >= frontier:
+            return  # the same state (nothing was added)
+        fix = fold.fix
+        kept.append(
+            _Checkpoint(
+                frontier=frontier,
+                keys=fold.keys,
+                msgs=msgs,
+                system=len(fold.system),
+                sys_list=fold.system,
+                units=len(fold.units),
+                unit_list=fold.units,
+                pinned=fold.pinned,
+                compressed=fold.compressed,
+                notes=fold.notes,
+                fix=type(fix)(
+                    list(fix.orphans), set(fix.empty), dict(fix.originals), list(fix.notes)
+                ),
+                total=fold.total,
+                sys_tokens=fold.sys_tokens,
+                last_user=fold.last_user,
+                cut_end=fold.cut_end,
+                open=open_end,
+            )
+        )
+        if len(kept) > _KEPT:
+            del kept[0]
+
     def _cut(self, fold: _Fold, msgs: list[Message], end: int) -> None:
-        """Cut the window down to the low-water mark (the default mode's rules otherwise)."""
+        """Cut the window down to the low-water mark (the default mode's rules otherwise).
+
+        The fit marks units (``pinned``): it gets copies, so the units a checkpoint names
+        never change.
+        """
+        from ctxkeep.prune import _Unit
+
         p = self.pruner
         notes: list[str] = []
         compressed = dict(fold.compressed)
         low = math.floor(p.low_water * p.max_token_budget)
-        for u in fold.units:
-            u.pinned = False  # a fit marks the newest user's unit; an earlier one may have failed
-        walker = ((u, None) for u in reversed(fold.units))
+        units = [_Unit(u.start, u.members, u.tool, synthetic=u.synthetic) for u in fold.units]
+        walker = ((u, None) for u in reversed(units))
         try:
             fit = p._fit(
                 msgs, fold.system, fold.sys_tokens, walker, fold.last_user, low, compressed, notes
@@ -405,7 +559,10 @@ class _StableFolds:
                 # What must be kept is already above the low-water mark, so the next unit
                 # will cut again anyway: keep as much as the default mode would meanwhile.
                 compressed, notes = dict(fold.compressed), []
-                walker = ((u, None) for u in reversed(fold.units))
+                units = [
+                    _Unit(u.start, u.members, u.tool, synthetic=u.synthetic) for u in fold.units
+                ]
+                walker = ((u, None) for u in reversed(units))
                 fit = p._fit(
                     msgs,
                     fold.system,
