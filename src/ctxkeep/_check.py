@@ -51,6 +51,20 @@ def optional_integer(name: str, value: Any, *, minimum: int | None = None) -> in
     return None if value is None else integer(name, value, minimum=minimum)
 
 
+def flag(name: str, value: Any) -> bool:
+    """``value`` if it is True or False (not 0 or 1, not a string)."""
+    if not isinstance(value, bool):
+        raise InvalidTypeError(f"{name} must be True or False, got {_show(value)}")
+    return value
+
+
+def optional_flag(name: str, value: Any) -> bool | None:
+    """``None`` (the default, whatever it is where it is used) or :func:`flag`."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidTypeError(f"{name} must be True, False or None, got {_show(value)}")
+    return value
+
+
 def number(name: str, value: Any, *, positive: bool = False) -> float:
     """``value`` as a float if it is a finite real number (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int | float):

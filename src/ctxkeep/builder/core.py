@@ -31,10 +31,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import sys
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from ctxkeep import _check
+from ctxkeep.builder.compose import prompt_budget
 from ctxkeep.builder.report import SECTIONS, BuildReport, BuiltPrompt, EpisodeDecision, _decision
 from ctxkeep.builder.sections import _history_section, _insertion_point, fabric_section, fit_hits
 from ctxkeep.config import setting_int
@@ -87,6 +89,7 @@ class _Plan:
     for the caller to prune with ``aprune_with_report``.
     """
 
+    budget: int
     info: SessionInfo
     newest_user: Message | None
     sections: list[Message]  # fabric view, recall: the messages put before the newest user
@@ -196,6 +199,9 @@ class ContextBuilder:
                 f"reserve_output_tokens ({reserve_output_tokens}) must be less than "
                 f"max_prompt_tokens ({max_prompt_tokens}): the prompt needs some of the window"
             )
+        self.counter: TokenCounter = (
+            counter or (pruner.counter if pruner is not None else None) or get_counter()
+        )
         budget = self.prompt_budget
         self.max_prior_tokens = _section_cap(
             "max_prior_tokens", max_prior_tokens, DEFAULT_MAX_PRIOR_TOKENS, budget
@@ -214,25 +220,18 @@ class ContextBuilder:
                 f"recall_scope must be 'all', 'agent' or 'task', got {describe(recall_scope)}"
             )
         self.recall_scope: RecallScope = recall_scope
-        if not isinstance(recall_current_session, bool):
-            raise ConfigError(
-                f"recall_current_session must be True or False, got "
-                f"{describe(recall_current_session)}"
-            )
-        self.recall_current_session = recall_current_session
+        self.recall_current_session = _check.flag("recall_current_session", recall_current_session)
         self.episodic = episodic
         self.fabric = fabric
-        self.counter: TokenCounter = (
-            counter or (pruner.counter if pruner is not None else None) or get_counter()
-        )
-        if cache_stable is not None and not isinstance(cache_stable, bool):
-            raise ConfigError(f"cache_stable must be True or False, got {describe(cache_stable)}")
+        cache_stable = _check.optional_flag("cache_stable", cache_stable)
         if pruner is not None and cache_stable is not None and pruner.cache_stable != cache_stable:
             raise ConfigError(
                 f"cache_stable={cache_stable} but the pruner has cache_stable="
                 f"{pruner.cache_stable}: configure the mode on the pruner (or leave this out)"
             )
         history = budget - self._wanted_room()
+        self._own_pruner = pruner is None
+        self._lock = threading.Lock()
         if pruner is None:
             # The mode is TokenPruner's default unless given; its budget only matters in
             # cache-stable mode (the default mode prunes each build with what is left).
@@ -246,8 +245,9 @@ class ContextBuilder:
         elif pruner.cache_stable and pruner.max_token_budget > budget:
             raise ConfigError(
                 f"the cache-stable pruner's budget ({pruner.max_token_budget}) exceeds the "
-                f"prompt budget ({budget} = max_prompt_tokens - reserve_output_tokens): in "
-                "cache-stable mode the pruner's own budget is the history's"
+                f"prompt budget ({budget} = max_prompt_tokens - reserve_output_tokens, less "
+                "the margin of an estimated count): in cache-stable mode the pruner's own "
+                "budget is the history's"
             )
         self.cache_stable: bool = pruner.cache_stable
         self.pruner: TokenPruner = pruner
@@ -255,16 +255,26 @@ class ContextBuilder:
             length = setting_int("max_prompt_length", max_prompt_length, None)
             gate = PromptGate(
                 max_prompt_length=length or sys.maxsize,
-                max_prompt_tokens=budget,
+                max_prompt_tokens=self.prompt_limit,
                 counter=self.counter,
             )
         self.gate = gate
         self._priming = self.counter.count_messages([])
 
     @property
-    def prompt_budget(self) -> int:
-        """The most tokens a prompt may have: ``max_prompt_tokens - reserve_output_tokens``."""
+    def prompt_limit(self) -> int:
+        """``max_prompt_tokens - reserve_output_tokens``: the default gate's token limit."""
         return self.max_prompt_tokens - self.reserve_output_tokens
+
+    @property
+    def prompt_budget(self) -> int:
+        """The most tokens a prompt may have: :attr:`prompt_limit`, less the margin an
+        estimating counter keeps (:func:`~ctxkeep.builder.compose.prompt_budget`, the rule
+        every prompt of ctxkeep follows; it follows the counter's calibration).
+        """
+        return prompt_budget(
+            self.max_prompt_tokens, self.reserve_output_tokens, counter=self.counter
+        )
 
     # -- public --------------------------------------------------------------------------
 
@@ -348,16 +358,18 @@ class ContextBuilder:
                     f"{agent_id!r}: build an agent's prompt from its own session"
                 )
         head = prefix[0] if prefix else None
+        budget = self.prompt_budget  # once: an estimating counter's margin follows calibration
         prune_input: list[Message] | None = None
         pruned: list[Message] | None = None
         report: PruneReport | None = None
+        pruner = self.pruner
         if deferred:
             # An async summarizer is awaited by the caller: the history as stored.
             read = self.memory.build_prompt(session_id, pruner=_AS_STORED)
             prune_input = prefix + read.messages
             system_tokens = sum(self._tokens(m) for m in prune_input if m.role in SYSTEM_ROLES)
         else:
-            pruner = self.pruner if self.cache_stable else self._pruner_for(self.prompt_budget)
+            pruner = self._stable_pruner(budget) if self.cache_stable else self._pruner_for(budget)
             read = self.memory.build_prompt(session_id, system=head, pruner=pruner)
             pruned, report = read.messages, read.report
             assert report is not None  # a TokenPruner reports
@@ -369,15 +381,15 @@ class ContextBuilder:
         if self.cache_stable:
             # The pruner keeps its own budget (a budget that moved would move its cuts): the
             # sections get the rest of the prompt budget, and what they leave is not used.
-            floor = self.pruner.max_token_budget
-            room = self.prompt_budget - floor
+            floor = pruner.max_token_budget
+            room = budget - floor
         else:
             # The room the sections may take: never what the messages the pruner cannot
             # drop need.
             floor = self._priming + system_tokens
             if newest_user is not None:
                 floor += self._tokens(newest_user)
-            room = max(0, self.prompt_budget - floor)
+            room = max(0, budget - floor)
         if room < wanted:
             notes.append(
                 (
@@ -385,7 +397,7 @@ class ContextBuilder:
                     if self.cache_stable
                     else f"the system messages and the newest user message take {floor}"
                 )
-                + f" of the {self.prompt_budget} prompt tokens: {room} left for the fabric "
+                + f" of the {budget} prompt tokens: {room} left for the fabric "
                 "view and recall"
             )
         sections: list[Message] = []
@@ -416,7 +428,7 @@ class ContextBuilder:
             budgets["prior_context"] = 0
             query = None
         used = sum(self._tokens(m) for m in sections)
-        history_budget = floor if self.cache_stable else self.prompt_budget - used
+        history_budget = floor if self.cache_stable else budget - used
         budgets["history"] = history_budget
         if used and not self.cache_stable and not deferred:
             read = self.memory.build_prompt(
@@ -427,6 +439,7 @@ class ContextBuilder:
                 return self._prepare(session_id, system, asked, agent_id)
             pruned, report = read.messages, read.report
         return _Plan(
+            budget=budget,
             info=info,
             newest_user=newest_user,
             sections=sections,
@@ -445,6 +458,33 @@ class ContextBuilder:
         fabric = self.max_fabric_tokens if self.fabric is not None else 0
         recall = self.max_prior_tokens if self.episodic is not None and self.recall_top_k else 0
         return fabric + recall
+
+    def _stable_pruner(self, budget: int) -> TokenPruner:
+        """The cache-stable pruner, within ``budget``: an estimating counter's margin can grow
+        as it calibrates, and a pruner the builder made is then made again with the budget
+        left (its fold starts over once); one the caller gave must fit as it is.
+        """
+        pruner = self.pruner
+        if pruner.max_token_budget <= budget:
+            return pruner
+        if not self._own_pruner:
+            raise ConfigError(
+                f"the cache-stable pruner's budget ({pruner.max_token_budget}) exceeds the "
+                f"prompt budget ({budget}: the window less the reserve and the margin the "
+                f"estimated count of {self.counter!r} now keeps): give the pruner a lower "
+                "budget"
+            )
+        # Some headroom, so that a margin creeping up does not restart the fold every turn.
+        history = budget - self._wanted_room() - budget // 50
+        if history < 1:
+            raise ConfigError(
+                f"the section budgets ({self._wanted_room()} tokens) leave no history budget "
+                f"in the {budget}-token prompt: lower max_fabric_tokens / max_prior_tokens"
+            )
+        with self._lock:
+            if self.pruner.max_token_budget > budget:
+                self.pruner = TokenPruner(history, counter=self.counter, cache_stable=True)
+            return self.pruner
 
     def _pruner_for(self, budget: int) -> TokenPruner:
         if self.cache_stable:
@@ -465,8 +505,8 @@ class ContextBuilder:
             sections[section_ids.get(id(m)) or _history_section(m)] += self._tokens(m)
         sections["priming"] = self._priming
         prompt_tokens = sum(sections.values())
-        if prompt_tokens > self.prompt_budget:  # pragma: no cover - a bug, never an input
-            raise AssertionError(f"built {prompt_tokens} > {self.prompt_budget} tokens")
+        if prompt_tokens > plan.budget:  # pragma: no cover - a bug, never an input
+            raise AssertionError(f"built {prompt_tokens} > {plan.budget} tokens")
         self.gate.check(messages)
         report = BuildReport(
             session_id=plan.info.session_id,

@@ -59,6 +59,15 @@ from ctxkeep.artifacts import (
     as_artifact_store,
     read_artifact_tool,
 )
+from ctxkeep.builder.compose import (
+    RecallPolicy,
+    join_prior,
+    must_keep_tokens,
+    newest_user_message,
+    prompt_budget,
+    recall_room,
+    recall_then_fit,
+)
 from ctxkeep.errors import (
     ArtifactNotFoundError,
     BudgetExceededError,
@@ -89,7 +98,7 @@ if TYPE_CHECKING:
     from agents.items import TResponseInputItem
     from agents.run_config import CallModelData, ModelInputData
 
-    from ctxkeep.episodic.base import EpisodicMemoryStore, Hit
+    from ctxkeep.episodic.base import EpisodicMemoryStore
 
 _RETRIES = 50
 """Attempts at an atomic replace before giving up when other writers keep changing the
@@ -342,11 +351,7 @@ class CtxkeepInputFilter:
         self.compress_threshold = _check.optional_integer(
             "compress_threshold", compress_threshold, minimum=0
         )
-        if cache_stable is not None and not isinstance(cache_stable, bool):
-            raise TypeError(
-                f"cache_stable must be True, False or None, got {describe(cache_stable)}"
-            )
-        self.cache_stable = cache_stable
+        self.cache_stable = _check.optional_flag("cache_stable", cache_stable)
         if episodic is not None:
             _check.has_method("episodic", episodic, "search", "an episodic store")
         self.episodic = episodic
@@ -362,9 +367,7 @@ class CtxkeepInputFilter:
             if recall_filters is None
             else dict(_check.mapping("recall_filters", recall_filters))
         )
-        if not isinstance(count_tools, bool):
-            raise TypeError(f"count_tools must be True or False, got {describe(count_tools)}")
-        self.count_tools = count_tools
+        self.count_tools = _check.flag("count_tools", count_tools)
         if on_report is not None and not callable(on_report):
             raise TypeError(f"on_report must be callable, got {describe(on_report)}")
         self.on_report = on_report
@@ -389,23 +392,29 @@ class CtxkeepInputFilter:
         plain = [_plain_item(item, i) for i, item in enumerate(given)]
         messages = from_responses(plain)
         tools_tokens = self._tools_tokens(data.agent) if self.count_tools else 0
-        budget = self.max_tokens - tools_tokens
+        budget = prompt_budget(self.max_tokens, tools=tools_tokens, counter=self.counter)
         if budget < 1:
             raise BudgetExceededError(
                 budget=self.max_tokens,
-                required=tools_tokens,
+                required=self.max_tokens - budget,
                 blocking=[f"the agent's tool definitions ({tools_tokens} tokens)"],
             )
         instructions = data.model_data.instructions
-        hits, prior = self._recall(messages)
-        try:
-            text = _join(instructions, prior)
-            kept, report = self._prune(budget, text, messages)
-        except BudgetExceededError:
-            if not prior:
-                raise
-            hits, prior, text = [], "", instructions  # recall yields to the conversation
-            kept, report = self._prune(budget, text, messages)
+        newest = newest_user_message(messages)
+        head = [] if instructions is None else [Message("system", instructions)]
+        room = recall_room(
+            budget,
+            must_keep_tokens(self.counter, head + messages, newest),
+            self.max_prior_tokens,
+        )
+        (kept, report), hits, prior = recall_then_fit(
+            lambda prior: self._prune(budget, join_prior(instructions, prior), messages),
+            query=newest.text if newest is not None else "",
+            room=room,
+            recall=self._recall_policy,
+            counter=self.counter,
+        )
+        text = join_prior(instructions, prior)
         items = _reuse(to_responses(kept), plain, given)
         prior_tokens = 0
         if prior:
@@ -435,6 +444,18 @@ class CtxkeepInputFilter:
         return read_artifact_function_tool(self.artifacts)
 
     # -- the parts ---------------------------------------------------------------------------
+
+    @property
+    def _recall_policy(self) -> RecallPolicy | None:
+        if self.episodic is None:
+            return None
+        return RecallPolicy(
+            self.episodic,
+            top_k=self.recall_top_k,
+            max_tokens=self.max_prior_tokens,
+            min_score=self.recall_min_score,
+            filters=self.recall_filters,
+        )
 
     def _pruner(self, budget: int) -> TokenPruner:
         with self._lock:
@@ -482,21 +503,6 @@ class CtxkeepInputFilter:
                 json.dumps(spec, ensure_ascii=False, sort_keys=True, default=str)
             )
         return total
-
-    def _recall(self, messages: list[Message]) -> tuple[list[Hit], str]:
-        """The best relevant episodes for the newest user message, as the block to add."""
-        from ctxkeep.builder.sections import recall_block
-
-        query = next((m.text for m in reversed(messages) if m.role == "user" and m.text), "")
-        return recall_block(
-            self.episodic,
-            query,
-            top_k=self.recall_top_k,
-            max_tokens=self.max_prior_tokens,
-            min_score=self.recall_min_score,
-            filters=self.recall_filters,
-            tokens=self.counter.count_message,
-        )
 
 
 def ctxkeep_input_filter(
@@ -610,12 +616,6 @@ def _plain_item(item: Any, i: int) -> dict[str, Any]:
     raise InvalidMessageError(
         f"a Responses input item must be an object, got {describe(item)}", index=i
     )
-
-
-def _join(instructions: str | None, prior: str) -> str | None:
-    if not prior:
-        return instructions
-    return f"{instructions}\n\n{prior}" if instructions else prior
 
 
 def _key(item: Mapping[str, Any]) -> tuple[Any, ...]:

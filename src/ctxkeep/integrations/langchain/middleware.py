@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from ctxkeep import _check
 from ctxkeep.artifacts import ArtifactStore
+from ctxkeep.builder.compose import RecallPolicy, prompt_budget, recall_room, recall_then_fit
 from ctxkeep.errors import (
     BudgetExceededError,
     ConfigError,
@@ -46,7 +47,7 @@ try:
 except ImportError as exc:  # the extra is not installed
     raise MissingDependencyError("langchain", "langchain") from exc
 
-from ctxkeep.episodic.base import EpisodicMemoryStore, Hit
+from ctxkeep.episodic.base import EpisodicMemoryStore
 
 __all__ = ["ContextMiddleware", "ContextReport", "tools_json"]
 
@@ -136,8 +137,7 @@ class ContextMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self.max_tokens = _check.optional_integer("max_tokens", max_tokens, minimum=1)
         if counter is not None and not isinstance(counter, TokenCounter | str):
             raise InvalidTypeError(f"counter must be a TokenCounter or a name, got {counter!r}")
-        if cache_stable is not None and not isinstance(cache_stable, bool):
-            raise InvalidTypeError(f"cache_stable must be True, False or None: {cache_stable!r}")
+        cache_stable = _check.optional_flag("cache_stable", cache_stable)
         self._trimmer = _Trimmer(
             max_tokens=1,
             token_counter=counter,
@@ -166,11 +166,8 @@ class ContextMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self.recall_filters = (
             None if recall_filters is None else _check.mapping("recall_filters", recall_filters)
         )
-        for name, flag in (("save_episodes", save_episodes), ("count_tools", count_tools)):
-            if not isinstance(flag, bool):
-                raise InvalidTypeError(f"{name} must be True or False, got {flag!r}")
-        self.save_episodes = save_episodes
-        self.count_tools = count_tools
+        self.save_episodes = _check.flag("save_episodes", save_episodes)
+        self.count_tools = _check.flag("count_tools", count_tools)
         if summarize is not None and not callable(summarize):
             raise InvalidTypeError(f"summarize must be a function, got {describe(summarize)}")
         self.summarize = summarize or _default_summary
@@ -222,24 +219,42 @@ class ContextMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """
         window = self.max_tokens or _profile_window(request.model)
         tools_tokens = self._tools_tokens(request.tools) if self.count_tools else 0
-        budget = window - tools_tokens
+        budget = prompt_budget(window, tools=tools_tokens, counter=self.counter)
         if budget < 1:
             raise BudgetExceededError(
                 budget=window,
-                required=tools_tokens,
+                required=window - budget,
                 blocking=[f"the tool definitions ({tools_tokens} tokens)"],
             )
         system = request.system_message
-        hits, prior = self._recall(request.messages)
+        newest = next((m for m in reversed(request.messages) if isinstance(m, HumanMessage)), None)
+        keep: list[BaseMessage] = [system] if system is not None else []
+        keep += [m for m in request.messages if isinstance(m, SystemMessage)]
+        keep += [newest] if newest is not None else []
+        recall = None
+        if self.episodic is not None:
+            recall = RecallPolicy(
+                self.episodic,
+                top_k=self.recall_top_k,
+                max_tokens=self.max_prior_tokens,
+                min_score=self.recall_min_score,
+                filters=self.recall_filters,
+            )
+
+        def fit(prior: str) -> tuple[SystemMessage | None, list[BaseMessage], PruneReport]:
+            sent = _with_prior(system, prior)
+            out, report = self._fit(sent, request.messages, budget)
+            return sent, out, report
+
         with self._trimmer._lock:
-            try:
-                sent_system = _with_prior(system, prior)
-                out, report = self._fit(sent_system, request.messages, budget)
-            except BudgetExceededError:
-                if not prior:
-                    raise
-                hits, sent_system = [], system  # recall gives way to the conversation
-                out, report = self._fit(sent_system, request.messages, budget)
+            room = recall_room(budget, self._trimmer.count(keep), self.max_prior_tokens)
+            (sent_system, out, report), hits, _ = recall_then_fit(
+                fit,
+                query=newest.text if newest is not None else "",
+                room=room,
+                recall=recall,
+                counter=self.counter,
+            )
         if sent_system is not None and out and out[0] is sent_system:
             messages = out[1:]
         else:  # a system prompt with no content is dropped, as the pruner drops any
@@ -320,20 +335,6 @@ class ContextMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                 self._tools_cache.pop(next(iter(self._tools_cache)))
             self._tools_cache[key] = hit
         return hit[1]
-
-    def _recall(self, messages: Sequence[BaseMessage]) -> tuple[list[Hit], str]:
-        from ctxkeep.builder.sections import recall_block
-
-        query = next((m.text for m in reversed(messages) if isinstance(m, HumanMessage)), "")
-        return recall_block(
-            self.episodic,
-            query,
-            top_k=self.recall_top_k,
-            max_tokens=self.max_prior_tokens,
-            min_score=self.recall_min_score,
-            filters=self.recall_filters,
-            tokens=self.counter.count_message,
-        )
 
 
 def tools_json(tools: Sequence[Any]) -> str:
