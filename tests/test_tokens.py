@@ -393,9 +393,9 @@ def test_the_calibrated_counter_learns_the_reported_usage() -> None:
 def test_the_calibrated_counter_smooths_later_observations() -> None:
     counter = CalibratedCounter("claude-test", smoothing=0.5)
     msgs = [Message("user", "word " * 500)]
-    first = counter.observe(msgs, 1000)
-    second = counter.observe(msgs, 2000)
-    assert first < second < 2 * first
+    first = counter.observe(msgs, 600)
+    second = counter.observe(msgs, 900)
+    assert first < second < 900 / 600 * first
     assert counter.observations == 2
 
 

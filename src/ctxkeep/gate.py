@@ -3,17 +3,22 @@
 A prompt over ``max_prompt_length`` code points (default 8192; CJK text counts one per
 character, not per byte) or over ``max_prompt_tokens`` exact tokens is refused with
 :class:`PromptTooLongError`, which carries a breakdown by role so the caller can see what to cut.
+
+When the counter only estimates (its ``exact`` is False: the chars/4 heuristic, a calibrated
+count for a model with no local tokenizer), the gate keeps a margin of the token limit free
+(:func:`~ctxkeep.tokens.estimate_margin`): a prompt estimated at the limit can be over it as
+the provider counts, and a vLLM server refuses ``prompt + max_tokens > max_model_len``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, overload
 
 from ctxkeep.config import setting_int
 from ctxkeep.errors import PromptTooLongError
 from ctxkeep.messages import Message, coerce_messages
-from ctxkeep.tokens import TokenCounter, get_counter
+from ctxkeep.tokens import TokenCounter, estimate_margin, get_counter
 
 DEFAULT_MAX_PROMPT_LENGTH = 8192
 
@@ -36,7 +41,8 @@ class PromptGate:
             ``CTXKEEP_MAX_PROMPT_LENGTH``, else the config file's ``max_prompt_length``,
             else 8192.
         max_prompt_tokens: exact tokens allowed (``None``/``0``: from
-            ``CTXKEEP_MAX_PROMPT_TOKENS``, else the config file, else no token limit).
+            ``CTXKEEP_MAX_PROMPT_TOKENS``, else the config file, else no token limit); with an
+            estimating counter, less a margin (:attr:`margin`).
         counter: the token counter for ``max_prompt_tokens`` (default: :func:`get_counter`,
             which follows the ``encoding`` setting).
 
@@ -69,6 +75,36 @@ class PromptGate:
             self._counter = get_counter()
         return self._counter
 
+    @property
+    def margin(self) -> int:
+        """Tokens of ``max_prompt_tokens`` kept free because the counter estimates
+        (:func:`~ctxkeep.tokens.estimate_margin`, read now: it follows the calibration); 0
+        with an exact counter or no token limit.
+        """
+        if not self.max_prompt_tokens:
+            return 0
+        return estimate_margin(self.counter, self.max_prompt_tokens)
+
+    def check_tokens(self, breakdown: Mapping[str, int]) -> None:
+        """Refuse a prompt whose tokens, by section, are over the token limit less the margin.
+
+        Raises:
+            PromptTooLongError: over it; with an estimating counter the margin is a section of
+                the breakdown (``estimate_margin``) and counts in ``actual``, so ``excess``
+                stays what must be cut.
+
+        """
+        if not self.max_prompt_tokens:
+            return
+        margin = self.margin
+        if margin:
+            breakdown = {**breakdown, "estimate_margin": margin}
+        actual = sum(breakdown.values())
+        if actual > self.max_prompt_tokens:
+            raise PromptTooLongError(
+                limit=self.max_prompt_tokens, actual=actual, unit="tokens", breakdown=breakdown
+            )
+
     @overload
     def check(self, prompt: str) -> str: ...
     @overload
@@ -84,7 +120,8 @@ class PromptGate:
             The string unchanged, or the messages as ``Message`` objects.
 
         Raises:
-            PromptTooLongError: over a limit; ``breakdown`` gives the size per role.
+            PromptTooLongError: over a limit; ``breakdown`` gives the size per role (and the
+                ``estimate_margin`` kept when the counter estimates, see :attr:`margin`).
             InvalidMessageError: a malformed message.
 
         """
@@ -106,11 +143,7 @@ class PromptGate:
             for m in msgs:
                 tokens[m.role] = tokens.get(m.role, 0) + counter.count_message(m)
             tokens["reply_priming"] = counter.count_messages([])
-            actual = sum(tokens.values())
-            if actual > self.max_prompt_tokens:
-                raise PromptTooLongError(
-                    limit=self.max_prompt_tokens, actual=actual, unit="tokens", breakdown=tokens
-                )
+            self.check_tokens(tokens)
         return msgs
 
     def _check_text(self, text: str) -> None:
@@ -120,11 +153,7 @@ class PromptGate:
                 limit=self.max_prompt_length, actual=n, unit="characters", breakdown={"text": n}
             )
         if self.max_prompt_tokens:
-            t = self.counter.count_text(text)
-            if t > self.max_prompt_tokens:
-                raise PromptTooLongError(
-                    limit=self.max_prompt_tokens, actual=t, unit="tokens", breakdown={"text": t}
-                )
+            self.check_tokens({"text": self.counter.count_text(text)})
 
     def __repr__(self) -> str:
         return (

@@ -26,6 +26,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import struct
 import threading
@@ -475,13 +476,66 @@ class HeuristicCounter(_CachingCounter):
         return math.ceil(len(text) / self.chars_per_token)
 
 
+PLAUSIBLE_RATIOS = (0.5, 3.0)
+"""The ratios of a reported prompt count to its o200k_base count a calibration accepts.
+
+o200k_base is among the most compact tokenizers there are: other vocabularies give about as
+many tokens on English and code and more on other scripts (cl100k_base, measured: 0.98-1.02
+times o200k_base on the 116 trajectories of ``../shared/data`` over 2,000 tokens, 1.35 on
+Japanese and Chinese), and a chat template adds a few tokens per message. Half of o200k_base's
+count or three times it is then no tokenizer's count but a server reporting something else (a
+constant, a cached part only, a sum over a batch): such a report is ignored, with a warning.
+"""
+
+OUTLIER_FACTOR = 1.5
+"""Once calibrated (:data:`SETTLED` accepted reports), a report whose ratio is more than this
+factor above or below the running ratio is an outlier, ignored with a warning; as many
+outliers in a row on the same side recalibrate from them (the server or the content changed)."""
+
+SETTLED = 3
+"""Accepted reports before the outlier check applies (before it, a ratio rests on too little)."""
+
+EVIDENCE = 1000
+"""Tokens (o200k_base) of believed reports before a calibration is trusted, and the smallest
+estimate whose error counts towards the error seen. On a small prompt a chat template's fixed
+tokens (a default system line, a BOS) are a large share of the count: measured with the
+``tests/_usage_server.py`` model, a 91-token first prompt gave a ratio of 1.01 and the next
+prompt, 4,500 tokens, was 28% over its estimate at that ratio."""
+
+UNCALIBRATED_ERROR = 0.15
+"""The error a margin covers until a calibration is trusted: the starting ratio is a guess, and
+a 15% margin keeps a prompt inside the window for a tokenizer up to 1/0.85 = 1.18 times it
+(1.35 times o200k_base from the default 1.15: cl100k_base on Japanese and Chinese)."""
+
+MARGIN_FLOOR = 0.05
+"""The least share of a limit kept free when the count is an estimate.
+
+A calibrated ratio is an average over the prompts seen; the next prompt's mix of prose, code
+and JSON moves the true ratio (cl100k_base over o200k_base: 0.98 to 1.02 from one trajectory
+to another of ``../shared/data``, a 4% spread) before any error has been observed, and a
+chat template's tokens are not proportional to the text."""
+
+MARGIN_CUSHION = 0.01
+"""Added to the largest error seen: the next prompt may be a little worse than any seen yet."""
+
+_log = logging.getLogger(__name__)
+
+
 class CalibratedCounter(_CachingCounter):
-    """An estimate for models with no exact offline tokenizer (Anthropic's Claude).
+    """An estimate for models with no exact offline tokenizer (Claude, local models).
 
     It starts from a documented estimate, o200k_base tokens times ``ratio`` (1.15: Anthropic's
     tokenizer yields more tokens than OpenAI's on English and code), and learns the ratio from
-    the ``input_tokens`` the provider reports, with :meth:`observe`. Counts are not exact:
-    ``exact`` is False and gates built on it should keep a margin.
+    the input tokens the provider reports, with :meth:`observe`: the ratio is the reported
+    tokens over the o200k_base tokens of the prompts seen, each prompt weighing its size and the
+    older ones fading by ``smoothing`` per report, so a 50-token greeting does not outweigh a
+    full window. Until the believed reports hold :data:`EVIDENCE` tokens the learnt ratio may
+    raise the estimate but not lower it below the starting ratio. A report is believed only
+    when it is plausible (see :data:`PLAUSIBLE_RATIOS` and :data:`OUTLIER_FACTOR`); an ignored
+    one is logged as a warning on the ``ctxkeep.tokens`` logger.
+
+    Counts are not exact: ``exact`` is False, and gates and budgets on it keep a margin
+    (:func:`estimate_margin`) of at least :attr:`max_relative_error`.
     """
 
     exact = False
@@ -497,10 +551,35 @@ class CalibratedCounter(_CachingCounter):
     ) -> None:
         self.name = model
         self.ratio = ratio
+        """The estimate's tokens per o200k_base token."""
         self.smoothing = smoothing
         self.observations = 0
+        """Reports believed."""
+        self.ignored = 0
+        """Reports ignored as implausible or outliers."""
+        self.observed_error = 0.0
+        """The largest underestimate seen once the calibration was trusted, relative to the
+        estimate: ``(reported - estimate) / estimate`` over believed reports of at least
+        :data:`EVIDENCE` tokens; 0 while none was an underestimate."""
+        self._start = ratio
+        self._evidence = 0  # o200k_base tokens of the believed reports
+        self._reported = 0.0  # fading sums: the learnt ratio is _reported / _base_sum
+        self._base_sum = 0.0
+        self._outliers: list[tuple[int, int]] = []  # (base, reported) of outliers in a row
         self._base = TiktokenCounter(base)
         super().__init__(overhead or Overhead(per_message=3, per_name=0, reply_priming=0))
+
+    @property
+    def calibrated(self) -> bool:
+        """True once the believed reports hold :data:`EVIDENCE` tokens."""
+        return self._evidence >= EVIDENCE
+
+    @property
+    def max_relative_error(self) -> float:
+        """The underestimate a margin must cover: :data:`UNCALIBRATED_ERROR` until the
+        calibration is trusted, then the largest seen (:attr:`observed_error`).
+        """
+        return self.observed_error if self.calibrated else UNCALIBRATED_ERROR
 
     def count_text(self, text: str) -> int:
         """Estimated tokens of ``text``."""
@@ -513,22 +592,114 @@ class CalibratedCounter(_CachingCounter):
     def observe(self, messages: Iterable[Any], reported_input_tokens: int) -> float:
         """Learn from the input tokens the provider reported for ``messages``.
 
+        A report is ignored, with a warning on the ``ctxkeep.tokens`` logger, when its ratio
+        to the prompt's o200k_base count is outside :data:`PLAUSIBLE_RATIOS`, or, once
+        :data:`SETTLED` reports were believed, more than :data:`OUTLIER_FACTOR` from the
+        running ratio (unless it is the :data:`SETTLED`-th such report in a row on the same
+        side: then the ratio starts again from those reports).
+
         Returns:
-            The updated ratio.
+            The ratio after the report.
 
         """
-        msgs = list(messages)
-        base = sum(self._base._uncached_message(coerce_message(m)) for m in msgs)
+        msgs = [coerce_message(m) for m in messages]
+        base = sum(self._base.count_message(m) for m in msgs)
         if base <= 0 or reported_input_tokens <= 0:
             return self.ratio
         observed = reported_input_tokens / base
+        low, high = PLAUSIBLE_RATIOS
         with self._lock:
-            if self.observations == 0:
-                self.ratio = observed
-            else:
-                self.ratio += self.smoothing * (observed - self.ratio)
+            if not low <= observed <= high:
+                self._ignore(
+                    reported_input_tokens,
+                    base,
+                    f"{observed:.3g} times its {self._base.name} count is no tokenizer's "
+                    f"(plausible: {low}-{high})",
+                )
+                return self.ratio
+            if self.observations >= SETTLED and not (
+                1 / OUTLIER_FACTOR <= observed / self.ratio <= OUTLIER_FACTOR
+            ):
+                return self._outlier(base, reported_input_tokens, observed)
+            self._outliers.clear()
+            estimate = self.count_messages(msgs)
+            if self.calibrated and estimate >= EVIDENCE:
+                error = (reported_input_tokens - estimate) / estimate
+                self.observed_error = max(self.observed_error, error)
+            keep = 1.0 - self.smoothing
+            self._learn(self._reported * keep + reported_input_tokens, self._base_sum * keep + base)
+            self._evidence += base
             self.observations += 1
         return self.ratio
+
+    def _learn(self, reported: float, base: float) -> None:
+        """Set the fading sums and the ratio from them (lock held)."""
+        self._reported, self._base_sum = reported, base
+        learnt = reported / base
+        self.ratio = learnt if self.calibrated else max(learnt, self._start)
+
+    def _outlier(self, base: int, reported: int, observed: float) -> float:
+        """An outlier report: ignored, unless it completes a run on one side (lock held)."""
+        above = observed > self.ratio
+        if self._outliers and (self._outliers[0][1] / self._outliers[0][0] > self.ratio) != above:
+            self._outliers.clear()
+        self._outliers.append((base, reported))
+        if len(self._outliers) < SETTLED:
+            self._ignore(
+                reported,
+                base,
+                f"{observed:.3g} times its {self._base.name} count is more than "
+                f"{OUTLIER_FACTOR}x from the calibrated {self.ratio:.3g}",
+            )
+            return self.ratio
+        old = self.ratio
+        self._learn(
+            float(sum(r for _, r in self._outliers)), float(sum(b for b, _ in self._outliers))
+        )
+        self._outliers.clear()
+        self.observations += 1
+        _log.warning(
+            "%s: %d reports in a row were more than %sx from the calibrated ratio %.3g: "
+            "recalibrated to %.3g from them",
+            self.name,
+            SETTLED,
+            OUTLIER_FACTOR,
+            old,
+            self.ratio,
+        )
+        return self.ratio
+
+    def _ignore(self, reported: int, base: int, why: str) -> None:
+        self.ignored += 1
+        _log.warning(
+            "%s: ignored a report of %d prompt tokens for a prompt of %d %s tokens: %s",
+            self.name,
+            reported,
+            base,
+            self._base.name,
+            why,
+        )
+
+
+def estimate_margin(counter: TokenCounter, limit: int) -> int:
+    """The tokens a gate or budget of ``limit`` tokens keeps free when ``counter`` estimates.
+
+    0 for an exact counter (``counter.exact``; a counter without the attribute is taken as
+    exact). For an estimate, ``ceil(limit * rel)`` with ``rel`` the larger of
+    :data:`MARGIN_FLOOR` (5%) and the counter's ``max_relative_error`` plus
+    :data:`MARGIN_CUSHION` (1%); at most ``limit``. A :class:`CalibratedCounter`'s
+    ``max_relative_error`` is 15% until its calibration is trusted, then the largest
+    underestimate seen; a counter without the attribute (the chars/4 heuristic) gets the floor.
+
+    The margin follows the calibration: read it when a prompt is built or checked, not once.
+    """
+    if limit <= 0 or getattr(counter, "exact", True):
+        return 0
+    seen = getattr(counter, "max_relative_error", 0.0)
+    seen = seen if isinstance(seen, int | float) and math.isfinite(seen) and seen > 0 else 0.0
+    rel = max(MARGIN_FLOOR, seen + MARGIN_CUSHION)
+    # round() first: 15000 * 0.05 is 750.0000000000001 in floating point.
+    return min(limit, math.ceil(round(limit * rel, 6)))
 
 
 def get_counter(name: str | None = None) -> TokenCounter:
@@ -571,6 +742,7 @@ __all__ = [
     "TiktokenCounter",
     "TokenCounter",
     "encoding_for_model",
+    "estimate_margin",
     "get_counter",
     "image_size",
     "image_tokens",

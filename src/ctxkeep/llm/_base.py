@@ -22,7 +22,6 @@ from ctxkeep.errors import (
     ConfigError,
     InvalidMessageError,
     InvalidTypeError,
-    PromptTooLongError,
     UnknownEncodingError,
     describe,
 )
@@ -202,7 +201,9 @@ class BaseChatClient:
     def gate_for(self, reserve: int) -> PromptGate:
         """The gate for a call that reserves ``reserve`` output tokens: the window less the
         reserve (or the configured ``max_prompt_tokens``, if lower), and the configured
-        code-point limit, if any.
+        code-point limit, if any. With an estimating counter (a model with no local
+        tokenizer) the gate keeps a margin of that limit free (:attr:`PromptGate.margin`),
+        which grows with the largest error the calibration has seen.
         """
         limit = self.context_window - reserve
         if self._max_prompt_tokens:
@@ -213,8 +214,7 @@ class BaseChatClient:
 
     def _check_fits(self, gate: PromptGate, msgs: list[Message], tools: list[Any]) -> None:
         gate.check(msgs)
-        limit = gate.max_prompt_tokens
-        if not tools or not limit:
+        if not tools or not gate.max_prompt_tokens:
             return
         # Tool definitions are prompt tokens too: the provider counts them against the window.
         breakdown: dict[str, int] = {}
@@ -222,9 +222,7 @@ class BaseChatClient:
             breakdown[m.role] = breakdown.get(m.role, 0) + self.counter.count_message(m)
         breakdown["reply_priming"] = self.counter.count_messages([])
         breakdown["tools"] = self.counter.count_text(tools_text(tools))
-        actual = sum(breakdown.values())
-        if actual > limit:
-            raise PromptTooLongError(limit=limit, actual=actual, unit="tokens", breakdown=breakdown)
+        gate.check_tokens(breakdown)
 
     # -- a request ---------------------------------------------------------------------
 
