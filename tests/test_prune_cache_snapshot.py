@@ -1,7 +1,7 @@
 """The first cache-stable prompt of a process, from a fold snapshot, is the whole replay's.
 
 A process that builds prompts stores the fold of its last cut with the session
-(:mod:`ctxkeep.sessions.folds`); a new process reads only what that snapshot names and folds
+(:mod:`ctxkeep.prune.snapshots`); a new process reads only what that snapshot names and folds
 forward. On random sessions (system messages anywhere, parallel tool calls, long outputs that
 get compressed, calls still waiting, trims by ``max_history``, messages taken back, sessions
 created again under the same id), the prompt and the fold's state of a cold manager are those
@@ -26,7 +26,7 @@ from ctxkeep.messages import Message, ToolCall
 from ctxkeep.prune import TokenPruner
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
-from ctxkeep.sessions.folds import FoldSnapshot, snapshot_key
+from ctxkeep.prune.snapshots import FoldSnapshot, snapshot_key
 from ctxkeep.sessions.memory import MemoryBackend
 from test_sessions_tail import WholePruner, steps
 
@@ -288,7 +288,7 @@ def test_a_failed_snapshot_write_is_logged_and_the_prompt_built(
     mem = MemoryManager(backend, config)
     sid = mem.create_session("agent")
     _long_session(mem, sid, 20)
-    with caplog.at_level(logging.WARNING, logger="ctxkeep.sessions.folds"):
+    with caplog.at_level(logging.WARNING, logger="ctxkeep.prune.snapshots"):
         got = mem.build_prompt_messages(sid, pruner=TokenPruner(1500, 4))
     assert backend.writes and "not stored" in caplog.text and "read-only" in caplog.text
     want = MemoryManager(backend, config).build_prompt_messages(sid, pruner=WholePruner(1500, 4))

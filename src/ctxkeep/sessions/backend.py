@@ -1,7 +1,7 @@
 """The storage side of session memory: what a backend implements and the types it speaks.
 
 A :class:`Backend` supplies a few storage primitives (create, read, append, trim, delete, the
-fold snapshots of :mod:`ctxkeep.sessions.folds`); :class:`~ctxkeep.sessions.base.MemoryManager`
+fold snapshots of :mod:`ctxkeep.prune.snapshots`); :class:`~ctxkeep.sessions.base.MemoryManager`
 does the shared work over them. The records it stores are I/O-free
 (:mod:`ctxkeep.sessions.records`); a :data:`Row` is one stored message and a :data:`Snapshot`
 a session with some of its messages, read at one instant. :func:`cas_append` and

@@ -15,7 +15,7 @@ state last seen and the write is a compare-and-set on it (:func:`cas_append`). A
 pruner that reads only what it keeps is built from the newest pages of the session
 (:meth:`Backend.read_tail`, :mod:`ctxkeep.sessions.tail`), not from every record; one for a
 cache-stable pruner, from the fold snapshot stored with the session at its last cut and the
-messages it names (:meth:`Backend.read_rows`, :mod:`ctxkeep.sessions.folds`).
+messages it names (:meth:`Backend.read_rows`, :mod:`ctxkeep.prune.snapshots`).
 
 Identity: every session gets a random ``generation`` when it is created. The prompt cache is
 keyed by it and every read comes with the session's info from the same instant
@@ -26,18 +26,16 @@ another.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
 import time
 import uuid
-import warnings
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from ctxkeep import _check
 from ctxkeep.errors import (
@@ -47,7 +45,6 @@ from ctxkeep.errors import (
     SessionChangedError,
     SessionNotFoundError,
 )
-from ctxkeep.foldstate import FoldMismatch, Unread, UnreadMessageTouched
 from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message
 from ctxkeep.sessions.backend import (
     Backend,
@@ -65,7 +62,6 @@ from ctxkeep.sessions.backend import (
     page,
     tail_of,
 )
-from ctxkeep.sessions.folds import Folded, fold_history, fold_prompt, snapshot_key, store_fold
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
@@ -75,10 +71,9 @@ from ctxkeep.sessions.records import (
     record_to_message,
     trim_point,
 )
-from ctxkeep.sessions.tail import FIRST_PAGE, pages_suffice, prompt_from_tail
 
 if TYPE_CHECKING:
-    from ctxkeep.prune import PruneReport, TokenPruner
+    from ctxkeep.prune import PruneReport
 
 _TRIM_SLACK = 16
 """Messages read past the most a trim can remove, to find where the kept history starts (a
@@ -87,16 +82,15 @@ _TRIM_HEAD_MAX = 256
 """The most messages a trim reads from the head; more and it reads the whole session."""
 _NO_SEQ = 2**62
 """Above every sequence number: ``read_rows(..., after_seq=_NO_SEQ)`` reads no tail."""
-_UNREAD_PAGE = Unread("older than the pages read")
-"""The place of a message a paged prompt read did not need, in its report."""
 
 
-def _newest_user(history: list[Any]) -> Message | None:
+def newest_user(history: list[Any]) -> Message | None:
     """The newest user message of ``history`` (placeholders of messages not read skipped)."""
     for m in reversed(history):
         if type(m) is Message and m.role == "user":
             return m
     return None
+
 
 __all__ = [
     "Backend",
@@ -176,9 +170,14 @@ class CachedHistory:
     messages: list[Message]
     complete: bool = True
     marks: list[tuple[int, Message]] = field(default_factory=list)
-    fold: Folded | None = None
-    """A cache-stable pruner's fold of the session (:mod:`ctxkeep.sessions.folds`); with
-    ``fold.base > 0`` the messages before it are placeholders but for the ones it knows."""
+    head: list[tuple[int, Message]] | None = None
+    """A paged read's conversation head (the messages a pruner keeps in every prompt), with
+    their seqs; None where it was not read."""
+    fold: Any = None
+    """What a prompt reader keeps with the history (opaque here: a cache-stable pruner's
+    fold, :mod:`ctxkeep.prune.snapshots`; with ``fold.base > 0`` the messages before it are
+    placeholders but for the ones it knows). On a whole read of the same session it is kept
+    as ``fold.for_whole_read(first_seq)`` (None: it no longer holds)."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +232,7 @@ class MemoryManager:
         self._cache_lock = threading.Lock()
         self.prompt_cache_sessions = 64
         # Messages in the first page a paged prompt reads (each further page twice the last).
-        self.prompt_page = FIRST_PAGE
+        self.prompt_page = 64
         # session id -> (generation, a first seq it had): what trims saw, for the next append
         # (a compare-and-set append checks a remembered state, whose first seq can be old).
         self._first_seqs: dict[str, tuple[str, int]] = {}
@@ -579,7 +578,7 @@ class MemoryManager:
         the last one; the pruner's per-message token counts carry over between turns. A
         ``TokenPruner(cache_stable=False)`` reads the newest pages only
         (:mod:`ctxkeep.sessions.tail`); a cache-stable one (the default) reads from the fold
-        snapshot stored with the session at its last cut (:mod:`ctxkeep.sessions.folds`),
+        snapshot stored with the session at its last cut (:mod:`ctxkeep.prune.snapshots`),
         storing a new one when its fold cuts. :meth:`build_prompt` gives the report too.
         """
         return self.build_prompt(session_id, system=system, pruner=pruner).messages
@@ -609,26 +608,26 @@ class MemoryManager:
                 )
             prefix = [system if isinstance(system, Message) else Message("system", system)]
         self._live(session_id, touch=True)
-        if pages_suffice(pruner):
-            found = self._prompt_from_pages(session_id, prefix, pruner)
+        # A pruner that declares how it reads (a TokenPruner: the newest pages, or its fold
+        # snapshot) reads through this manager's primitives; None from it: read it all.
+        read = getattr(pruner, "read_prompt", None)
+        if callable(read):
+            found = read(self, session_id, prefix)
             if found is not None:
-                return found
-        key = snapshot_key(pruner, prefix) if self.backend.supports_folds else None
-        if key is not None:
-            return self._prompt_from_fold(session_id, prefix, pruner, key)
+                return cast("SessionPrompt", found)
         info, history = self._history(session_id)
         if info.pending:
             # The unit still waiting for results is not part of a prompt.
             cut = max(i for i, m in enumerate(history) if m.tool_calls)
             history = history[:cut]
-        newest_user = _newest_user(history)
+        found_user = newest_user(history)
         msgs = prefix + history
         if pruner is None:
-            return SessionPrompt(info, [m.copy() for m in msgs], None, newest_user)
+            return SessionPrompt(info, [m.copy() for m in msgs], None, found_user)
         if callable(getattr(pruner, "prune_with_report", None)):
             out, report = pruner.prune_with_report(msgs)
-            return SessionPrompt(info, list(out), report, newest_user)
-        return SessionPrompt(info, list(pruner.prune(msgs)), None, newest_user)
+            return SessionPrompt(info, list(out), report, found_user)
+        return SessionPrompt(info, list(pruner.prune(msgs)), None, found_user)
 
     def _read(self, session_id: str, after_seq: int = 0) -> Snapshot:
         snap = self.backend.read(session_id, after_seq)
@@ -664,12 +663,9 @@ class MemoryManager:
         if (
             prior is not None
             and prior.fold is not None
-            and (prior.generation, prior.revision, prior.fold.first_seq)
-            == (info.generation, info.revision, info.first_seq)
+            and (prior.generation, prior.revision) == (info.generation, info.revision)
         ):
-            # The same messages in the same places: the fold's seed and what was stored hold.
-            f = prior.fold
-            fold = Folded(f.key, f.first_seq, seed=f.seed, written=f.written)
+            fold = prior.fold.for_whole_read(info.first_seq)
         with self._cache_lock:
             self._prompt_cache[session_id] = CachedHistory(
                 info.generation, info.revision, seqs, msgs, fold=fold
@@ -678,152 +674,59 @@ class MemoryManager:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
         return info, list(msgs)
 
-    def _prompt_from_pages(
-        self, session_id: str, prefix: list[Message], pruner: TokenPruner
-    ) -> SessionPrompt | None:
-        """:meth:`build_prompt` for a pruner that reads only what it keeps: the session read
-        newest first, a page at a time, until :func:`prompt_from_tail` proves the prune of
-        what was read the prune of it all (see :mod:`ctxkeep.sessions.tail`). None where the
-        report's positions cannot be told from a partial read (a session with a gap in its
-        seqs, left by a message taken back): the caller reads it all.
-        """
-        with self._cache_lock:
-            cached = self._prompt_cache.pop(session_id, None)
-        if cached is not None and cached.fold is not None and cached.fold.base > 0:
-            cached = None  # a fold snapshot's read: placeholders, not pages
-        info: SessionInfo | None = None
-        if cached is not None:
-            info, rows = self._read(session_id, cached.seqs[-1] if cached.seqs else 0)
-            if (cached.generation, cached.revision) != (info.generation, info.revision):
-                cached = None  # another session under this id, or messages taken back
-        if cached is None or info is None:
-            tail = self._tail(session_id, self.prompt_page, None)
-            info, rows = tail.info, tail.rows
-            cached = CachedHistory(
-                info.generation,
-                info.revision,
-                [],
-                [],
-                complete=len(rows) < self.prompt_page,
-                marks=[(seq, record_to_message(r)) for seq, r in tail.marks],
-            )
-        # Trimmed since: drop what the session no longer holds.
-        keep = bisect_left(cached.seqs, info.first_seq)
-        seqs = cached.seqs[keep:] + [seq for seq, _ in rows]
-        msgs = cached.messages[keep:] + [record_to_message(r) for _, r in rows]
-        marks = [(seq, m) for seq, m in cached.marks if seq >= info.first_seq]
-        complete = cached.complete or (bool(seqs) and seqs[0] <= info.first_seq)
-        page = self.prompt_page
-        partial: tuple[list[Message], PruneReport] | None = None
-        while True:
-            history: list[Message] | None = msgs
-            if info.pending:
-                calls = [i for i, m in enumerate(msgs) if m.tool_calls]
-                history = msgs[: calls[-1]] if calls else []
-                if not calls and not complete:
-                    history = None  # the waiting call is older than this page
-            if complete:
-                assert history is not None
-                out, report = pruner.prune_with_report(prefix + history)
-                break
-            if history is not None:
-                partial = prompt_from_tail(pruner, prefix, [m for _, m in marks], history)
-                if partial is not None:
-                    break
-            # An older page: below the oldest message held in this read.
-            page *= 2
-            tail = self._tail(session_id, page, seqs[0] if seqs else info.next_seq)
-            moved = tail.info
-            if (moved.generation, moved.revision, moved.first_seq) != (
-                info.generation,
-                info.revision,
-                info.first_seq,
-            ):
-                # Trimmed, taken back or created again between two pages: start over.
-                self._forget(session_id)
-                return self._prompt_from_pages(session_id, prefix, pruner)
-            seqs = [seq for seq, _ in tail.rows] + seqs
-            msgs = [record_to_message(r) for _, r in tail.rows] + msgs
-            marks = [(seq, record_to_message(r)) for seq, r in tail.marks]
-            complete = len(tail.rows) < page
-        with self._cache_lock:
-            self._prompt_cache[session_id] = CachedHistory(
-                info.generation,
-                info.revision,
-                seqs,
-                msgs,
-                complete=complete,
-                marks=[] if complete else marks,
-            )
-            while len(self._prompt_cache) > self.prompt_cache_sessions:
-                self._prompt_cache.pop(next(iter(self._prompt_cache)))
-        newest_user = _newest_user(msgs) or _newest_user([m for _, m in marks])
-        if partial is None:
-            return SessionPrompt(info, out, report, newest_user)
-        # A prune of the messages read: its report's indexes are placed at their positions
-        # in the session (a seq's position is its offset from first_seq while the seqs have
-        # no gap: every seq from first_seq to next_seq - 1 held).
-        if info.next_seq - info.first_seq != info.message_count:
-            return None
-        out, report = partial
-        seq_of = {id(m): seq for seq, m in zip(seqs, msgs, strict=True)}
-        seq_of.update((id(m), seq) for seq, m in marks)
-        n = len(prefix)
-        where: list[int] = []
-        for i, m in enumerate(report._messages):
-            seq = seq_of.get(id(m)) if i >= n else None
-            if i >= n and seq is None:
-                return None  # not a message of this read (a repair): read it all
-            where.append(i if seq is None else n + seq - info.first_seq)
-        placed: list[Any] = [_UNREAD_PAGE] * (n + info.message_count)
-        for i, m in zip(where, report._messages, strict=True):
-            placed[i] = m
-        report = dataclasses.replace(
-            report,
-            _messages=placed,
-            _fates={where[i]: fate for i, fate in report._fates.items()},
-        )
-        return SessionPrompt(info, out, report, newest_user)
+    # -- primitives for prompt readers (:mod:`ctxkeep.prune.read`) ------------------------
 
-    def _prompt_from_fold(
-        self, session_id: str, prefix: list[Message], pruner: TokenPruner, key: str
-    ) -> SessionPrompt:
-        """:meth:`build_prompt` for a cache-stable :class:`~ctxkeep.TokenPruner`: the history
-        read from the fold snapshot stored under ``key`` where one holds (the messages it
-        names and those from its window on), else every message; the fold started from the
-        snapshot, checked, and folded forward; a new snapshot stored when it cut (see
-        :mod:`ctxkeep.sessions.folds`). Anything the checks refuse is read and replayed whole.
+    def read_since(self, session_id: str, after_seq: int = 0) -> Snapshot:
+        """The session's info and its messages with a seq above ``after_seq``, at one instant.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+
+        """
+        return self._read(session_id, after_seq)
+
+    def read_newest(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
+        """The newest ``limit`` messages below ``before_seq`` (None: the newest of all), with
+        the older system messages and the newest older user message as marks.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+
+        """
+        return self._tail(session_id, limit, before_seq)
+
+    def read_seqs(self, session_id: str, seqs: Collection[int]) -> Snapshot:
+        """The session's info and its messages with these seqs (those it holds), at one
+        instant.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+
+        """
+        snap = self.backend.read_rows(session_id, seqs=seqs, after_seq=_NO_SEQ)
+        if snap is None:
+            self._forget(session_id)
+            raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
+        return snap
+
+    def take_cached(self, session_id: str) -> CachedHistory | None:
+        """Take the session's entry out of the prompt cache (put it back with
+        :meth:`keep_cached`): one reader at a time works on an entry.
         """
         with self._cache_lock:
-            cached = self._prompt_cache.pop(session_id, None)
-        loaded = fold_history(self.backend, self._read, session_id, key, len(prefix), cached)
-        try:
-            out, report, state = fold_prompt(prefix, loaded, pruner)
-        except (FoldMismatch, UnreadMessageTouched) as exc:
-            if isinstance(exc, UnreadMessageTouched):  # a bug: the replay below is still right
-                warnings.warn(
-                    f"ctxkeep: a fold snapshot was not enough: {exc}", RuntimeWarning, stacklevel=2
-                )
-            loaded = fold_history(
-                self.backend, self._read, session_id, key, len(prefix), None, whole=True
-            )
-            out, report, state = fold_prompt(prefix, loaded, pruner)
-        info, folded = loaded.info, loaded.folded
-        if state is not None:
-            folded.seed = state
-            store_fold(self.backend, session_id, len(prefix), state, loaded)
+            return self._prompt_cache.pop(session_id, None)
+
+    def keep_cached(self, session_id: str, cached: CachedHistory) -> None:
+        """Put a session's entry into the prompt cache, as its most recently used."""
         with self._cache_lock:
-            self._prompt_cache[session_id] = CachedHistory(
-                info.generation,
-                info.revision,
-                loaded.seqs,
-                loaded.history,
-                complete=folded.base == 0,
-                fold=folded,
-            )
+            self._prompt_cache.pop(session_id, None)
+            self._prompt_cache[session_id] = cached
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
-        return SessionPrompt(info, out, report, _newest_user(loaded.history))
+
+    def forget_cached(self, session_id: str) -> None:
+        """Drop the session's entry from the prompt cache."""
+        self._forget(session_id)
 
     def _tail(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
         tail = self.backend.read_tail(

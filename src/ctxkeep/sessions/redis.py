@@ -17,7 +17,7 @@ key                       type    holds
 ``owners``                hash    id -> ``[agent_id, task_id]``, to clean indexes after expiry
 ``archive:{id}``          list    trimmed and evicted messages (record JSON), oldest first
 ``archive-ids:{id}``      set     message ids already archived (archiving is idempotent)
-``folds:{id}``            hash    fold snapshots by key (:mod:`ctxkeep.sessions.folds`); its
+``folds:{id}``            hash    fold snapshots by key (:mod:`ctxkeep.prune.snapshots`); its
                                   TTL is the session's when written, deleted with the session
 ``meta``                  hash    every store's schema version (field ``sessions``)
 ========================  ======  ==============================================================

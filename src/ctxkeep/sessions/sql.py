@@ -12,7 +12,7 @@ Tables (created by each backend's migrations): ``ctxkeep_sessions`` (one row per
 system ones without parsing the rest) and
 ``ctxkeep_archive`` (trimmed and evicted messages, once per message id) and ``ctxkeep_folds``
 (``session_id, fold_key, body``: a cache-stable pruner's fold snapshot per setting, deleted
-with the session; :mod:`ctxkeep.sessions.folds`).
+with the session; :mod:`ctxkeep.prune.snapshots`).
 
 An append is one write transaction: the session row is read (and locked, where the engine
 locks rows), the manager's tool-call check runs, the messages are inserted under the next
@@ -183,7 +183,7 @@ def migrations(d: Dialect) -> list[str]:
         CREATE INDEX IF NOT EXISTS ctxkeep_messages_role
             ON ctxkeep_messages (session_id, role, seq);
         """,
-        # 5: each session's fold snapshots, one per pruner setting (ctxkeep.sessions.folds).
+        # 5: each session's fold snapshots, one per pruner setting (ctxkeep.prune.snapshots).
         f"""
         CREATE TABLE IF NOT EXISTS ctxkeep_folds (
             session_id TEXT NOT NULL{d.messages_session},

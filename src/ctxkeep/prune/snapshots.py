@@ -179,6 +179,15 @@ class Folded:
     """The identity and cut of the snapshot last stored or read (nothing is written again
     until the fold cuts)."""
 
+    def for_whole_read(self, first_seq: int) -> Folded | None:
+        """This fold for a read of every message of the same session (generation and
+        revision: the manager checks them), or None if the session was trimmed since: the
+        same messages in the same places, so the fold's seed and what was stored hold.
+        """
+        if first_seq != self.first_seq:
+            return None
+        return Folded(self.key, self.first_seq, seed=self.seed, written=self.written)
+
 
 @dataclass
 class Loaded:
