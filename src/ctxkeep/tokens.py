@@ -21,6 +21,7 @@ message object, so counting a history that grew by one message costs that one me
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
 import gzip
 import hashlib
@@ -172,23 +173,35 @@ def load_encoding(name: str) -> Any:
     import tiktoken
 
     spec = _ENCODINGS[name]
+    return tiktoken.Encoding(
+        name=name,
+        pat_str=spec["pat_str"],
+        mergeable_ranks=_mergeable_ranks(name),
+        special_tokens=dict(spec["special_tokens"]),
+    )
+
+
+@_built_once
+def _mergeable_ranks(name: str) -> dict[bytes, int]:
+    """The encoding's token bytes and ranks from bpe-openai's ``.tiktoken.gz``, checked
+    against the published SHA-256.
+
+    The file has one ``<base64 token> <rank>`` line per token, ranks 0, 1, 2... in order (a
+    test checks this for both files, and the hash pins them), so the ranks are the positions:
+    one ``split`` and a ``dict(zip(...))`` over ``binascii.a2b_base64`` parse o200k_base in
+    ~45 ms where a loop over the lines with ``base64.b64decode`` and ``int`` took ~400 ms
+    (``bench/count_startup.py``). Read once per process: the full encoding and any vocabulary
+    cut from it share the one dict.
+    """
+    spec = _ENCODINGS[name]
     raw = gzip.decompress(_data_file(name).read_bytes())
     digest = hashlib.sha256(raw).hexdigest()
     if digest != spec["sha256"]:
         raise TokenizerError(
             f"{name} data does not match its published SHA-256 ({digest} != {spec['sha256']})"
         )
-    ranks: dict[bytes, int] = {}
-    for line in raw.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return tiktoken.Encoding(
-        name=name,
-        pat_str=spec["pat_str"],
-        mergeable_ranks=ranks,
-        special_tokens=dict(spec["special_tokens"]),
-    )
+    parts = raw.split()
+    return dict(zip(map(binascii.a2b_base64, parts[0::2]), range(len(parts) // 2), strict=True))
 
 
 # -- images -----------------------------------------------------------------------------------
@@ -429,34 +442,139 @@ def _message_cache(m: Message) -> dict[Any, int]:
 
 
 class TiktokenCounter(_CachingCounter):
-    """Exact counts for an OpenAI encoding (tiktoken, data from the bpe-openai wheel)."""
+    """Exact counts for an OpenAI encoding (tiktoken, data from the bpe-openai wheel).
+
+    Args:
+        encoding: ``o200k_base`` or ``cl100k_base``.
+        overhead: the per-message accounting.
+        texts: the texts this counter is made to count (a short file in ``ctxkeep count``):
+            they are counted with a vocabulary cut to them (:func:`_cut_encoding`: the same
+            counts, built in milliseconds where the full encoding takes 0.2-0.3 s), and the
+            full encoding is loaded only when another text is counted. ``None``: load it now.
+
+    """
 
     exact = True
 
-    def __init__(self, encoding: str = DEFAULT_ENCODING, overhead: Overhead | None = None) -> None:
+    def __init__(
+        self,
+        encoding: str = DEFAULT_ENCODING,
+        overhead: Overhead | None = None,
+        *,
+        texts: Iterable[str] | None = None,
+    ) -> None:
         if not isinstance(encoding, str):
             raise InvalidTypeError(f"encoding must be a string, got {type(encoding).__name__}")
         self.name = encoding
-        self.encoding = load_encoding(encoding)
+        self._full: Any = None
+        self._cut: Any = None
+        self._cut_texts: frozenset[str] = frozenset()
+        if texts is None:
+            self._full = load_encoding(encoding)
+        else:
+            self._cut_texts = frozenset(texts)
+            self._cut = _cut_encoding(encoding, self._cut_texts)
         super().__init__(overhead)
+
+    @property
+    def encoding(self) -> Any:
+        """The tiktoken ``Encoding`` (the full one: loaded now if it was not yet)."""
+        if self._full is None:
+            self._full = load_encoding(self.name)
+        return self._full
+
+    def _encoder(self, text: str) -> Any:
+        try:
+            if self._cut is not None and text in self._cut_texts:
+                return self._cut
+        except TypeError:  # unhashable: not a string
+            raise _not_text(text) from None
+        return self.encoding
 
     def count_text(self, text: str) -> int:
         """Exact tokens of ``text``; special-token strings count as ordinary text."""
         try:
-            return len(self.encoding.encode_ordinary(text))
+            return len(self._encoder(text).encode_ordinary(text))
         except TypeError:  # tiktoken's own refusal of a non-string
             raise _not_text(text) from None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (special-token strings as ordinary text)."""
         try:
-            return list(self.encoding.encode_ordinary(text))
+            return list(self._encoder(text).encode_ordinary(text))
         except TypeError:  # tiktoken's own refusal of a non-string
             raise _not_text(text) from None
 
     def decode(self, tokens: list[int]) -> str:
         """Text of token ids."""
         return str(self.encoding.decode(tokens))
+
+
+LONGEST_TOKEN = 128
+"""Bytes of the longest token of o200k_base and cl100k_base (a test checks both)."""
+
+SHORT_INPUT = 4096
+"""Bytes of text up to which :func:`counter_for` cuts the vocabulary to the input: cutting
+looks up every substring of up to :data:`LONGEST_TOKEN` bytes, so past a few kB loading the
+full encoding is faster."""
+
+
+def _utf8(text: str) -> bytes:
+    """The bytes tiktoken encodes for ``text`` (a lone surrogate becomes U+FFFD, as tiktoken's
+    ``encode_ordinary`` makes it).
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+
+
+def _cut_encoding(name: str, texts: Iterable[str]) -> Any:
+    """A tiktoken ``Encoding`` of ``name`` whose vocabulary is cut to ``texts``: the single
+    bytes and every token that occurs in one of them.
+
+    It encodes each of ``texts`` exactly as the full encoding does: tiktoken looks up only
+    substrings of the piece it encodes (the piece itself, then the pairs its byte-pair merge
+    forms), every token has at most :data:`LONGEST_TOKEN` bytes, so each lookup finds in the
+    cut vocabulary what it finds in the full one; the split into pieces is the same pattern.
+    Building it skips tiktoken's ``CoreBPE`` build over 200,000 tokens, the larger half of
+    loading o200k_base (``bench/count_startup.py``).
+    """
+    import tiktoken
+
+    if name not in _ENCODINGS:
+        raise UnknownEncodingError(f"unknown encoding {name!r}; use one of {', '.join(ENCODINGS)}")
+    ranks = _mergeable_ranks(name)
+    vocabulary = ranks.keys()
+    data = b"\n".join(_utf8(t) for t in texts)
+    found: set[bytes] = {bytes([b]) for b in range(256)}
+    for size in range(2, min(LONGEST_TOKEN, len(data)) + 1):
+        found |= vocabulary & {data[i : i + size] for i in range(len(data) - size + 1)}
+    spec = _ENCODINGS[name]
+    return tiktoken.Encoding(
+        name=name,
+        pat_str=spec["pat_str"],
+        mergeable_ranks={token: ranks[token] for token in found},
+        special_tokens=dict(spec["special_tokens"]),
+    )
+
+
+class _TextRecorder(_CachingCounter):
+    """Counts nothing: records the texts a counter would count for messages or a text."""
+
+    name = "recorder"
+    exact = True
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        super().__init__()
+
+    def count_text(self, text: str) -> int:
+        self.texts.append(text)
+        return 0
+
+    def count_message(self, message: Any) -> int:
+        return self._uncached_message(coerce_message(message))
 
 
 class HeuristicCounter(_CachingCounter):
@@ -726,6 +844,46 @@ def get_counter(name: str | None = None) -> TokenCounter:
     return _shared(encoding_for_model(key))
 
 
+def counter_for(name: str | None, sample: str | Iterable[Any]) -> TokenCounter:
+    """:func:`get_counter`'s counter for ``name``, made to count ``sample`` (a text or
+    messages) first: for a short sample (under :data:`SHORT_INPUT` bytes) and an exact
+    encoding, a :class:`TiktokenCounter` that counts the sample's texts with a vocabulary cut
+    to them, so a new process's first count does not wait for the full encoding (0.2-0.3 s of
+    tiktoken's build); other texts load it. Counts are the same as :func:`get_counter`'s.
+
+    Raises:
+        UnknownEncodingError: a name ctxkeep does not know.
+
+    """
+    encoding = _exact_encoding(name)
+    if encoding is not None:
+        recorder = _TextRecorder()
+        if isinstance(sample, str):
+            recorder.count_text(sample)
+        else:
+            recorder.count_messages(sample)
+        if sum(len(_utf8(t)) for t in recorder.texts) <= SHORT_INPUT:
+            return TiktokenCounter(encoding, texts=recorder.texts)
+    return get_counter(name)
+
+
+def _exact_encoding(name: str | None) -> str | None:
+    """The encoding :func:`get_counter` counts ``name`` with exactly, or None (the heuristic,
+    a calibrated estimate, or a name it refuses).
+    """
+    if name is not None and not isinstance(name, str):
+        return None
+    key = setting_str("encoding", name, DEFAULT_ENCODING)
+    if key in _ENCODINGS:
+        return key
+    if key == "heuristic" or key.lower().startswith(("claude", "anthropic")):
+        return None
+    try:
+        return encoding_for_model(key)
+    except UnknownEncodingError:
+        return None
+
+
 @_built_once
 def _shared(name: str) -> TokenCounter:
     if name == "heuristic":
@@ -741,6 +899,7 @@ __all__ = [
     "Overhead",
     "TiktokenCounter",
     "TokenCounter",
+    "counter_for",
     "encoding_for_model",
     "estimate_margin",
     "get_counter",

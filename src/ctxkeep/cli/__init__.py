@@ -1,25 +1,33 @@
 """The ``ctxkeep`` command line: one module per command group.
 
-Each module defines ``register(subparsers)`` which adds its command and sets ``func``.
+Each module defines ``register(subparsers)`` which adds its command and sets ``func``. A
+module is imported only when its command runs (or for ``--help``): ``ctxkeep count`` does not
+pay for the server's, the store's and the evaluation's imports.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from ctxkeep._version import __version__
-from ctxkeep.cli import count, eval, keys, memory, replay, serve, sessions
 from ctxkeep.errors import CtxkeepError
 
-_GROUPS = (count, replay, sessions, memory, keys, serve, eval)
+_GROUPS = ("count", "replay", "sessions", "memory", "keys", "serve", "eval")
+"""The command modules, in the order ``--help`` lists their commands."""
+
+_COMMANDS = {**{g: g for g in _GROUPS}, "demo": "replay"}
+"""The module that registers each command."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every command registered."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every command registered (only ``command``'s module, when
+    it names a command).
+    """
     parser = argparse.ArgumentParser(
         prog="ctxkeep",
         description="Keep an LLM agent's context inside its window: count, prune, store, recall.",
@@ -32,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ctxkeep {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for group in _GROUPS:
-        group.register(sub)
+    groups = [_COMMANDS[command]] if command in _COMMANDS else _GROUPS
+    for group in groups:
+        importlib.import_module(f"ctxkeep.cli.{group}").register(sub)
     return parser
 
 
@@ -48,8 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     exits with 2 itself for a malformed command line); 141, quietly, when the reader of the
     output went away (``ctxkeep sessions list --json | head``), as Unix tools do.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args_list[0] if args_list else None)
+    args = parser.parse_args(args_list)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -6,12 +6,10 @@ import argparse
 import json
 from typing import Any
 
-from rich.table import Table
-
 from ctxkeep.cli._io import console as make_console
 from ctxkeep.cli._io import parse_messages, read_source
 from ctxkeep.gate import message_length
-from ctxkeep.tokens import get_counter
+from ctxkeep.tokens import counter_for
 
 HELP = """Count the exact tokens of a text file or a JSON list of messages.
 
@@ -48,7 +46,10 @@ def count_file(path: str, encodings: list[str]) -> dict[str, Any]:
     """Counts for one file: per role (messages) or for the whole text."""
     name, text = read_source(path)
     loaded = parse_messages(name, text, allow_text=True)
-    counters = {e: get_counter(e) for e in encodings}
+    # Made for this input: a short file is counted without waiting for the full encoding.
+    sample = loaded.text if loaded.messages is None else loaded.messages
+    assert sample is not None
+    counters = {e: counter_for(e, sample) for e in encodings}
     rows: dict[str, dict[str, Any]] = {}
     if loaded.messages is None:
         assert loaded.text is not None
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0], indent=2))
         return 0
+    from rich.table import Table  # only for the table: --json does without
+
     console = make_console()
     for r in results:
         table = Table(title=f"{r['file']} ({r['kind']})")
