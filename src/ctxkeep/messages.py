@@ -26,7 +26,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from ctxkeep.errors import (
     InvalidMessageError,
@@ -154,7 +154,9 @@ def _check_content(content: Any, role: str) -> None:
         return
     if isinstance(content, list):
         for i, part in enumerate(content):
-            if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+            if (type(part) is not dict and not isinstance(part, Mapping)) or not isinstance(
+                part.get("type"), str
+            ):
                 raise InvalidMessageError(
                     f"content part {i} must be an object with a string 'type', got {describe(part)}"
                 )
@@ -203,6 +205,13 @@ def missing_content(m: Message) -> bool:
 class Message:
     """One message of an agent's history.
 
+    ``role`` and ``content`` may be given by position; every other field by keyword. The
+    constructor checks every field (:class:`~ctxkeep.errors.InvalidMessageError` or
+    :class:`~ctxkeep.errors.UnknownRoleError` on a bad one) and keeps copies of what it was
+    given: ``content`` parts, ``metadata`` and ``extra`` are deep-copied, ``tool_calls`` and
+    ``artifact_refs`` become tuples (a tool call may be given as an OpenAI dict), ``None`` for
+    ``metadata`` or ``extra`` means empty.
+
     Anthropic extended thinking lives in the assistant message it came with: each ``thinking``
     block (``{"type": "thinking", "thinking": ..., "signature": ...}``) and
     ``redacted_thinking`` block (``{"type": "redacted_thinking", "data": ...}``) is one part of
@@ -213,11 +222,15 @@ class Message:
     such field: :meth:`to_openai` leaves them out. If a block followed a ``tool_use`` block,
     ``metadata["anthropic_block_order"]`` records the block types in order so that
     :meth:`to_anthropic` rebuilds that order too.
+
+    Stored records (:mod:`ctxkeep.sessions.records`), the service's wire form
+    (:mod:`ctxkeep.server.wire`) and its request and response models are derived from
+    :func:`dataclasses.fields` of this class: a new field appears in all of them.
     """
 
-    role: str
+    role: str = field(kw_only=False)
     """``system``, ``developer``, ``user``, ``assistant`` or ``tool``."""
-    content: Content = None
+    content: Content = field(default=None, kw_only=False)
     """Text, a list of OpenAI content parts (and, in an assistant message, Anthropic thinking
     blocks), or None (an assistant turn with only tool calls)."""
     name: str | None = None
@@ -243,117 +256,44 @@ class Message:
     created_at: datetime | None = None
     """When the message was created; stores stamp it on append if not given."""
 
-    def __init__(
-        self,
-        role: str,
-        content: Content = None,
-        *,
-        name: str | None = None,
-        turn_id: str | None = None,
-        tool_call_id: str | None = None,
-        tool_calls: Iterable[ToolCall | Mapping[str, Any]] = (),
-        event_kind: str | None = None,
-        parent_id: str | None = None,
-        id: str | None = None,
-        artifact_refs: Iterable[str] = (),
-        metadata: Mapping[str, Any] | None = None,
-        extra: Mapping[str, Any] | None = None,
-        created_at: datetime | None = None,
-    ) -> None:
-        if not isinstance(role, str):
-            raise InvalidMessageError(f"role must be a string, got {describe(role)}")
-        if role not in ROLES:
-            raise UnknownRoleError(
-                f"unknown role {role!r}; expected one of {', '.join(sorted(ROLES))}"
-            )
-        _check_content(content, role)
-        if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Iterable):
-            raise InvalidMessageError(f"tool_calls must be a list, got {describe(tool_calls)}")
-        calls = tuple(
-            tc if isinstance(tc, ToolCall) else ToolCall.from_openai(tc) for tc in tool_calls
-        )
-        if calls and role != "assistant":
-            raise InvalidMessageError(f"only assistant messages carry tool_calls, not {role!r}")
-        if role == "tool":
-            if not isinstance(tool_call_id, str) or not tool_call_id:
-                raise InvalidMessageError("a tool message needs a non-empty string tool_call_id")
-        elif tool_call_id is not None:
-            raise InvalidMessageError(f"only tool messages carry a tool_call_id, not {role!r}")
-        for attr, value in (
-            ("name", name),
-            ("turn_id", turn_id),
-            ("event_kind", event_kind),
-            ("parent_id", parent_id),
-            ("id", id),
-        ):
-            if value is not None and not isinstance(value, str):
-                raise InvalidMessageError(f"{attr} must be a string or None, got {describe(value)}")
-        if isinstance(artifact_refs, str):
-            raise InvalidMessageError("artifact_refs must be a list of strings, not one string")
-        refs = tuple(artifact_refs)
-        if not all(isinstance(r, str) for r in refs):
-            raise InvalidMessageError(f"artifact_refs must be strings, got {describe(refs)}")
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise InvalidMessageError(f"metadata must be a mapping, got {describe(metadata)}")
-        if extra is not None and not isinstance(extra, Mapping):
-            raise InvalidMessageError(f"extra must be a mapping, got {describe(extra)}")
-        if created_at is not None and not isinstance(created_at, datetime):
-            raise InvalidMessageError(f"created_at must be a datetime, got {describe(created_at)}")
-        s = object.__setattr__
-        s(self, "role", role)
-        s(self, "content", copy.deepcopy(content) if isinstance(content, list) else content)
-        s(self, "name", name)
-        s(self, "turn_id", turn_id)
-        s(self, "tool_call_id", tool_call_id)
-        s(self, "tool_calls", calls)
-        s(self, "event_kind", event_kind)
-        s(self, "parent_id", parent_id)
-        s(self, "id", id)
-        s(self, "artifact_refs", refs)
-        s(self, "metadata", copy.deepcopy(dict(metadata or {})))
-        s(self, "extra", copy.deepcopy(dict(extra or {})))
-        s(self, "created_at", created_at)
+    if TYPE_CHECKING:
+        # The signature type checkers see. At run time the dataclass generates __init__ from
+        # the fields above and __post_init__ normalises; it accepts more than the fields'
+        # own types say (any iterable for the tuples, OpenAI dicts for tool calls, None for
+        # empty metadata), which a generated signature cannot express. A test
+        # (tests/test_messages_fields.py) checks that these parameters are the fields, in order.
+        def __init__(
+            self,
+            role: str,
+            content: Content = None,
+            *,
+            name: str | None = None,
+            turn_id: str | None = None,
+            tool_call_id: str | None = None,
+            tool_calls: Iterable[ToolCall | Mapping[str, Any]] = (),
+            event_kind: str | None = None,
+            parent_id: str | None = None,
+            id: str | None = None,
+            artifact_refs: Iterable[str] = (),
+            metadata: Mapping[str, Any] | None = None,
+            extra: Mapping[str, Any] | None = None,
+            created_at: datetime | None = None,
+        ) -> None: ...
+
+    def __post_init__(self) -> None:
+        # The fields are checked and normalised in the instance's __dict__ (a frozen
+        # dataclass refuses setattr; the dict is what object.__setattr__ would write to).
+        _normalise(self.__dict__, owned=False)
 
     @classmethod
-    def _from_owned(
-        cls,
-        role: str,
-        content: Content,
-        tool_calls: tuple[ToolCall, ...],
-        fields: dict[str, Any],
-    ) -> Message:
-        """Build from values this process owns outright (freshly decoded JSON): the cheap
-        checks run, the deep copies are skipped. Anything unusual takes the full path.
+    def _from_owned(cls, state: dict[str, Any]) -> Message:
+        """A message whose attributes are ``state`` (every field), checked like a new
+        message's but not copied: for values this process owns outright (freshly decoded
+        JSON), so the deep copies of content parts and metadata are skipped.
         """
-        if (
-            role not in ROLES
-            or not (content is None or isinstance(content, str | list))
-            or (
-                isinstance(content, list)
-                and not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content)
-            )
-            or (role == "tool")
-            != bool(isinstance(fields.get("tool_call_id"), str) and fields["tool_call_id"])
-            or (tool_calls and role != "assistant")
-            or any(
-                not (fields.get(k) is None or isinstance(fields[k], str))
-                for k in ("name", "turn_id", "event_kind", "parent_id", "id")
-            )
-            or not isinstance(fields.get("artifact_refs") or (), list | tuple)
-            or not all(isinstance(r, str) for r in fields.get("artifact_refs") or ())
-        ):
-            return cls(role, content, tool_calls=tool_calls, **fields)
+        _normalise(state, owned=True)
         m = object.__new__(cls)
-        s = object.__setattr__
-        s(m, "role", role)
-        s(m, "content", content)
-        s(m, "tool_calls", tool_calls)
-        for name in ("name", "turn_id", "tool_call_id", "event_kind", "parent_id", "id"):
-            s(m, name, fields.get(name))
-        s(m, "artifact_refs", tuple(fields.get("artifact_refs") or ()))
-        s(m, "metadata", fields.get("metadata") or {})
-        s(m, "extra", fields.get("extra") or {})
-        s(m, "created_at", fields.get("created_at"))
+        object.__setattr__(m, "__dict__", state)
         return m
 
     # -- conveniences --------------------------------------------------------------------
@@ -384,8 +324,8 @@ class Message:
         # The attributes in one C-level copy; a message with more than its fields carries
         # caches (token counts, compressed forms): only the token counts carry over.
         state = d.copy()
-        if len(state) != len(_FIELDS):
-            state = {name: d[name] for name in _FIELDS}
+        if len(state) != len(FIELDS):
+            state = {name: d[name] for name in FIELDS}
             cached = d.get("_tokens")
             if cached:
                 state["_tokens"] = dict(cached)
@@ -420,23 +360,7 @@ class Message:
 
     def replace(self, **changes: Any) -> Message:
         """A copy with some fields changed (validated like a new message)."""
-        fields: dict[str, Any] = {
-            "content": self.content,
-            "name": self.name,
-            "turn_id": self.turn_id,
-            "tool_call_id": self.tool_call_id,
-            "tool_calls": self.tool_calls,
-            "event_kind": self.event_kind,
-            "parent_id": self.parent_id,
-            "id": self.id,
-            "artifact_refs": self.artifact_refs,
-            "metadata": self.metadata,
-            "extra": self.extra,
-            "created_at": self.created_at,
-        }
-        role = changes.pop("role", self.role)
-        fields.update(changes)
-        return Message(role, **fields)
+        return dataclasses.replace(self, **changes)
 
     # -- OpenAI ---------------------------------------------------------------------------
 
@@ -529,8 +453,83 @@ class Message:
         return {"role": self.role, "content": blocks}
 
 
-_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Message))
-"""The names of a message's fields, in order (what :meth:`Message.copy` carries)."""
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Message))
+"""The names of a message's fields, in order: what :meth:`Message.copy` carries, what a stored
+record holds (:mod:`ctxkeep.sessions.records`) and what the wire form has
+(:mod:`ctxkeep.server.wire`)."""
+TEXT_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(Message) if f.type == "str | None"
+)
+"""The fields declared ``str | None`` (ids and names): each is a string or None."""
+_FREE_TEXT = tuple(name for name in TEXT_FIELDS if name != "tool_call_id")
+# tool_call_id has a rule of its own (a tool message needs one, no other message has one).
+
+
+def _normalise(state: dict[str, Any], *, owned: bool) -> None:
+    """Check a message's fields (``state``: every field by name) and bring them to their
+    stored types, in place: tool calls and artifact refs as tuples, ``None`` metadata and
+    extra as empty dicts. Unless the caller ``owned`` the values (freshly decoded JSON),
+    content parts, metadata and extra are deep-copied so the message shares nothing mutable.
+
+    Raises:
+        UnknownRoleError: a role that is not one of :data:`ROLES`.
+        InvalidMessageError: any other bad field (the first one, in field order but for the
+            tool rules, which come right after the content).
+
+    """
+    role = state["role"]
+    if not isinstance(role, str):
+        raise InvalidMessageError(f"role must be a string, got {describe(role)}")
+    if role not in ROLES:
+        raise UnknownRoleError(f"unknown role {role!r}; expected one of {', '.join(sorted(ROLES))}")
+    content = state["content"]
+    _check_content(content, role)
+    # Exact-type tests first (`type(x) is tuple`) skip the slower ABC checks in the common case.
+    tool_calls = state["tool_calls"]
+    if type(tool_calls) is tuple and not tool_calls:
+        calls: tuple[ToolCall, ...] = ()
+    elif isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Iterable):
+        raise InvalidMessageError(f"tool_calls must be a list, got {describe(tool_calls)}")
+    else:
+        calls = tuple(
+            tc if isinstance(tc, ToolCall) else ToolCall.from_openai(tc) for tc in tool_calls
+        )
+    if calls and role != "assistant":
+        raise InvalidMessageError(f"only assistant messages carry tool_calls, not {role!r}")
+    tool_call_id = state["tool_call_id"]
+    if role == "tool":
+        if not isinstance(tool_call_id, str) or not tool_call_id:
+            raise InvalidMessageError("a tool message needs a non-empty string tool_call_id")
+    elif tool_call_id is not None:
+        raise InvalidMessageError(f"only tool messages carry a tool_call_id, not {role!r}")
+    for attr in _FREE_TEXT:
+        value = state[attr]
+        if value is not None and not isinstance(value, str):
+            raise InvalidMessageError(f"{attr} must be a string or None, got {describe(value)}")
+    artifact_refs = state["artifact_refs"]
+    if isinstance(artifact_refs, str):
+        raise InvalidMessageError("artifact_refs must be a list of strings, not one string")
+    refs = () if type(artifact_refs) is tuple and not artifact_refs else tuple(artifact_refs)
+    if refs and not all(isinstance(r, str) for r in refs):
+        raise InvalidMessageError(f"artifact_refs must be strings, got {describe(refs)}")
+    metadata, extra = state["metadata"], state["extra"]
+    if type(metadata) is not dict and metadata is not None and not isinstance(metadata, Mapping):
+        raise InvalidMessageError(f"metadata must be a mapping, got {describe(metadata)}")
+    if type(extra) is not dict and extra is not None and not isinstance(extra, Mapping):
+        raise InvalidMessageError(f"extra must be a mapping, got {describe(extra)}")
+    created_at = state["created_at"]
+    if created_at is not None and not isinstance(created_at, datetime):
+        raise InvalidMessageError(f"created_at must be a datetime, got {describe(created_at)}")
+    state["tool_calls"] = calls
+    state["artifact_refs"] = refs
+    if owned:
+        state["metadata"] = metadata or {}
+        state["extra"] = extra or {}
+        return
+    if isinstance(content, list):
+        state["content"] = copy.deepcopy(content)
+    state["metadata"] = copy.deepcopy(dict(metadata)) if metadata else {}
+    state["extra"] = copy.deepcopy(dict(extra)) if extra else {}
 
 
 def _in_block_order(

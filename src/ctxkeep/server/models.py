@@ -9,12 +9,14 @@ session's archive too, when the server archives.
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RESERVE_OUTPUT_TOKENS
+from ctxkeep.messages import Message
 
 Content = str | list[dict[str, Any]] | None
 
@@ -54,28 +56,6 @@ class ToolCallIn(BaseModel):
         return self
 
 
-class MessageIn(BaseModel):
-    """A message to append: ctxkeep's fields, or an OpenAI chat message (other keys go to
-    ``extra``).
-    """
-
-    model_config = ConfigDict(extra="allow")
-
-    role: str = Field(description="system, developer, user, assistant or tool.")
-    content: Content = Field(None, description="Text, content parts, or null.")
-    name: str | None = None
-    turn_id: str | None = None
-    tool_call_id: str | None = Field(None, description="For a tool message: the call answered.")
-    tool_calls: list[ToolCallIn] | None = Field(None, description="For an assistant message.")
-    event_kind: str | None = None
-    parent_id: str | None = None
-    id: str | None = Field(None, description="A stable id; the server assigns one if absent.")
-    artifact_refs: list[str] | None = None
-    metadata: dict[str, Any] | None = Field(None, description="Stored, never sent to a model.")
-    extra: dict[str, Any] | None = Field(None, description="Provider keys passed through.")
-    created_at: datetime | None = Field(None, description="Stamped by the server if absent.")
-
-
 class ToolCallOut(BaseModel):
     """A tool call as stored."""
 
@@ -84,22 +64,64 @@ class ToolCallOut(BaseModel):
     arguments: str
 
 
+# A message's members derive from the fields of ctxkeep.Message, by each field's declared type:
+# a new field appears in both models below (a field of a type not in this table stops the import).
+_MEMBER_TYPES: dict[str, tuple[Any, Any]] = {
+    # declared type: (in a request, in a response)
+    "str": (str, str),
+    "str | None": (str | None, str | None),
+    "Content": (Content, Content),
+    "tuple[ToolCall, ...]": (list[ToolCallIn] | None, list[ToolCallOut]),
+    "tuple[str, ...]": (list[str] | None, list[str]),
+    "Mapping[str, Any]": (dict[str, Any] | None, dict[str, Any]),
+    "datetime | None": (datetime | None, datetime | None),
+}
+_MEMBER_DESCRIPTIONS = {
+    "role": "system, developer, user, assistant or tool.",
+    "content": "Text, content parts, or null.",
+    "tool_call_id": "For a tool message: the call answered.",
+    "tool_calls": "For an assistant message.",
+    "id": "A stable id; the server assigns one if absent.",
+    "metadata": "Stored, never sent to a model.",
+    "extra": "Provider keys passed through.",
+    "created_at": "Stamped by the server if absent.",
+}
+
+
+def _message_members(*, request: bool) -> dict[str, Any]:
+    """The members of a message in a request (only fields without a default are required) or
+    in a response (all required), one per field of :class:`~ctxkeep.Message`, in order.
+    """
+    members: dict[str, Any] = {}
+    for f in fields(Message):
+        if f.type not in _MEMBER_TYPES:
+            raise TypeError(
+                f"Message.{f.name} is declared {f.type!r}, a type with no wire form here; add "
+                "it to _MEMBER_TYPES in ctxkeep/server/models.py"
+            )
+        wire_type = _MEMBER_TYPES[str(f.type)][0 if request else 1]
+        if not request:
+            members[f.name] = wire_type
+            continue
+        required = f.default is MISSING and f.default_factory is MISSING
+        info = Field(... if required else None, description=_MEMBER_DESCRIPTIONS.get(f.name))
+        members[f.name] = Annotated[wire_type, info]
+    return members
+
+
+class MessageIn(BaseModel):
+    """A message to append: ctxkeep's fields, or an OpenAI chat message (other keys go to
+    ``extra``).
+    """
+
+    model_config = ConfigDict(extra="allow")
+    __annotations__ = _message_members(request=True)
+
+
 class MessageOut(BaseModel):
     """A stored message, every field."""
 
-    role: str
-    content: Content
-    name: str | None
-    turn_id: str | None
-    tool_call_id: str | None
-    tool_calls: list[ToolCallOut]
-    event_kind: str | None
-    parent_id: str | None
-    id: str | None
-    artifact_refs: list[str]
-    metadata: dict[str, Any]
-    extra: dict[str, Any]
-    created_at: datetime | None
+    __annotations__ = _message_members(request=False)
 
 
 class EvictedOut(BaseModel):

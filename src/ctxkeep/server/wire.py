@@ -18,26 +18,12 @@ from datetime import datetime
 from typing import Any
 
 from ctxkeep.errors import InvalidMessageError, describe
-from ctxkeep.messages import Message, ToolCall
+from ctxkeep.messages import FIELDS, Message, ToolCall
 from ctxkeep.sessions.base import Evicted
 from ctxkeep.sessions.records import SessionInfo, message_to_record
 
-MESSAGE_FIELDS: tuple[str, ...] = (
-    "role",
-    "content",
-    "name",
-    "turn_id",
-    "tool_call_id",
-    "tool_calls",
-    "event_kind",
-    "parent_id",
-    "id",
-    "artifact_refs",
-    "metadata",
-    "extra",
-    "created_at",
-)
-"""The members of a message on the wire."""
+MESSAGE_FIELDS: tuple[str, ...] = FIELDS
+"""The members of a message on the wire: the fields of :class:`~ctxkeep.Message`, in order."""
 
 _SESSION_FIELDS = frozenset(f.name for f in fields(SessionInfo))
 
@@ -102,21 +88,14 @@ def message_from_wire(d: Any, *, index: int | None = None) -> Message:
         refs = d.get("artifact_refs") or ()
         if not isinstance(refs, list | tuple):
             raise InvalidMessageError(f"artifact_refs must be a list, got {describe(refs)}")
-        return Message(
-            d["role"],
-            d.get("content"),
-            name=d.get("name"),
-            turn_id=d.get("turn_id"),
-            tool_call_id=d.get("tool_call_id"),
+        given = {k: d[k] for k in MESSAGE_FIELDS if k in d}
+        given.update(
             tool_calls=[tool_call_from_wire(tc) for tc in calls],
-            event_kind=d.get("event_kind"),
-            parent_id=d.get("parent_id"),
-            id=d.get("id"),
             artifact_refs=refs,
-            metadata=d.get("metadata"),
             extra={**unmodelled, **(extra or {})},
             created_at=created,
         )
+        return Message(**given)
     except InvalidMessageError as exc:
         if index is None or exc.index is not None:
             raise

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from operator import itemgetter
 from typing import Any
@@ -27,7 +27,7 @@ from ctxkeep.errors import (
     OrphanToolResultError,
     SchemaVersionError,
 )
-from ctxkeep.messages import ROLES, Message, ToolCall
+from ctxkeep.messages import FIELDS, ROLES, TEXT_FIELDS, Message, ToolCall
 
 RECORD_VERSION = 1
 
@@ -67,31 +67,46 @@ RECORD_MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [
 ]
 
 
+def _tool_calls_to_record(calls: tuple[ToolCall, ...]) -> list[dict[str, str]]:
+    return [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in calls]
+
+
+def _time_to_record(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+_TO_RECORD: dict[str, Callable[[Any], Any]] = {
+    "tool_calls": _tool_calls_to_record,
+    "artifact_refs": list,
+    "metadata": dict,
+    "extra": dict,
+    "created_at": _time_to_record,
+}
+"""How the fields JSON has no type for are written; every other field is written as it is."""
+_ENCODERS = tuple((name, _TO_RECORD.get(name)) for name in FIELDS)
+_JSON_EXACT = frozenset(
+    {"str", "str | None", "tuple[str, ...]", "tuple[ToolCall, ...]", "datetime | None"}
+)
+"""Declared types whose records are strings, None or lists of them: JSON gives them back."""
+_MAY_CHANGE = tuple(f.name for f in fields(Message) if f.type not in _JSON_EXACT)
+"""The fields whose record JSON might not give back exactly (content parts, metadata, extra:
+tuples become lists, int keys strings). Only a record where one of them holds something but a
+string is read back and compared."""
+
+
 def message_to_record(m: Message) -> dict[str, Any]:
-    """A JSON-ready dict of every field of ``m``.
+    """A JSON-ready dict of every field of ``m`` (:data:`~ctxkeep.messages.FIELDS`, in
+    order, after ``v``).
 
     Raises:
         InvalidMessageError: metadata or extra that JSON cannot hold exactly.
 
     """
-    record = {
-        "v": RECORD_VERSION,
-        "role": m.role,
-        "content": m.content,
-        "name": m.name,
-        "turn_id": m.turn_id,
-        "tool_call_id": m.tool_call_id,
-        "tool_calls": [
-            {"id": t.id, "name": t.name, "arguments": t.arguments} for t in m.tool_calls
-        ],
-        "event_kind": m.event_kind,
-        "parent_id": m.parent_id,
-        "id": m.id,
-        "artifact_refs": list(m.artifact_refs),
-        "metadata": dict(m.metadata),
-        "extra": dict(m.extra),
-        "created_at": m.created_at.isoformat() if m.created_at else None,
-    }
+    state = m.__dict__
+    record: dict[str, Any] = {"v": RECORD_VERSION}
+    for name, encode in _ENCODERS:
+        value = state[name]
+        record[name] = value if encode is None else encode(value)
     # Refuse what JSON would silently change (tuples become lists, int keys become strings)
     # and text that is not valid Unicode (lone surrogates).
     try:
@@ -101,11 +116,15 @@ def message_to_record(m: Message) -> dict[str, Any]:
             f"message {m.id or ''} cannot be stored ({exc}): text must be valid Unicode "
             "and metadata/extra JSON values"
         ) from exc
-    if loads(text) != record:
-        raise InvalidMessageError(
-            f"message {m.id or ''} cannot be stored exactly: metadata/extra hold values JSON "
-            "does not round-trip (tuples, non-string keys); use lists and string keys"
-        )
+    for name in _MAY_CHANGE:
+        value = record[name]
+        if value and type(value) is not str:  # else nothing JSON could change: no need to look
+            if loads(text) != record:
+                raise InvalidMessageError(
+                    f"message {m.id or ''} cannot be stored exactly: metadata/extra hold values "
+                    "JSON does not round-trip (tuples, non-string keys); use lists and string keys"
+                )
+            break
     return record
 
 
@@ -156,7 +175,7 @@ def record_to_message(record: dict[str, Any] | str) -> Message:
             raise InvalidMessageError(f"corrupt stored message: {exc}") from exc
     if not isinstance(record, dict):
         raise InvalidMessageError(f"corrupt stored message: {record!r:.80}")
-    if len(record) == _RECORD_LEN and record.get("v") == RECORD_VERSION:
+    if len(record) == _FAST_LEN and record.get("v") == RECORD_VERSION:
         try:
             fast = _decode_current(record)
         except (KeyError, ValueError):  # another shape, a created_at that is not a date...
@@ -165,36 +184,85 @@ def record_to_message(record: dict[str, Any] | str) -> Message:
             return fast
     r = upgrade_record(record) if record.get("v") != RECORD_VERSION else record
     try:
-        created = r.get("created_at")
-        calls = tuple(
-            ToolCall(tc["id"], tc["name"], tc["arguments"]) for tc in r.get("tool_calls") or ()
-        )
-        fields = {
-            "name": r.get("name"),
-            "turn_id": r.get("turn_id"),
-            "tool_call_id": r.get("tool_call_id"),
-            "event_kind": r.get("event_kind"),
-            "parent_id": r.get("parent_id"),
-            "id": r.get("id"),
-            "artifact_refs": r.get("artifact_refs") or (),
-            "metadata": r.get("metadata") or {},
-            "extra": r.get("extra") or {},
-            "created_at": datetime.fromisoformat(created) if created else None,
-        }
-        for key in ("metadata", "extra"):
-            if not isinstance(fields[key], dict):
-                raise InvalidMessageError(f"{key} must be an object")
-        return Message._from_owned(r["role"], r.get("content"), calls, fields)
+        return Message._from_owned(_state_from_record(r))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, InvalidMessageError):
             raise InvalidMessageError(f"corrupt stored message: {exc}") from exc
         raise InvalidMessageError(f"corrupt stored message: {type(exc).__name__}: {exc}") from exc
 
 
-_RECORD_LEN = len(message_to_record(Message("user", "")))
-"""How many keys a current record has (:func:`_decode_current` reads every one of them)."""
-_OPTIONAL_TEXT = itemgetter("name", "turn_id", "event_kind", "parent_id", "id")
+def _tool_calls_from_record(value: Any) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(tc["id"], tc["name"], tc["arguments"]) for tc in value or ())
+
+
+def _time_from_record(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _object_from_record(key: str) -> Callable[[Any], dict[str, Any]]:
+    def decode(value: Any) -> dict[str, Any]:
+        value = value or {}
+        if not isinstance(value, dict):
+            raise InvalidMessageError(f"{key} must be an object")
+        return value
+
+    return decode
+
+
+_FROM_RECORD: dict[str, Callable[[Any], Any]] = {
+    "tool_calls": _tool_calls_from_record,
+    "artifact_refs": lambda value: value or (),
+    "metadata": _object_from_record("metadata"),
+    "extra": _object_from_record("extra"),
+    "created_at": _time_from_record,
+}
+"""How the fields :data:`_TO_RECORD` writes are read back; every other field is read as it is."""
+
+
+_NO_VALUE: Any = object()
+_REQUIRED = tuple(
+    f.name for f in fields(Message) if f.default is MISSING and f.default_factory is MISSING
+)
+"""The fields every record must have (else ``KeyError``: a corrupt record)."""
+_DEFAULTS = tuple(
+    (f.name, _NO_VALUE if f.default is MISSING else f.default) for f in fields(Message)
+)
+"""Every field with what a record that lacks it (an older writer's) means."""
+_FACTORIES = tuple(
+    (f.name, f.default_factory) for f in fields(Message) if f.default_factory is not MISSING
+)
+_DECODERS = tuple(_FROM_RECORD.items())
+
+
+def _state_from_record(r: dict[str, Any]) -> dict[str, Any]:
+    """Every field of a message from a record of the current version, for the checked path."""
+    for name in _REQUIRED:
+        if name not in r:
+            raise KeyError(name)
+    state = {name: r.get(name, default) for name, default in _DEFAULTS}
+    for name, factory in _FACTORIES:
+        if state[name] is _NO_VALUE:
+            state[name] = factory()
+    for name, decode in _DECODERS:
+        state[name] = decode(state[name])
+    return state
+
+
+_FREE_TEXT = tuple(name for name in TEXT_FIELDS if name != "tool_call_id")
+_OPTIONAL_TEXT = itemgetter(*_FREE_TEXT)
 _TEXT_OR_NONE = frozenset({str, type(None)})
+_FAST_CHECKS = frozenset(
+    {"role", "content", "tool_call_id", "tool_calls", "artifact_refs", "metadata", "extra"}
+    | {"created_at", *_FREE_TEXT}
+)
+"""The fields :func:`_decode_current` checks."""
+FAST_PATH = frozenset(FIELDS) == _FAST_CHECKS
+"""Whether :func:`_decode_current` checks every field of :class:`Message`. A field it does not
+know (added to the class, not to the fast path) turns the fast path off: records are still
+read right, by the checked path, only slower (and tests/test_records.py fails)."""
+_FAST_LEN = len(message_to_record(Message("user", ""))) if FAST_PATH else -1
+"""How many keys a current record has (:func:`_decode_current` reads every one of them), or
+-1 (no record's length) when the fast path is off."""
 
 
 def _decode_current(record: dict[str, Any]) -> Message | None:
