@@ -5,11 +5,13 @@ Side by side in one run, rounds interleaved so a busy machine slows every column
 - whole processes: ``python -c pass`` (the interpreter alone), ``import ctxkeep``, and
   ``ctxkeep count FILE`` with this checkout's code and with the code of ``--anchor`` (a commit,
   by default the one before the count was made fast; its ``src`` is exported with
-  ``git archive`` into a temporary directory, nothing in the checkout changes);
+  ``git archive`` into a temporary directory, nothing in the checkout changes), and with this
+  checkout's code under an empty ``ctxkeep`` package (what a lazy ``__init__`` would give);
 - the tokenizer load alone, in this process: reading ``.tiktoken.gz`` the old way (a loop over
   the lines with ``base64.b64decode`` and ``int``) and the new way
-  (``ctxkeep.tokens._mergeable_ranks``), and tiktoken's ``Encoding`` (its Rust ``CoreBPE``)
-  built from the ranks.
+  (``ctxkeep.tokens._mergeable_ranks``); tiktoken's full ``Encoding`` (its Rust ``CoreBPE``)
+  built from the ranks, which the old ``ctxkeep count`` waited for; and the vocabulary cut to
+  the file (``ctxkeep.tokens._cut_encoding``, the ranks already parsed), which it waits for now.
 
 Usage::
 
@@ -37,6 +39,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_CLI = "import sys; from ctxkeep.cli import main; sys.exit(main())"
+# The same, with the package's ``__init__`` (which imports the builder, the stores, asyncio...)
+# replaced by an empty package: what ``ctxkeep count`` would take if that ``__init__`` were lazy.
+RUN_CLI_LAZY_PACKAGE = (
+    "import sys, types, os; p = types.ModuleType('ctxkeep'); "
+    "p.__path__ = [os.path.join(os.environ['PYTHONPATH'], 'ctxkeep')]; sys.modules['ctxkeep'] = p; "
+    + RUN_CLI.split("; ", 1)[1]
+)
 
 
 def old_ranks(name: str) -> dict[bytes, int]:
@@ -78,6 +87,33 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def tokenizer_load(name: str, ranks: dict[bytes, int], text: str) -> dict[str, Callable[[], Any]]:
+    """The steps of loading ``name``, each a function to time."""
+    import tiktoken
+
+    from ctxkeep import tokens
+
+    spec = tokens._ENCODINGS[name]
+    parse = tokens._mergeable_ranks.__wrapped__  # type: ignore[attr-defined]
+
+    def build() -> Any:
+        return tiktoken.Encoding(
+            name="bench",
+            pat_str=spec["pat_str"],
+            mergeable_ranks=ranks,
+            special_tokens=dict(spec["special_tokens"]),
+        )
+
+    return {
+        f"{name}: parse, before": lambda: old_ranks(name),
+        f"{name}: parse, now": lambda: parse(name),
+        f"{name}: full `Encoding` (tiktoken's CoreBPE) build, parsed ranks": build,
+        f"{name}: vocabulary cut to the file (data read included)": lambda: tokens._cut_encoding(
+            name, [text]
+        ),
+    }
+
+
 def row(label: str, samples: list[float]) -> str:
     ms = [s * 1000 for s in samples]
     return f"| {label} | {statistics.median(ms):,.0f} | {min(ms):,.0f}-{max(ms):,.0f} |"
@@ -89,8 +125,6 @@ def main() -> None:
     parser.add_argument("--anchor", default="d27e54a", help="the commit to compare with")
     parser.add_argument("--file", help="the file to count (default: a one-line text file)")
     opts = parser.parse_args()
-
-    import tiktoken
 
     from ctxkeep import tokens
 
@@ -107,24 +141,17 @@ def main() -> None:
             "`import ctxkeep`": ([py, "-c", "import ctxkeep"], new_src),
             f"`ctxkeep count` ({opts.anchor})": ([py, "-c", RUN_CLI, "count", str(path)], old_src),
             "`ctxkeep count` (now)": ([py, "-c", RUN_CLI, "count", str(path)], new_src),
+            "`ctxkeep count` (now, with an empty package `__init__`)": (
+                [py, "-c", RUN_CLI_LAZY_PACKAGE, "count", str(path)],
+                new_src,
+            ),
         }
         load: dict[str, Callable[[], Any]] = {}
+        text = path.read_text()
         for name in ("o200k_base", "cl100k_base"):
-            spec = tokens._ENCODINGS[name]
-
-            def build(ranks: dict[bytes, int], spec: dict[str, Any] = spec) -> Any:
-                return tiktoken.Encoding(
-                    name="bench",
-                    pat_str=spec["pat_str"],
-                    mergeable_ranks=ranks,
-                    special_tokens=dict(spec["special_tokens"]),
-                )
-
             ranks = tokens._mergeable_ranks(name)
             assert ranks == old_ranks(name)
-            load[f"{name}: parse, before"] = lambda n=name: old_ranks(n)
-            load[f"{name}: parse, now"] = lambda n=name: tokens._mergeable_ranks(n)
-            load[f"{name}: tiktoken `Encoding` (CoreBPE) build"] = lambda b=build, r=ranks: b(r)
+            load.update(tokenizer_load(name, ranks, text))
         load_avg = os.getloadavg()
         for _ in range(opts.rounds):
             for label, (args, src) in processes.items():

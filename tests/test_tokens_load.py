@@ -5,6 +5,7 @@ data, and counters whose vocabulary is cut to the texts they were made for.
 from __future__ import annotations
 
 import base64
+import binascii
 import gzip
 
 import pytest
@@ -21,6 +22,7 @@ from ctxkeep.tokens import (
     TiktokenCounter,
     _data_file,
     _mergeable_ranks,
+    _token_lines,
     counter_for,
     get_counter,
 )
@@ -57,6 +59,12 @@ def line_by_line(name: str) -> dict[bytes, int]:
 def test_the_one_pass_parse_reads_the_ranks_each_line_gives(name: str) -> None:
     fast = _mergeable_ranks(name)
     assert list(fast.items()) == list(line_by_line(name).items())
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_the_data_spells_every_token_in_standard_base64(name: str) -> None:
+    lines = _token_lines(name)
+    assert [binascii.b2a_base64(t, newline=False) for t in _mergeable_ranks(name)] == lines
 
 
 @pytest.mark.parametrize("name", ENCODINGS)

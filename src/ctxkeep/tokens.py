@@ -183,15 +183,25 @@ def load_encoding(name: str) -> Any:
 
 @_built_once
 def _mergeable_ranks(name: str) -> dict[bytes, int]:
-    """The encoding's token bytes and ranks from bpe-openai's ``.tiktoken.gz``, checked
-    against the published SHA-256.
+    """The encoding's token bytes and ranks from bpe-openai's ``.tiktoken.gz``.
 
     The file has one ``<base64 token> <rank>`` line per token, ranks 0, 1, 2... in order (a
     test checks this for both files, and the hash pins them), so the ranks are the positions:
     one ``split`` and a ``dict(zip(...))`` over ``binascii.a2b_base64`` parse o200k_base in
-    ~45 ms where a loop over the lines with ``base64.b64decode`` and ``int`` took ~400 ms
-    (``bench/count_startup.py``). Read once per process: the full encoding and any vocabulary
-    cut from it share the one dict.
+    half the time of a loop over the lines with ``base64.b64decode`` and ``int``
+    (``bench/count_startup.py``). Read once per process.
+    """
+    tokens = _token_lines(name)
+    return dict(zip(map(binascii.a2b_base64, tokens), range(len(tokens)), strict=True))
+
+
+def _token_lines(name: str) -> list[bytes]:
+    """The base64 tokens of the encoding's data, in rank order, checked against the published
+    SHA-256.
+
+    Raises:
+        TokenizerError: the data is missing or does not match its published hash.
+
     """
     spec = _ENCODINGS[name]
     raw = gzip.decompress(_data_file(name).read_bytes())
@@ -200,8 +210,7 @@ def _mergeable_ranks(name: str) -> dict[bytes, int]:
         raise TokenizerError(
             f"{name} data does not match its published SHA-256 ({digest} != {spec['sha256']})"
         )
-    parts = raw.split()
-    return dict(zip(map(binascii.a2b_base64, parts[0::2]), range(len(parts) // 2), strict=True))
+    return raw.split()[0::2]
 
 
 # -- images -----------------------------------------------------------------------------------
@@ -537,24 +546,34 @@ def _cut_encoding(name: str, texts: Iterable[str]) -> Any:
     substrings of the piece it encodes (the piece itself, then the pairs its byte-pair merge
     forms), every token has at most :data:`LONGEST_TOKEN` bytes, so each lookup finds in the
     cut vocabulary what it finds in the full one; the split into pieces is the same pattern.
-    Building it skips tiktoken's ``CoreBPE`` build over 200,000 tokens, the larger half of
-    loading o200k_base (``bench/count_startup.py``).
+    Building it skips decoding the 200,000 tokens of the data and tiktoken's ``CoreBPE`` build
+    over them, most of loading o200k_base (``bench/count_startup.py``); it costs a base64
+    spelling of every substring of up to :data:`LONGEST_TOKEN` bytes, hence
+    :data:`SHORT_INPUT`.
     """
     import tiktoken
 
     if name not in _ENCODINGS:
         raise UnknownEncodingError(f"unknown encoding {name!r}; use one of {', '.join(ENCODINGS)}")
-    ranks = _mergeable_ranks(name)
-    vocabulary = ranks.keys()
     data = b"\n".join(_utf8(t) for t in texts)
-    found: set[bytes] = {bytes([b]) for b in range(256)}
+    # The tokens that may occur, as the data file spells them (standard base64, a test checks
+    # that every token is spelled so): the file's 200,000 tokens are then filtered, not decoded.
+    wanted = {binascii.b2a_base64(bytes([b]), newline=False) for b in range(256)}
     for size in range(2, min(LONGEST_TOKEN, len(data)) + 1):
-        found |= vocabulary & {data[i : i + size] for i in range(len(data) - size + 1)}
+        wanted.update(
+            binascii.b2a_base64(data[i : i + size], newline=False)
+            for i in range(len(data) - size + 1)
+        )
+    ranks = {
+        binascii.a2b_base64(token): rank
+        for rank, token in enumerate(_token_lines(name))
+        if token in wanted
+    }
     spec = _ENCODINGS[name]
     return tiktoken.Encoding(
         name=name,
         pat_str=spec["pat_str"],
-        mergeable_ranks={token: ranks[token] for token in found},
+        mergeable_ranks=ranks,
         special_tokens=dict(spec["special_tokens"]),
     )
 
