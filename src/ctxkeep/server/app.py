@@ -12,6 +12,11 @@ Requests pass, outermost first, through:
    :mod:`~ctxkeep.server.routes_fabric`) authenticate with ``Authorization: Bearer <key>``
    and run against the key's tenant's stores only.
 
+The app imports the routes; the routes never import the app. What both need (the
+:class:`~ctxkeep.server.deps.ServerState` on ``app.state.ctxkeep``, the request's record for
+the access log, the tenant of an API key) is in :mod:`ctxkeep.server.deps`
+(``tests/test_import_layers.py`` keeps the server's modules free of import circles).
+
 Every error is answered as ``application/problem+json`` (:mod:`ctxkeep.server.problems`):
 ctxkeep's exceptions with their own type, request validation as ``invalid-request`` (422),
 unknown routes 404, a missing or wrong key 401, anything unexpected 500 (logged on
@@ -25,7 +30,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxkeep.errors import MissingDependencyError
@@ -45,12 +49,16 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("fastapi", "server") from exc
 
 from ctxkeep._version import __version__
-from ctxkeep.errors import CtxkeepError
-from ctxkeep.server import problems
-from ctxkeep.server.keys import KeyRegistry, open_key_registry
+from ctxkeep.errors import ConfigError, CtxkeepError
+from ctxkeep.server import problems, routes_fabric, routes_memory
+from ctxkeep.server.deps import ServerState, Unauthorized, request_info
+from ctxkeep.server.inspector import router as inspector_router
+from ctxkeep.server.keys import open_key_registry
+from ctxkeep.server.routes import router
 from ctxkeep.server.tenants import DEFAULT_MAX_OPEN, TenantStores
+from ctxkeep.server.wire import evicted_to_wire
 from ctxkeep.sessions import default_url
-from ctxkeep.sessions.base import Evicted, MemoryConfig
+from ctxkeep.sessions.base import MemoryConfig
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 """4 MiB: room for a batch of long tool outputs; a bigger body is refused with 413."""
@@ -58,45 +66,6 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 ACCESS_LOGGER = "ctxkeep.server.access"
 log = logging.getLogger("ctxkeep.server")
 access_log = logging.getLogger(ACCESS_LOGGER)
-
-
-class Unauthorized(Exception):
-    """A request without a valid API key (answered 401)."""
-
-
-@dataclass
-class ServerState:
-    """What the application holds: the key registry and the tenants' stores."""
-
-    url: str
-    """The storage URL."""
-    keys: KeyRegistry
-    """The API keys."""
-    stores: TenantStores
-    """The tenants' managers."""
-    max_body_bytes: int
-    """The request body limit."""
-
-    def close(self) -> None:
-        """Close every tenant's manager and the registry."""
-        self.stores.close()
-        self.keys.close()
-
-
-@dataclass
-class RequestInfo:
-    """What the access log learns during a request (shared through the ASGI scope)."""
-
-    tenant: str | None = None
-    evicted: list[Evicted] = field(default_factory=list)
-
-
-def request_info(scope: Scope) -> RequestInfo:
-    """The request's :class:`RequestInfo` (made on first use)."""
-    info = scope.get("ctxkeep.request")
-    if not isinstance(info, RequestInfo):
-        info = scope["ctxkeep.request"] = RequestInfo()
-    return info
 
 
 def problem_response(
@@ -250,8 +219,6 @@ def _match(routes: list[Any], scope: Scope) -> str | None:
 
 
 def _evicted_member(request: Request) -> dict[str, Any]:
-    from ctxkeep.server.wire import evicted_to_wire
-
     evicted = request_info(request.scope).evicted
     return {"evicted": [evicted_to_wire(e) for e in evicted]} if evicted else {}
 
@@ -374,11 +341,6 @@ def create_app(
         StorageError: the store cannot be reached.
 
     """
-    from ctxkeep.errors import ConfigError
-    from ctxkeep.server import routes_fabric, routes_memory
-    from ctxkeep.server.inspector import router as inspector_router
-    from ctxkeep.server.routes import router
-
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
         raise ConfigError(f"max_body_bytes must be an int, got {max_body_bytes!r}")
     if max_body_bytes < 1:

@@ -55,8 +55,8 @@ from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RESERVE_OUTP
 from ctxkeep.errors import BudgetExceededError, ConfigError, PromptTooLongError
 from ctxkeep.messages import Message
 from ctxkeep.server import routes
+from ctxkeep.server.deps import TenantDep
 from ctxkeep.server.models import BuildReportOut, EvictedOut, Problem
-from ctxkeep.server.routes import TenantDep
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 from ctxkeep.sessions.records import SessionInfo

@@ -1,9 +1,9 @@
 """The ``/v1`` routes and ``/healthz``.
 
-Every ``/v1`` route authenticates (:func:`tenant_of`), then runs against its tenant's
-:class:`~ctxkeep.MemoryManager` only, leased from the pool for the duration of the request:
-the same manager, policy and errors as the library's, so a route's behaviour is the
-manager's method's. Routes are plain functions, run in worker threads (storage I/O blocks).
+Every ``/v1`` route authenticates (:func:`~ctxkeep.server.deps.tenant_of`), then runs against
+its tenant's :class:`~ctxkeep.MemoryManager` only, leased from the pool for the duration of
+the request: the same manager, policy and errors as the library's, so a route's behaviour is
+the manager's method's. Routes are plain functions, run in worker threads (storage I/O blocks).
 
 ==========================================  ====================================================
 ``POST   /v1/sessions``                     create a session
@@ -23,21 +23,18 @@ manager's method's. Routes are plain functions, run in worker threads (storage I
 ``POST   /v1/sessions/{id}/prompt``         build a prompt within a budget, with its report
 ==========================================  ====================================================
 
-Artifacts, episodes and checkpoints are in :mod:`~ctxkeep.server.routes_memory`, task state
-and the bus in :mod:`~ctxkeep.server.routes_fabric`; they use :class:`Tenant` and
-:func:`tenant_of` from here.
+Every ``/v1`` route takes its :class:`~ctxkeep.server.deps.Tenant` through
+:data:`~ctxkeep.server.deps.TenantDep` (:mod:`ctxkeep.server.deps`, which the app imports too:
+the routes never import the app). Artifacts, episodes and checkpoints are in
+:mod:`~ctxkeep.server.routes_memory`, task state and the bus in
+:mod:`~ctxkeep.server.routes_fabric`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Annotated, Any
 
-import anyio.to_thread
-from fastapi import APIRouter, Depends, Query, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import APIRouter, Query
 
 from ctxkeep.artifacts import ArtifactStore
 from ctxkeep.builder import BuiltPrompt, ContextBuilder
@@ -46,13 +43,12 @@ from ctxkeep.messages import Message
 from ctxkeep.prune import TokenPruner
 from ctxkeep.responses import to_responses
 from ctxkeep.server import problems
-from ctxkeep.server.app import RequestInfo, ServerState, Unauthorized, request_info
+from ctxkeep.server.deps import Tenant, TenantDep, tenant_of
 from ctxkeep.server.models import (
     AppendIn,
     BuildReportOut,
     CreateSessionIn,
     DeletedResponse,
-    EvictedOut,
     ExistsResponse,
     Health,
     LatestSessionResponse,
@@ -60,6 +56,7 @@ from ctxkeep.server.models import (
     MessagePage,
     MessagesResponse,
     PoppedResponse,
+    Problem,
     PromptIn,
     PromptResponse,
     ReplaceNewestIn,
@@ -69,16 +66,10 @@ from ctxkeep.server.models import (
     StatsResponse,
     SweepResponse,
 )
-from ctxkeep.server.tenants import TenantResources, collect_evictions
-from ctxkeep.server.wire import evicted_to_wire, message_from_wire, message_to_wire
+from ctxkeep.server.wire import message_from_wire, message_to_wire
 from ctxkeep.sessions.base import MemoryManager
 from ctxkeep.sessions.records import SessionInfo
 from ctxkeep.tokens import get_counter
-
-_bearer = HTTPBearer(
-    auto_error=False,
-    description="An API key from `ctxkeep keys create --tenant NAME`.",
-)
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -91,8 +82,6 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
         422: "Invalid request, message or sequence",
         503: "Storage failed",
     }
-    from ctxkeep.server.models import Problem
-
     return {s: {"model": Problem, "description": titles[s]} for s in statuses}
 
 
@@ -101,61 +90,6 @@ _SESSION = _problems(401, 404, 422, 503)
 _WRITE = _problems(401, 404, 413, 422, 503)
 
 router = APIRouter()
-
-
-@dataclass
-class Tenant:
-    """An authenticated request's tenant."""
-
-    name: str
-    """The tenant."""
-    state: ServerState
-    """The server."""
-    info: RequestInfo
-    """The request's access-log and eviction record."""
-
-    @contextmanager
-    def memory(self) -> Iterator[MemoryManager]:
-        """The tenant's manager for the block; its evictions are recorded for the response."""
-        with self.stores() as resources:
-            yield resources.memory
-
-    @contextmanager
-    def stores(self) -> Iterator[TenantResources]:
-        """All the tenant's stores for the block; evictions are recorded for the response."""
-        with (
-            self.state.stores.lease_stores(self.name) as resources,
-            collect_evictions(self.info.evicted),
-        ):
-            yield resources
-
-    def evicted(self) -> list[EvictedOut]:
-        """What the request evicted, for the response."""
-        return [EvictedOut.model_validate(evicted_to_wire(e)) for e in self.info.evicted]
-
-
-async def tenant_of(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Tenant:
-    """The tenant of the request's API key.
-
-    Raises:
-        Unauthorized: no ``Authorization: Bearer`` key, or not a live one.
-
-    """
-    if credentials is None:
-        raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
-    state: ServerState = request.app.state.ctxkeep
-    key = await anyio.to_thread.run_sync(state.keys.authenticate, credentials.credentials)
-    if key is None:
-        raise Unauthorized("the API key is unknown or revoked")
-    info = request_info(request.scope)
-    info.tenant = key.tenant
-    return Tenant(key.tenant, state, info)
-
-
-TenantDep = Annotated[Tenant, Depends(tenant_of)]
 
 
 def _session_out(info: SessionInfo) -> SessionOut:
@@ -521,4 +455,4 @@ def build_prompt(session_id: str, body: PromptIn, tenant: TenantDep) -> PromptRe
     )
 
 
-__all__ = ["Tenant", "problems", "router", "tenant_of"]
+__all__ = ["Tenant", "TenantDep", "problems", "router", "tenant_of"]

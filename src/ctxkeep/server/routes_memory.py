@@ -1,6 +1,6 @@
 """The ``/v1`` routes of artifacts, episodes and checkpoints.
 
-Each route authenticates (:func:`~ctxkeep.server.routes.tenant_of`) and runs against its
+Each route authenticates (:func:`~ctxkeep.server.deps.tenant_of`) and runs against its
 tenant's stores only (:class:`~ctxkeep.server.tenants.TenantResources`), with the library's
 own methods, checks and errors:
 
@@ -41,6 +41,7 @@ from ctxkeep.errors import (
     InvalidTypeError,
     SchemaVersionError,
 )
+from ctxkeep.server.deps import TenantDep
 from ctxkeep.server.models import Problem
 from ctxkeep.server.models_memory import (
     ArtifactIn,
@@ -59,7 +60,6 @@ from ctxkeep.server.models_memory import (
     SearchIn,
     SearchResponse,
 )
-from ctxkeep.server.routes import TenantDep
 
 T = TypeVar("T")
 
