@@ -65,24 +65,32 @@ Op = tuple[Any, ...]
 KINDS = (
     # appends weighted up (sampled_from picks by position), so sessions outgrow their budgets
     *("user", "user", "assistant", "tools", "tools", "tools", "steps", "steps", "call"),
-    *("system", "pop", "replace", "recreate", "cold", "elsewhere", "build", "build"),
+    *("result", "system", "pop", "replace", "recreate", "cold", "elsewhere", "build", "build"),
 )
-WRITES = ("user", "assistant", "system", "tools", "steps", "call", "pop", "replace", "recreate")
+WRITES = (
+    *("user", "assistant", "system", "tools", "steps", "call", "result", "pop", "replace"),
+    "recreate",
+)
 output_size = st.one_of(st.integers(20, 400), st.integers(20, 400), st.integers(1000, 30_000))
+text_size = st.one_of(st.integers(0, 400), st.integers(1, 400), st.integers(1000, 30_000))
 
 
 @st.composite
 def ops(draw: st.DrawFn) -> Op:
     """One operation: ``(kind, *its arguments)``."""
     kind = draw(st.sampled_from(KINDS))
-    if kind in ("user", "assistant", "system"):
-        return (kind, draw(st.integers(0, 2**16)), draw(st.integers(1, 400)))
+    if kind in ("user", "assistant", "system"):  # empty now and then, or 1-30 kB
+        return (kind, draw(st.integers(0, 2**16)), draw(text_size))
     if kind == "tools":  # one step: a call (or parallel calls) and its results
         sizes = draw(st.lists(output_size, min_size=1, max_size=3))
         return (kind, draw(st.integers(0, 2**16)), tuple(sizes))
     if kind == "steps":  # an agent loop's steps, one batch each
         return (kind, draw(st.integers(0, 2**16)), draw(st.integers(2, 30)))
-    if kind in ("call", "replace"):
+    if kind == "call":  # calls left waiting for their results
+        return (kind, draw(st.integers(0, 2**16)), draw(st.integers(1, 3)))
+    if kind == "result":  # one waiting call answered
+        return (kind, draw(st.integers(0, 2**16)), draw(output_size))
+    if kind == "replace":
         return (kind, draw(st.integers(0, 2**16)))
     if kind == "elsewhere":  # a write by another process (a manager with its own caches)
         inner = draw(ops().filter(lambda op: op[0] in WRITES))
@@ -106,7 +114,7 @@ def text(seed: int, chars: int) -> str:
         word = rng.choice(WORDS)
         out.append(word)
         size += len(word) + 1
-    return " ".join(out)[:chars] or "x"
+    return " ".join(out)[:chars]
 
 
 def pending_calls(history: list[Message]) -> tuple[int, list[str]]:
@@ -191,7 +199,8 @@ class Harness:
         for _ in sizes:
             self.calls += 1
             calls.append(ToolCall(f"call_{self.calls}", "read_file", f'{{"n": {self.calls}}}'))
-        call = Message("assistant", text(seed, 40), tool_calls=calls)
+        # OpenAI sends a call's content as None, often
+        call = Message("assistant", text(seed, 40) if seed % 3 else None, tool_calls=calls)
         results = [
             Message("tool", text(seed + 7 * i, size), tool_call_id=c.id)
             for i, (c, size) in enumerate(zip(calls, sizes, strict=True))
@@ -237,9 +246,13 @@ class Harness:
                     call, results = self.new_call(op[1] + step, (60 + 37 * step % 300,))
                     mem.add_messages(self.sid, [call, *results])
                 return
-            else:  # a call left waiting for its results
-                batch.append(self.new_call(op[1], (100,))[0])
-            mem.add_messages(self.sid, batch)
+            elif kind == "result":
+                _, waiting = pending_calls(history)
+                batch = [Message("tool", text(op[1], op[2]), tool_call_id=c) for c in waiting[:1]]
+            else:  # calls left waiting for their results
+                batch.append(self.new_call(op[1], (100,) * op[2])[0])
+            if batch:
+                mem.add_messages(self.sid, batch)
 
     def replace(self, mem: MemoryManager, seed: int) -> None:
         history = self.stored()
@@ -316,7 +329,7 @@ FOUND: list[tuple[tuple[Any, ...], list[Op]]] = [
             ("user", 0, 1),
             ("tools", 0, (20, 20, 20)),
             ("user", 0, 1),
-            ("call", 0),
+            ("call", 0, 1),
         ],
     ),
 ]
