@@ -8,7 +8,6 @@ its counts truthfully or absurdly.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ from _usage_server import UsageModel, read_chunk
 from ctxkeep import CalibratedCounter, PromptTooLongError, open_memory
 from ctxkeep.agent import run_agent
 from ctxkeep.llm import ChatClient
+from ctxkeep.llm._common import tools_text
 from ctxkeep.tokens import estimate_margin
 
 WINDOW = 16_000
@@ -96,8 +96,6 @@ def test_the_client_gate_keeps_the_margin_with_tools_before_anything_is_sent() -
         )
         gate = client.gate_for(MAX_TOKENS)
         assert gate.max_prompt_tokens == WINDOW - MAX_TOKENS
-        margin = gate.margin
-        assert margin == estimate_margin(client.counter, WINDOW - MAX_TOKENS) > 0
         tools = [
             {
                 "type": "function",
@@ -105,15 +103,20 @@ def test_the_client_gate_keeps_the_margin_with_tools_before_anything_is_sent() -
             }
         ]
         counter = client.counter
-        tools_tokens = counter.count_text(json.dumps(tools))
+        tools_tokens = counter.count_text(tools_text(tools))
+        # Kept on the limit less the tools, as the chat builder, which reserves them, keeps it.
+        margin = estimate_margin(counter, WINDOW - MAX_TOKENS - tools_tokens)
+        assert margin > 0
         text = "word "
-        while counter.count_messages([{"role": "user", "content": text + "word " * 100}]) < (
-            WINDOW - MAX_TOKENS - margin
+        while counter.count_messages([{"role": "user", "content": text + "word " * 100}]) <= (
+            WINDOW - MAX_TOKENS - gate.margin
         ):
             text += "word " * 100
         prompt_tokens = counter.count_messages([{"role": "user", "content": text}])
-        # The messages fit the limit less the margin; with the tools they fit only the limit.
-        assert prompt_tokens + margin <= WINDOW - MAX_TOKENS < prompt_tokens + tools_tokens + margin
+        # The messages alone fit the limit less its margin; with the tools and the margin on
+        # the limit less the tools, they do not; without a margin they would.
+        assert prompt_tokens + gate.margin <= WINDOW - MAX_TOKENS
+        assert prompt_tokens + tools_tokens + margin > WINDOW - MAX_TOKENS
         assert prompt_tokens + tools_tokens < WINDOW - MAX_TOKENS
         with pytest.raises(PromptTooLongError) as info:
             client.complete([{"role": "user", "content": text}], tools=tools, max_tokens=MAX_TOKENS)

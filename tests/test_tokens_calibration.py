@@ -244,3 +244,11 @@ def test_a_text_prompt_keeps_the_margin_too() -> None:
     with pytest.raises(PromptTooLongError) as info:
         gate.check("x" * 3_900)  # 975 tokens
     assert info.value.breakdown == {"text": 975, "estimate_margin": 50}
+
+
+def test_the_margin_of_a_reserved_part_is_kept_on_the_limit_less_it() -> None:
+    gate = PromptGate(100_000, 1_000, counter=HeuristicCounter())
+    gate.check_tokens({"user": 902, "tools": 50}, reserved=50)  # 902 + 50 + ceil(950 * 5%)
+    with pytest.raises(PromptTooLongError) as info:
+        gate.check_tokens({"user": 902, "tools": 50})  # 902 + 50 + ceil(1,000 * 5%)
+    assert info.value.breakdown["estimate_margin"] == 50

@@ -85,8 +85,15 @@ class PromptGate:
             return 0
         return estimate_margin(self.counter, self.max_prompt_tokens)
 
-    def check_tokens(self, breakdown: Mapping[str, int]) -> None:
+    def check_tokens(self, breakdown: Mapping[str, int], *, reserved: int = 0) -> None:
         """Refuse a prompt whose tokens, by section, are over the token limit less the margin.
+
+        Args:
+            breakdown: the prompt's tokens by role or section.
+            reserved: tokens of ``breakdown`` set aside before a prompt budget, as the output
+                reserve is (a chat client's tool definitions): the margin is kept on the limit
+                less them, as :func:`~ctxkeep.builder.compose.prompt_budget` keeps it, so a
+                prompt the builder made within its budget passes.
 
         Raises:
             PromptTooLongError: over it; with an estimating counter the margin is a section of
@@ -96,7 +103,7 @@ class PromptGate:
         """
         if not self.max_prompt_tokens:
             return
-        margin = self.margin
+        margin = estimate_margin(self.counter, self.max_prompt_tokens - reserved)
         if margin:
             breakdown = {**breakdown, "estimate_margin": margin}
         actual = sum(breakdown.values())

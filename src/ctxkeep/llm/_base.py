@@ -222,7 +222,9 @@ class BaseChatClient:
             breakdown[m.role] = breakdown.get(m.role, 0) + self.counter.count_message(m)
         breakdown["reply_priming"] = self.counter.count_messages([])
         breakdown["tools"] = self.counter.count_text(tools_text(tools))
-        gate.check_tokens(breakdown)
+        # The chat builder reserves the tools like the output (see _chat_parts): the margin is
+        # kept on what is left, so a prompt it built within its budget passes here too.
+        gate.check_tokens(breakdown, reserved=breakdown["tools"])
 
     # -- a request ---------------------------------------------------------------------
 
