@@ -635,14 +635,16 @@ SETTLED = 3
 EVIDENCE = 1000
 """Tokens (o200k_base) of believed reports before a calibration is trusted, and the smallest
 estimate whose error counts towards the error seen. On a small prompt a chat template's fixed
-tokens (a default system line, a BOS) are a large share of the count: measured with the
-``tests/_usage_server.py`` model, a 91-token first prompt gave a ratio of 1.01 and the next
-prompt, 4,500 tokens, was 28% over its estimate at that ratio."""
+tokens (a default system line, a BOS) are a large share of the count: measured with a
+version of the ``tests/_usage_server.py`` model (one chunk in three mostly CJK), a 91-token
+first prompt gave a ratio of 1.01 and the next prompt, 4,500 tokens, was 28% over its estimate
+at that ratio."""
 
 UNCALIBRATED_ERROR = 0.15
 """The error a margin covers until a calibration is trusted: the starting ratio is a guess, and
-a 15% margin keeps a prompt inside the window for a tokenizer up to 1/0.85 = 1.18 times it
-(1.35 times o200k_base from the default 1.15: cl100k_base on Japanese and Chinese)."""
+a 15% margin (16% with :data:`MARGIN_CUSHION`) keeps a prompt inside the window for a
+tokenizer up to 1/0.85 = 1.18 times it (1.35 times o200k_base from the default 1.15:
+cl100k_base on Japanese and Chinese)."""
 
 MARGIN_FLOOR = 0.05
 """The least share of a limit kept free when the count is an estimate.
