@@ -6,12 +6,14 @@ gate, request building, parsing and calibration live once in
 
 1. check the arguments, coerce the messages, check they are a valid provider sequence;
 2. the gate: code points (when configured) and tokens against the model's window less the
-   output reserve, tool definitions included; over it, :class:`~ctxkeep.errors.PromptTooLongError`
-   and nothing is sent;
+   output reserve, tool definitions included, less a margin when the count is an estimate
+   (:func:`~ctxkeep.tokens.estimate_margin`); over it,
+   :class:`~ctxkeep.errors.PromptTooLongError` and nothing is sent;
 3. the SDK's create call, whose own retries (``max_retries``, exponential backoff that honours
    ``Retry-After``) cover 408, 409, 429 and 5xx;
 4. the reply as a :class:`~ctxkeep.llm.ChatResult`; the reported input tokens calibrate an
-   estimating counter (Claude, models with no local tokenizer).
+   estimating counter (Claude, models with no local tokenizer), when they are plausible: an
+   absurd report is ignored and logged (:class:`~ctxkeep.tokens.CalibratedCounter`).
 
 A provider's context-length refusal becomes :class:`~ctxkeep.errors.ContextWindowExceededError`;
 its other errors (authentication, a rate limit that outlasted the retries...) are the SDK's own,
@@ -55,7 +57,8 @@ class ChatClient(BaseChatClient):
         max_prompt_tokens: a token limit below the window's (default:
             ``CTXKEEP_MAX_PROMPT_TOKENS``, else the config file, else the window's).
         counter: the token counter of the gate (default: exact tiktoken for OpenAI models, a
-            :class:`~ctxkeep.CalibratedCounter` for Claude and unknown models).
+            :class:`~ctxkeep.CalibratedCounter` for Claude and unknown models; the gate and
+            the default builder keep a margin for such an estimate).
         memory: the ``MemoryManager`` :meth:`chat` stores turns in.
         builder: the ``ContextBuilder`` :meth:`chat` builds prompts with (default: one over
             ``memory`` with this client's window, reserve, counter and gate).
