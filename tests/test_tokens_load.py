@@ -7,6 +7,10 @@ from __future__ import annotations
 import base64
 import binascii
 import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -126,3 +130,40 @@ def test_a_long_input_or_an_estimate_gets_get_counters_counter() -> None:
     assert counter_for("o200k_base", long) is get_counter("o200k_base")
     assert isinstance(counter_for("heuristic", "hi"), HeuristicCounter)
     assert isinstance(counter_for("claude-sonnet-4-5", "hi"), CalibratedCounter)
+
+
+# -- the first count of a new process -----------------------------------------------------------
+
+
+def test_ctxkeep_count_of_a_short_file_never_loads_the_full_encoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ctxkeep import tokens
+    from ctxkeep.cli import main
+
+    def refuse(counter: TiktokenCounter) -> None:
+        raise AssertionError(f"the full {counter.name} was used")
+
+    # Any use of a full encoding fails, a shared counter's loaded earlier in this process too.
+    monkeypatch.setattr(tokens.TiktokenCounter, "encoding", property(refuse))
+    path = tmp_path / "short.txt"
+    text = "Count the tokens of this short file, please: 漢字 and 👍.\n"
+    path.write_text(text, encoding="utf-8")
+    assert main(["count", str(path), "-e", "o200k_base", "-e", "cl100k_base", "--json"]) == 0
+    counted = json.loads(capsys.readouterr().out)["total_tokens"]
+    monkeypatch.undo()
+    assert counted == {e: get_counter(e).count_text(text) for e in ("o200k_base", "cl100k_base")}
+
+
+def test_ctxkeep_count_imports_no_other_commands_module(tmp_path: Path) -> None:
+    path = tmp_path / "short.txt"
+    path.write_text("hello\n")
+    script = (
+        "import sys; from ctxkeep.cli import main; main(['count', sys.argv[1], '--json']); "
+        "print(sorted(m for m in sys.modules if m.startswith('ctxkeep.cli.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = json.loads(out.splitlines()[-1].replace("'", '"'))
+    assert loaded == ["ctxkeep.cli._io", "ctxkeep.cli.count"]
