@@ -83,18 +83,3 @@ def test_a_record_written_before_reads_back_as_the_same_message(
     back = record_to_message(text)
     assert back == message
     assert dumps_record(back) == text
-
-
-def test_a_version_0_record_is_upgraded_on_read() -> None:
-    v0 = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-        ],
-        "metadata": {"k": 1},
-    }
-    m = record_to_message(v0)
-    assert m == Message(
-        "assistant", None, tool_calls=[ToolCall("c1", "f", "{}")], metadata={"k": 1}
-    )
