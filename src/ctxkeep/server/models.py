@@ -115,13 +115,14 @@ class MessageIn(BaseModel):
     """
 
     model_config = ConfigDict(extra="allow")
+    # The members, as if annotated one by one here: pydantic reads the class's annotations.
     __annotations__ = _message_members(request=True)
 
 
 class MessageOut(BaseModel):
     """A stored message, every field."""
 
-    __annotations__ = _message_members(request=False)
+    __annotations__ = _message_members(request=False)  # as in MessageIn
 
 
 class EvictedOut(BaseModel):
