@@ -1,7 +1,9 @@
 """Stored forms of messages and sessions, with their schema versions and migrations.
 
 Every backend stores a message as the JSON of :func:`message_to_record` and reads it back
-with :func:`record_to_message`; a record carries ``v`` (its schema version). Old records are
+with :func:`record_to_message`; a record carries ``v`` (its schema version), then every field
+of :class:`~ctxkeep.Message` in order (derived from its dataclass fields; the few whose type
+JSON lacks are converted by :data:`_TO_RECORD` and :data:`_FROM_RECORD`). Old records are
 upgraded by :data:`RECORD_MIGRATIONS` (position ``i`` upgrades version ``i`` to ``i + 1``);
 a record newer than this ctxkeep is refused with :class:`SchemaVersionError`.
 
@@ -259,7 +261,7 @@ _FAST_CHECKS = frozenset(
 FAST_PATH = frozenset(FIELDS) == _FAST_CHECKS
 """Whether :func:`_decode_current` checks every field of :class:`Message`. A field it does not
 know (added to the class, not to the fast path) turns the fast path off: records are still
-read right, by the checked path, only slower (and tests/test_records.py fails)."""
+read right, by the checked path, only slower (and tests/test_messages_fields.py fails)."""
 _FAST_LEN = len(message_to_record(Message("user", ""))) if FAST_PATH else -1
 """How many keys a current record has (:func:`_decode_current` reads every one of them), or
 -1 (no record's length) when the fast path is off."""
