@@ -174,6 +174,8 @@ class Stats:
     over_budget: int = 0
     invalid: int = 0
     refused: int = 0
+    task_missing: int = 0
+    """Prompts without the run's task (its first user message, whole or as an excerpt)."""
     shares: list[float] = field(default_factory=list)
     cost: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys((*PRICES, "anthropic_nocache"), 0.0)
@@ -195,11 +197,30 @@ class Stats:
             "over_budget": self.over_budget,
             "invalid": self.invalid,
             "refused": self.refused,
+            "task_missing": self.task_missing,
             "cost_usd": {k: round(v, 4) for k, v in self.cost.items()},
             "prune_ms_median": round(statistics.median(self.seconds) * 1e3, 4)
             if self.seconds
             else None,
         }
+
+
+def holds_task(out: list[Message], task: Message | None) -> bool:
+    """Whether a prompt holds the task: the run's first user message as it is, or its
+    compressed form (a user message with an artifact ref that starts with the task's head).
+    """
+    if task is None:
+        return True
+    text = task.text
+    head = text[: min(len(text) // 3, 60)]
+    for m in out:
+        if m.role != "user":
+            continue
+        if m.text == text:
+            return True
+        if "ctxkeep_compressed" in m.metadata and m.artifact_refs and m.text.startswith(head):
+            return True
+    return False
 
 
 def replay(
@@ -212,6 +233,9 @@ def replay(
 ) -> None:
     prev_keys: list[str] | None = None
     prev_tokens = 0
+    first_system = 0
+    while first_system < len(msgs) and msgs[first_system].is_system:
+        first_system += 1
     for k in step_prompts(msgs):
         st.prompts += 1
         t0 = time.perf_counter()
@@ -226,6 +250,8 @@ def replay(
         sent = sum(toks) + counter.count_messages([])
         keys = [ser.key(m) for m in out]
         st.tokens_sent += sent
+        head = msgs[first_system:k]
+        st.task_missing += not holds_task(out, next((m for m in head if m.role == "user"), None))
         if sent > budget:
             st.over_budget += 1
         try:
@@ -275,6 +301,7 @@ def table(title: str, rows: dict[str, Stats]) -> Table:
         "over",
         "invalid",
         "refused",
+        "no task",
         "prune ms",
     )
     for c in cols:
@@ -300,6 +327,7 @@ def table(title: str, rows: dict[str, Stats]) -> Table:
             f"{s.over_budget:,}",
             f"{s.invalid:,}",
             f"{s.refused:,}",
+            f"{s.task_missing:,}",
             f"{d['prune_ms_median']:.2f}" if d["prune_ms_median"] is not None else "-",
         )
     return t
@@ -348,7 +376,15 @@ def main(argv: list[str] | None = None) -> int:
                 replay(msgs, make(g.budget, g.last_n, counter), counter, ser, g.budget, rows[key])
         for key, s in rows.items():
             tot = totals[key]
-            for f in ("prompts", "tokens_sent", "cacheable", "over_budget", "invalid", "refused"):
+            for f in (
+                "prompts",
+                "tokens_sent",
+                "cacheable",
+                "over_budget",
+                "invalid",
+                "refused",
+                "task_missing",
+            ):
                 setattr(tot, f, getattr(tot, f) + getattr(s, f))
             tot.shares += s.shares
             tot.seconds += s.seconds

@@ -24,9 +24,9 @@ from ctxkeep.cache import FoldMismatch, FoldState, Unread, UnreadMessageTouched
 from ctxkeep.errors import CtxkeepError, StorageError
 from ctxkeep.messages import Message, ToolCall
 from ctxkeep.prune import TokenPruner
+from ctxkeep.prune.snapshots import FoldSnapshot, snapshot_key
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
-from ctxkeep.prune.snapshots import FoldSnapshot, snapshot_key
 from ctxkeep.sessions.memory import MemoryBackend
 from test_sessions_tail import WholePruner, steps
 

@@ -68,7 +68,9 @@ def _outcome(pruner: TokenPruner, history: list[Any]) -> Any:
     try:
         out, report = pruner.prune_with_report(history)
     except CtxkeepError as exc:
-        return (type(exc).__name__, str(exc))
+        # The same error about the same message (without repair, a result that answers no
+        # call is told from the messages the walk has in view: its wording may differ).
+        return (type(exc).__name__, getattr(exc, "index", None))
     decisions = [
         (d.index, d.action, d.reason, d.tokens_before, d.tokens_after, d.artifact_ref)
         for d in report.decisions

@@ -45,7 +45,7 @@ user message does not change the prefix.
 window (the units from the cut on), the pinned user message, which messages are compressed
 (their compressed form is content-addressed, so it is made again alike) and the totals. Between
 two cuts the fold only appends. :class:`FoldState` is that state at a fold's frontier, in
-indexes; a store of sessions keeps it (:mod:`ctxkeep.sessions.folds`) so that the first prompt
+indexes; a store of sessions keeps it (:mod:`ctxkeep.prune.snapshots`) so that the first prompt
 of a new process reads the system messages, the pinned message and the window on, not the whole
 history. :meth:`_StableFolds.plan_state` takes it as a *seed*: the fold is rebuilt from the
 messages it names (the others may be :class:`Unread` placeholders, which raise if touched),
@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -120,6 +120,13 @@ class _Fold:
     """The window: every unit from the cut on, oldest first."""
     pinned: _Unit | None = None
     """A user message before the cut, kept (the newest one when the cut was made)."""
+    head: list[_Unit] = field(default_factory=list)
+    """The conversation's head (``keep_first`` units from its first user message), in no
+    window: kept across cuts, in place."""
+    head_out: frozenset[int] = frozenset()
+    """Starts of the head units the last cut left out (even compressed they did not fit)."""
+    first_user: int = -1
+    """The first user message with content (the head's start; -1: none yet)."""
     compressed: dict[int, Message] = field(default_factory=dict)
     last_user: int = -1
     cut_end: int = 0
@@ -158,6 +165,10 @@ class _Checkpoint:
     units: int
     unit_list: list[_Unit]
     pinned: _Unit | None
+    head: int
+    head_list: list[_Unit]
+    head_out: frozenset[int]
+    first_user: int
     compressed: dict[int, Message]
     notes: list[str]
     fix: _Repairs
@@ -180,6 +191,9 @@ class _Checkpoint:
             sys_tokens=self.sys_tokens,
             units=self.unit_list[: self.units],
             pinned=self.pinned,
+            head=self.head_list[: self.head],
+            head_out=self.head_out,
+            first_user=self.first_user,
             compressed=self.compressed,
             last_user=self.last_user,
             cut_end=self.cut_end,
@@ -292,6 +306,10 @@ class _StableFolds:
         walked.reverse()
         if fix.originals or fix.notes or any(u.synthetic for u in walked):
             raise FoldMismatch("the window needs repairs a seed does not hold")
+        head = self._seeded_head(seed, msgs, message)
+        starts = {u.start for u in head}
+        users = [u.start for u in walked if msgs[u.start].role == "user"]
+        walked = [u for u in walked if u.start not in starts]  # the head is in no window
         if [(u.start, tuple(u.members), u.tool) for u in walked] != list(seed.units):
             raise FoldMismatch("the window's units are not the seed's")
         empty_in = set(fix.empty) | {i for i in sys_in if missing_content(msgs[i])}
@@ -313,13 +331,19 @@ class _StableFolds:
             if j >= lo or m.role != "user" or missing_content(m):
                 raise FoldMismatch(f"message {j} is not a user message before the window")
             pinned = _Unit(j, [j], tool=False, pinned=True)
-        users = [u.start for u in walked if msgs[u.start].role == "user"]
-        newest_user = users[-1] if users else (-1 if seed.pinned is None else seed.pinned)
+        if not users:
+            users = sorted(
+                [u.start for u in head if u.start < lo and msgs[u.start].role == "user"]
+                + ([] if seed.pinned is None else [seed.pinned])
+            )
+        newest_user = users[-1] if users else -1
         if seed.last_user != newest_user or not 0 < seed.cut_end <= end:
             raise FoldMismatch("the seed's newest user message or cut is not the history's")
         keep = {j for u in walked for j in u.members}
         if pinned is not None:
             keep.add(pinned.start)
+        kept_head = [u for u in head if u.start not in seed.head_out]
+        keep |= {j for u in kept_head for j in u.members}
         compressed: dict[int, Message] = {}
         for j in seed.compressed:
             if j not in keep:
@@ -329,6 +353,7 @@ class _StableFolds:
         total = p._priming + sys_tokens + sum(p._unit_tokens(msgs, u, compressed) for u in walked)
         if pinned is not None:
             total += p._unit_tokens(msgs, pinned, compressed)
+        total += sum(p._unit_tokens(msgs, u, compressed) for u in kept_head)
         if total != seed.total:
             raise FoldMismatch(f"the seed counts {seed.total} tokens; its messages count {total}")
         return _Fold(
@@ -340,11 +365,57 @@ class _StableFolds:
             sys_tokens=sys_tokens,
             units=walked,
             pinned=pinned,
+            head=head,
+            head_out=frozenset(seed.head_out),
+            first_user=seed.first_user,
             compressed=compressed,
             last_user=seed.last_user,
             cut_end=seed.cut_end,
             notes=list(seed.notes),
         )
+
+    def _seeded_head(
+        self, seed: FoldState, msgs: list[Message], message: Callable[[int], Message]
+    ) -> list[_Unit]:
+        """The head ``seed`` names, each unit walked again from its own messages.
+
+        Raises:
+            FoldMismatch: a unit does not walk as the seed says, or the head does not start
+                at a user message.
+
+        """
+        from ctxkeep.prune import _Repairs
+
+        p = self.pruner
+        head: list[_Unit] = []
+        if len(seed.head) > p.keep_first or set(seed.head_out) - {s for s, _, _ in seed.head}:
+            raise FoldMismatch("the seed's head is not this pruner's")
+        for start, members, tool in seed.head:
+            for j in members:
+                message(j)  # read (the walk below touches nothing else: members are contiguous)
+            fix = _Repairs()
+            try:
+                got = [
+                    u for u, _ in p._units_backwards(msgs, set(), fix, lo=start, hi=members[-1] + 1)
+                ]
+            except CtxkeepError as exc:
+                raise FoldMismatch(f"the head does not walk as it did: {exc}") from None
+            if (
+                len(got) != 1
+                or (got[0].start, tuple(got[0].members), got[0].tool) != (start, members, tool)
+                or got[0].synthetic
+                or fix.orphans
+                or fix.empty
+                or fix.originals
+                or fix.notes
+            ):
+                raise FoldMismatch(f"the head's unit at message {start} is not the seed's")
+            got[0].head = True
+            head.append(got[0])
+        first = head[0].start if head else -1
+        if first != seed.first_user or (head and message(first).role != "user"):
+            raise FoldMismatch("the head does not start at the first user message")
+        return head
 
     def _find(self, inp: list[Any]) -> _Fold:
         """The fold to advance for ``inp``: the kept fold or checkpoint that folded the longest
@@ -466,7 +537,13 @@ class _StableFolds:
             else:
                 if msgs[u.start].role == "user":
                     fold.last_user = u.start
-                fold.units.append(u)
+                    if fold.first_user < 0 and p.keep_first:
+                        fold.first_user = u.start
+                if fold.first_user >= 0 and len(fold.head) < p.keep_first:
+                    u.head = True
+                    fold.head.append(u)
+                else:
+                    fold.units.append(u)
                 fold.total += p._unit_tokens(msgs, u, {})
                 end = u.members[-1] + 1
             if fold.error is not None or fold.total > budget:
@@ -484,6 +561,7 @@ class _StableFolds:
         kept = list(fold.units)
         if fold.pinned is not None:
             kept.append(fold.pinned)
+        kept += [u for u in fold.head if u.start not in fold.head_out]
         return _Plan(
             msgs=msgs,
             system=list(fold.system),
@@ -522,6 +600,10 @@ class _StableFolds:
                 units=len(fold.units),
                 unit_list=fold.units,
                 pinned=fold.pinned,
+                head=len(fold.head),
+                head_list=fold.head,
+                head_out=fold.head_out,
+                first_user=fold.first_user,
                 compressed=fold.compressed,
                 notes=fold.notes,
                 fix=type(fix)(
@@ -549,20 +631,30 @@ class _StableFolds:
         notes: list[str] = []
         compressed = dict(fold.compressed)
         low = math.floor(p.low_water * p.max_token_budget)
-        units = [_Unit(u.start, u.members, u.tool, synthetic=u.synthetic) for u in fold.units]
-        walker = ((u, None) for u in reversed(units))
+
+        def copies(units: list[_Unit]) -> list[_Unit]:
+            return [
+                _Unit(u.start, u.members, u.tool, synthetic=u.synthetic, head=u.head) for u in units
+            ]
+
+        walker = ((u, None) for u in reversed(copies(fold.units)))
         try:
             fit = p._fit(
-                msgs, fold.system, fold.sys_tokens, walker, fold.last_user, low, compressed, notes
+                msgs,
+                fold.system,
+                fold.sys_tokens,
+                walker,
+                fold.last_user,
+                low,
+                compressed,
+                notes,
+                copies(fold.head),
             )
             if fit.total > low:
                 # What must be kept is already above the low-water mark, so the next unit
                 # will cut again anyway: keep as much as the default mode would meanwhile.
                 compressed, notes = dict(fold.compressed), []
-                units = [
-                    _Unit(u.start, u.members, u.tool, synthetic=u.synthetic) for u in fold.units
-                ]
-                walker = ((u, None) for u in reversed(units))
+                walker = ((u, None) for u in reversed(copies(fold.units)))
                 fit = p._fit(
                     msgs,
                     fold.system,
@@ -572,12 +664,14 @@ class _StableFolds:
                     p.max_token_budget,
                     compressed,
                     notes,
+                    copies(fold.head),
                 )
         except BudgetExceededError as exc:
             fold.error = exc
             return
-        pinned = next((u for u in fit.kept if u.pinned), None)
-        window = [u for u in fit.kept if not u.pinned]
+        head = {u.start for u in fit.kept if u.head}
+        pinned = next((u for u in fit.kept if u.pinned and not u.head), None)
+        window = [u for u in fit.kept if not u.pinned and not u.head]
         cut = min((u.start for u in window), default=math.inf)
         if pinned is not None and pinned.start > cut:
             window.append(pinned)  # inside the window: an ordinary unit from now on
@@ -586,10 +680,12 @@ class _StableFolds:
             u.pinned = False
         window.sort(key=lambda u: u.start)
         keep = {j for u in window for j in u.members}
+        keep |= {j for u in fold.head if u.start in head for j in u.members}
         if pinned is not None:
             keep.add(pinned.start)
         fold.units = window
         fold.pinned = pinned
+        fold.head_out = frozenset(u.start for u in fold.head if u.start not in head)
         fold.compressed = {j: c for j, c in fit.compressed.items() if j in keep}
         fold.total = fit.total
         fold.error = None

@@ -2,7 +2,7 @@
 
 :class:`FoldState` is what :mod:`ctxkeep.cache`'s fold is right after a cut, in indexes, with
 its stored form; :func:`fold_params` names every pruner setting that changes a fold (the
-snapshot's key, :mod:`ctxkeep.sessions.folds`); :class:`Unread` stands in the places of the
+snapshot's key, :mod:`ctxkeep.prune.snapshots`); :class:`Unread` stands in the places of the
 messages a seeded fold did not read; :class:`FoldMismatch` says a state does not describe the
 history it was given. The fold itself (``_StableFolds.plan_state`` takes a state as its seed)
 and Anthropic breakpoints stay in :mod:`ctxkeep.cache`, which re-exports all of these.
@@ -19,7 +19,7 @@ from ctxkeep.errors import describe
 if TYPE_CHECKING:
     from ctxkeep.cache import _Fold
 
-FOLD_FORMAT = 1
+FOLD_FORMAT = 2
 """The version of the fold's rules and of :class:`FoldState`'s stored form: part of every
 snapshot's key (:func:`fold_params`), so bump it whenever either changes."""
 
@@ -90,6 +90,7 @@ def fold_params(pruner: Any) -> list[Any] | None:
         pruner.excerpt_tokens,
         pruner.repair,
         pruner.compress_oversized_user,
+        pruner.keep_first,
         counter,
         [o.per_message, o.per_name, o.reply_priming, o.per_tool_call],
     ]
@@ -125,6 +126,13 @@ class FoldState:
     """Messages with no content, dropped."""
     orphans: tuple[int, ...]
     """Tool results with no call, dropped."""
+    head: tuple[tuple[int, tuple[int, ...], bool], ...] = ()
+    """The conversation's head (``keep_first``): ``(start, members, tool)`` of each of its
+    units, oldest first; in no window."""
+    head_out: tuple[int, ...] = ()
+    """Starts of the head units the last cut left out."""
+    first_user: int = -1
+    """The first user message with content (-1: none yet, or ``keep_first=0``)."""
 
     @property
     def window_start(self) -> int:
@@ -133,11 +141,14 @@ class FoldState:
 
     @property
     def needed(self) -> list[int]:
-        """The messages before the window the fold reads: the system ones and the pinned one."""
+        """The messages before the window the fold reads: the system ones, the pinned one and
+        the head's (every message of its units).
+        """
         lo = self.window_start
         out = {i for i in self.system if i < lo}
         if self.pinned is not None:
             out.add(self.pinned)
+        out |= {j for _, members, _ in self.head for j in members if j < lo}
         return sorted(out)
 
     @classmethod
@@ -148,11 +159,18 @@ class FoldState:
         """
         if fold.error is not None or fold.cut_end == 0 or fold.fix.originals or fold.fix.notes:
             return None
+        if fold.open:
+            return None  # holds only for some histories that follow it
         pinned = fold.pinned
         if any(u.synthetic or u.pinned for u in fold.units) or (
             pinned is not None and (pinned.synthetic or pinned.members != [pinned.start])
         ):
             return None
+        if any(
+            u.synthetic or u.members != list(range(u.start, u.start + len(u.members)))
+            for u in fold.head
+        ):
+            return None  # a seed rebuilds each head unit from its own messages
         return cls(
             frontier=len(fold.keys),
             cut_end=fold.cut_end,
@@ -165,6 +183,9 @@ class FoldState:
             notes=tuple(fold.notes),
             empty=tuple(sorted(fold.fix.empty)),
             orphans=tuple(sorted(fold.fix.orphans)),
+            head=tuple((u.start, tuple(u.members), u.tool) for u in fold.head),
+            head_out=tuple(sorted(fold.head_out)),
+            first_user=fold.first_user,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -181,6 +202,9 @@ class FoldState:
             "notes": list(self.notes),
             "empty": list(self.empty),
             "orphans": list(self.orphans),
+            "head": [[s, list(m), t] for s, m, t in self.head],
+            "head_out": list(self.head_out),
+            "first_user": self.first_user,
         }
 
     @classmethod
@@ -193,6 +217,7 @@ class FoldState:
         """
         try:
             units = tuple((_int(s), _ints(m), _bool(t)) for s, m, t in data["units"])
+            head = tuple((_int(s), _ints(m), _bool(t)) for s, m, t in data["head"])
             notes = data["notes"]
             if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
                 raise TypeError("notes")
@@ -209,6 +234,9 @@ class FoldState:
                 notes=tuple(notes),
                 empty=_ints(data["empty"]),
                 orphans=_ints(data["orphans"]),
+                head=head,
+                head_out=_ints(data["head_out"]),
+                first_user=_int(data["first_user"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FoldMismatch(f"not a fold state: {exc!r}") from None

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from ctxkeep.errors import BudgetExceededError
-from ctxkeep.messages import Message, coerce_message, missing_content
-from ctxkeep.prune.inputs import Messages, Reader
+from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message, missing_content
+from ctxkeep.prune.inputs import Messages, Reader, View, _role_of
 from ctxkeep.prune.units import _Plan, _Repairs, _Unit, _Walk
 
 if TYPE_CHECKING:
@@ -40,6 +41,13 @@ class _Fit:
     summary_room: int
 
 
+def _hi(end: int, msgs: Messages) -> int | None:
+    """The ``hi`` of a walk that ends at ``end``: None at the end of the history (where the
+    newest unit may wait for its results).
+    """
+    return None if end >= len(msgs) else end
+
+
 class _Fitter(_Walk):
     """Token costs, compression and the choice of units: the second layer of
     :class:`~ctxkeep.TokenPruner`.
@@ -55,6 +63,7 @@ class _Fitter(_Walk):
     summarizer: Summarizer | AsyncSummarizer | None
     summary_max_tokens: int
     compress_oversized_user: bool
+    keep_first: int
     _priming: int
     _compress_key: tuple[str, Any, int]
     _reader: Reader
@@ -134,7 +143,21 @@ class _Fitter(_Walk):
         sys_tokens = sum(self.tokens(msgs[i]) for i in system)
         notes: list[str] = []
 
-        walker = self._units_backwards(msgs, sys_set, fix)
+        first, end = self._head_range(view)
+        head: list[_Unit] = []
+        if first < 0:
+            walker = self._units_backwards(msgs, sys_set, fix)
+        else:
+            # The head is walked on its own (it is kept whatever the budget leaves), then the
+            # units after it newest first, then those before it.
+            walked = list(self._units_backwards(msgs, sys_set, fix, lo=first, hi=_hi(end, msgs)))
+            waiting = [(u, state) for u, state in walked if state == "pending"]
+            head = [u for u, state in reversed(walked) if state != "pending"]
+            for u in head:
+                u.head = True
+            after = self._units_backwards(msgs, sys_set, fix, lo=end) if end < len(msgs) else ()
+            before = self._units_backwards(msgs, sys_set, fix, lo=0, hi=first)
+            walker = chain(waiting, after, before)
         limit = budget - (self.summary_max_tokens if self.summarizer is not None else 0)
         # The newest user message is pinned wherever it is; a reverse scan of roles finds it
         # without walking (and checking) the units in between. One with no content is no
@@ -143,7 +166,7 @@ class _Fitter(_Walk):
         while user_idx >= 0 and missing_content(msgs[user_idx]):
             self._drop_empty(msgs, user_idx, fix)
             user_idx = view.last_user(user_idx)
-        fit = self._fit(msgs, system, sys_tokens, walker, user_idx, limit, {}, notes)
+        fit = self._fit(msgs, system, sys_tokens, walker, user_idx, limit, {}, notes, head)
         return _Plan(
             msgs=msgs,
             system=system,
@@ -159,6 +182,44 @@ class _Fitter(_Walk):
             fix=fix,
         )
 
+    def _head_range(self, view: View) -> tuple[int, int]:
+        """``(first, end)``: the conversation's head is the units that start in
+        ``[first, end)`` (``first`` is -1 where there is none).
+
+        The head starts at the first user message with content and holds ``keep_first``
+        units: each starts at a message that is neither a tool result nor a system message
+        and is not dropped as empty (an assistant tool call, with its results, is one unit).
+        """
+        if not self.keep_first:
+            return -1, -1
+        msgs, items = view.msgs, view.items
+        n = len(items)
+        first = j = 0
+        if view.roles is not None:
+            try:  # a scan in C: the first user message is seldom far, but may be
+                j = view.roles.index("user")
+            except ValueError:
+                return -1, -1
+        first = -1
+        while j < n:
+            if _role_of(items[j], msgs, j) == "user" and not missing_content(msgs[j]):
+                first = j
+                break
+            j += 1
+        if first < 0:
+            return -1, -1
+        starts = 0
+        for j in range(first, n):
+            role = _role_of(items[j], msgs, j)
+            if role == "tool" or role in SYSTEM_ROLES:
+                continue
+            m = msgs[j]
+            if m.tool_calls or not missing_content(m):
+                starts += 1
+                if starts > self.keep_first:
+                    return first, j
+        return first, n
+
     def _fit(
         self,
         msgs: Messages,
@@ -169,6 +230,7 @@ class _Fitter(_Walk):
         limit: int,
         compressed: dict[int, Message],
         notes: list[str],
+        head: Sequence[_Unit] = (),
     ) -> _Fit:
         """Choose the units of a prompt from ``walker`` (``(unit, state)``, newest first).
 
@@ -176,12 +238,25 @@ class _Fitter(_Walk):
         outputs compressed, then the oldest recent units dropped, if not); older units are
         added newest first while the total stays within ``limit``. ``compressed`` holds the
         messages already compressed (the cache-stable mode keeps them so) and is filled in.
+
+        ``head`` (the conversation's head, not in ``walker``) is kept too: if with the system
+        messages and the newest user message it exceeds the budget, its messages are
+        compressed, and if even that does not fit it is dropped (before the newest user
+        message is compressed); a head unit that is the newest user message is that message.
         """
         budget = self.max_token_budget
         recent: list[_Unit] = []
         pending: _Unit | None = None
         seen = 0
         pinned_user: _Unit | None = None
+        head = list(head)
+        for u in head:
+            if u.start == user_idx:
+                head.remove(u)
+                u.pinned = True
+                pinned_user = u
+                break
+        lost_head: list[_Unit] = []
         older: list[_Unit] = []  # a unit walked past once the recent ones are complete
         for unit, state in walker:
             if state == "pending":
@@ -207,11 +282,44 @@ class _Fitter(_Walk):
             sys_tokens + self._priming + sum(self._unit_tokens(msgs, u, compressed) for u in recent)
         )
         if pinned_user is not None:
-            must += self.tokens(msgs[pinned_user.start])
+            must += self._unit_tokens(msgs, pinned_user, compressed)
+        head_cost = sum(self._unit_tokens(msgs, u, compressed) for u in head)
+        must += head_cost
 
         dropped: list[_Unit] = []
         rest: Any = None  # the part of the walk not taken yet (all of it dropped)
         kept: list[_Unit] = list(recent)
+        if must > budget and head:
+            user_unit = pinned_user or next((u for u in recent if u.pinned), None)
+            fixed = sys_tokens + self._priming
+            if user_unit is not None:
+                fixed += self._unit_tokens(msgs, user_unit, compressed)
+            if fixed + head_cost > budget:
+                for u in head:
+                    for j in u.members:
+                        m = msgs[j]
+                        if j not in compressed:
+                            c = self.compress(m)
+                            if self.tokens(c) < self.tokens(m):
+                                compressed[j] = c
+                cost = sum(self._unit_tokens(msgs, u, compressed) for u in head)
+                must += cost - head_cost
+                head_cost = cost
+                notes.append(
+                    "compressed the task (the conversation's first user message): with the "
+                    "system messages and the newest user message it exceeds the budget"
+                )
+                if fixed + head_cost > budget:
+                    must -= head_cost
+                    for u in head:
+                        for j in u.members:
+                            compressed.pop(j, None)
+                    lost_head, head = head, []
+                    notes.append(
+                        "dropped the task (the conversation's first user message): even "
+                        "compressed it does not fit beside the system messages and the newest "
+                        "user message"
+                    )
         if must > budget:
             # Compress recent tool outputs, oldest first, then drop the oldest recent units.
             for u in reversed(recent):
@@ -234,8 +342,8 @@ class _Fitter(_Walk):
                     compressed.pop(j, None)
                 notes.append("dropped a recent unit to fit the budget")
             user_unit = pinned_user or next((u for u in kept if u.pinned), None)
-            if must > budget and self.compress_oversized_user and user_unit is not None:
-                j = user_unit.start
+            j = user_unit.start if user_unit is not None else -1
+            if must > budget and self.compress_oversized_user and j >= 0 and j not in compressed:
                 c = self.compress(msgs[j])
                 if self.tokens(c) < self.tokens(msgs[j]):
                     must += self.tokens(c) - self.tokens(msgs[j])
@@ -246,7 +354,7 @@ class _Fitter(_Walk):
                 blocking += [
                     f"message {u.start} ({msgs[u.start].role}): "
                     f"{self._unit_tokens(msgs, u, compressed)} tokens"
-                    for u in kept
+                    for u in [*head, *kept]
                 ]
                 if pinned_user is not None:
                     j = pinned_user.start
@@ -257,6 +365,7 @@ class _Fitter(_Walk):
 
         if pinned_user is not None:
             kept.append(pinned_user)
+        kept += head
         total = must
         summary_room = 0
         if not dropped:
@@ -299,4 +408,5 @@ class _Fitter(_Walk):
             dropped.extend(u for u in older if not u.pinned)
             rest = walker
             summary_room = budget - total
+        dropped += lost_head
         return _Fit(kept, compressed, dropped, rest, pending, total, summary_room)

@@ -15,7 +15,7 @@ summary (:mod:`ctxkeep.prune.summary`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
 from ctxkeep.cache import _StableFolds
@@ -27,6 +27,11 @@ from ctxkeep.prune.report import Action, PruneReport, _with_originals
 from ctxkeep.prune.summary import AsyncSummarizer, Summarizer, _Summaries
 from ctxkeep.prune.units import _Plan
 from ctxkeep.tokens import TokenCounter, get_counter
+
+if TYPE_CHECKING:
+    from ctxkeep.sessions.base import MemoryManager, SessionPrompt
+
+_TASK = "the task (the conversation's first user message, kept in every prompt: keep_first)"
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -75,10 +80,19 @@ class TokenPruner(_Summaries):
             validity (BENCHMARKS.md, "Prompt caching"); ``False`` prunes every turn to the
             full budget and reads only what it keeps (the first prune of a long history in
             the cache-stable mode counts every message once, but for a session's prompt from a
-            fold snapshot stored with it: :mod:`ctxkeep.sessions.folds`).
+            fold snapshot stored with it: :mod:`ctxkeep.prune.snapshots`).
         low_water: with ``cache_stable``, the fraction of the budget a cut prunes down to
             (0 < low_water <= 1; the recent units and the newest user message are kept even
             above it).
+        keep_first: the conversation's **head** kept in every prompt, in place, in both
+            modes: the first user message with content (an agent's task statement) and, for
+            ``keep_first=N``, the N units that start with it (each a message that is neither
+            a tool result nor a system message, with its tool results). The newest user
+            message comes first: if the system messages, the newest user message and the head
+            exceed the budget, the head is compressed (head and tail excerpts with an artifact
+            ref, as ``compress_oversized_user`` does), and if even that does not fit it is
+            dropped for that prompt (reported in the notes). Reported as the ``task`` section
+            (>= 0; 0 keeps no head; default 1).
 
     """
 
@@ -97,8 +111,10 @@ class TokenPruner(_Summaries):
         compress_oversized_user: bool = True,
         cache_stable: bool | None = None,
         low_water: float = 0.7,
+        keep_first: int = 1,
     ) -> None:
         _check_int("max_token_budget", max_token_budget, 1)
+        _check_int("keep_first", keep_first, 0)
         _check_int("preserve_last_n", preserve_last_n, 0)
         if compress_threshold is not None:
             _check_int("compress_threshold", compress_threshold, 0)
@@ -144,6 +160,7 @@ class TokenPruner(_Summaries):
         self.summary_max_tokens = summary_max_tokens
         self.repair = repair
         self.compress_oversized_user = compress_oversized_user
+        self.keep_first = keep_first
         if (
             isinstance(low_water, bool)
             or not isinstance(low_water, int | float)
@@ -163,6 +180,7 @@ class TokenPruner(_Summaries):
         self.low_water = float(low_water)
         self._reader = Reader()
         self._stable = _StableFolds(self) if cache_stable else None
+        self._counts = getattr(self.counter, "version", None)
         self._priming = self.counter.count_messages([])
         # The compressed form is cached on the message, keyed by the store object itself (a
         # strong reference: a store's id could be reused after it is collected).
@@ -211,28 +229,55 @@ class TokenPruner(_Summaries):
         self, messages: list[Any], seed: FoldState | None
     ) -> tuple[list[Message], PruneReport, FoldState | None]:
         """:meth:`prune_with_report` in the cache-stable mode, from ``seed`` where this pruner
-        keeps no fold that covers it, and the fold's state afterwards (for a snapshot; None where there
-        can be none): what a session store's first prompt of a process uses
-        (:mod:`ctxkeep.sessions.folds`).
+        keeps no fold that covers it, and the fold's state afterwards (for a snapshot; None
+        where there can be none): what a session store's first prompt of a process uses
+        (:mod:`ctxkeep.prune.snapshots`).
 
         Raises:
             FoldMismatch: ``seed`` does not describe ``messages``.
             Whatever :meth:`prune` raises.
 
         """
-        if self._stable is None:
+        stable = self._folds()
+        if stable is None:
             raise FoldMismatch("not a cache-stable pruner")
+        if self._counts is not None:
+            seed = None  # an estimate's counts change as it learns: no state stands for them
         items = as_list(messages)
-        plan, state = self._stable.plan_state(items, seed, state=True)
+        plan, state = stable.plan_state(items, seed, state=True)
         if plan is None:
             plan = self._plan(items)  # an empty history (a seed never gets here)
         summary, error = self._summarize(plan)
         out, report = self._assemble(plan, summary, error)
         return out, report, state
 
+    def read_prompt(
+        self, memory: MemoryManager, session_id: str, prefix: list[Message]
+    ) -> SessionPrompt | None:
+        """How this pruner reads a stored session (what
+        :meth:`~ctxkeep.MemoryManager.build_prompt` asks of it): the newest pages in the
+        default mode, the fold snapshot in the cache-stable mode (:mod:`ctxkeep.prune.read`);
+        None where it needs every message (the manager reads them all).
+        """
+        from ctxkeep.prune.read import read_prompt
+
+        return read_prompt(memory, session_id, prefix, self)
+
+    def _folds(self) -> _StableFolds | None:
+        """The cache-stable folds, dropped when the counter's counts changed since they were
+        made (an estimating counter that learnt a new ratio announces it by its ``version``:
+        sums kept from the old counts would let a prompt overrun its budget).
+        """
+        if self._stable is not None and self._counts is not None:
+            version = getattr(self.counter, "version", None)
+            if version != self._counts:
+                self._stable, self._counts = _StableFolds(self), version
+        return self._stable
+
     def _plan_either(self, messages: Sequence[Any]) -> _Plan:
         items = as_list(messages)  # once: an iterator is read once, whichever mode plans
-        plan = self._stable.plan(items) if self._stable is not None else None
+        stable = self._folds()
+        plan = stable.plan(items) if stable is not None else None
         return plan if plan is not None else self._plan(items)
 
     # -- output --------------------------------------------------------------------------
@@ -243,13 +288,27 @@ class TokenPruner(_Summaries):
         msgs = plan.msgs
         t = self.tokens
         fates: dict[int, tuple[Action, str, int, str | None]] = {}
-        sections = {"system": 0, "history": 0, "tools": 0, "summary": 0, "priming": self._priming}
+        sections = {
+            "system": 0,
+            "task": 0,
+            "history": 0,
+            "tools": 0,
+            "summary": 0,
+            "priming": self._priming,
+        }
         for i in plan.system:
             n = t(msgs[i])
             fates[i] = ("kept", "system message", n, None)
             sections["system"] += n
+        task = min((u.start for u in plan.kept if u.head), default=-1)
         for u in plan.kept:
-            if u.start == plan.user_idx:
+            if u.head:
+                reason = (
+                    _TASK if u.start == task else "the task: the conversation's head (keep_first)"
+                )
+                if u.start == plan.user_idx:
+                    reason += ", and the newest user message"
+            elif u.start == plan.user_idx:
                 reason = "newest user message"
             elif u.pinned:
                 reason = "kept for a stable prompt prefix (the newest user message at the last cut)"
@@ -261,11 +320,15 @@ class TokenPruner(_Summaries):
                     n = t(m)
                     ref = m.artifact_refs[-1]
                     why = "tool output compressed" if m.role == "tool" else "too long: compressed"
+                    if u.head:
+                        why = f"{reason}: {why}"
                     fates[j] = ("compressed", why, n, ref)
                 else:
                     n = t(msgs[j])
                     fates[j] = ("kept", reason, n, None)
-                sections["tools" if msgs[j].role == "tool" else "history"] += n
+                sections[
+                    "task" if u.head else "tools" if msgs[j].role == "tool" else "history"
+                ] += n
 
         summary_msg: Message | None = None
         summary_at = -1
@@ -313,7 +376,7 @@ class TokenPruner(_Summaries):
             for k, m in enumerate(u.synthetic):
                 entries.append((u.members[-1] + (k + 1) / (len(u.synthetic) + 1), m))
                 n = t(m)
-                sections["tools"] += n
+                sections["task" if u.head else "tools"] += n
             if u.synthetic:
                 plan.notes.append(
                     f"added {len(u.synthetic)} synthetic result(s) for unanswered tool calls "

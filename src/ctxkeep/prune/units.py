@@ -30,6 +30,7 @@ class _Unit:
     tool: bool
     pinned: bool = False
     synthetic: list[Message] = field(default_factory=list)  # results made up for missing ones
+    head: bool = False  # part of the conversation's head, kept in every prompt (keep_first)
 
 
 @dataclass

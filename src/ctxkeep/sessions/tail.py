@@ -2,23 +2,29 @@
 
 The default mode of :class:`~ctxkeep.TokenPruner` walks a history's units from the newest back
 and stops at the first older unit that does not fit the budget; besides the units it walks it
-reads only the system messages and the newest user message (which it keeps wherever they
-are). So a prompt of a 10,000-message session needs the newest few pages of it, those system
-messages and that user message, not every record decoded:
-:meth:`~ctxkeep.sessions.base.MemoryManager.build_prompt_messages` reads the session newest
-first (:meth:`~ctxkeep.sessions.base.Backend.read_tail`), prunes what it has, and reads an
-older page only when :func:`prompt_from_tail` cannot prove that the prune of what it has is
-the prune of the whole session.
+reads only the system messages, the newest user message and the conversation's head (the first
+user message and the ``keep_first`` units from it), which it keeps wherever they are. So a
+prompt of a 10,000-message session needs the newest few pages of it and those messages, not
+every record decoded: :meth:`~ctxkeep.sessions.base.MemoryManager.build_prompt_messages` reads
+the session newest first (:meth:`~ctxkeep.sessions.base.Backend.read_tail`), prunes what it
+has, and reads an older page only when :func:`prompt_from_tail` cannot prove that the prune of
+what it has is the prune of the whole session.
 
 The proof, for a *partial* history ``P`` = the prompt's own system message, the older system
-messages (and the newest user message if the suffix has none), then a contiguous suffix of the
-session (the newest messages, oldest first), each in session order:
+messages, the head (where it is older than the suffix) and the newest user message if the
+suffix has none, then a contiguous suffix of the session (the newest messages, oldest first),
+each in session order:
 
 * the suffix starts at a unit boundary: its oldest message ``b`` is not a tool result or a system
-  message (the messages before ``b`` are left out, but for the system messages among them);
+  message (the messages before ``b`` are left out, but for the marks among them);
 * the units newer than ``b``'s unit hold at least ``preserve_last_n`` messages, so the walk's
   recent units (and the one unit it takes past them) never reach beyond ``b``;
 * the newest user message has content (else the pruner pins an older one, anywhere);
+* the head given is whole: it starts with a user message with content and holds
+  ``keep_first`` units, each tool call with all its results (so the head ``P`` has is the
+  head of the history: ``P``'s next unit starts after it, in the suffix or the newest user
+  message). A head that the suffix cuts is not proved: the read goes on until the suffix holds
+  it all. That the marks hold the head at all is the caller's word (see ``marks``);
 * the prune of ``P`` dropped ``b`` for the budget, and repaired nothing: so the walk stopped at a
   unit of the suffix that did not fit, and never read older messages.
 
@@ -27,9 +33,8 @@ so its output is the same (indexes differ; the output does not carry them). What
 is answered by reading an older page, up to the whole session. The cache-stable mode (the
 default of ``TokenPruner()``) and a summarizer need the whole history: a cache-stable prompt is a
 replay of the history from its first message (:mod:`ctxkeep.cache`; a fold snapshot stored with
-the session stands for the replay up to its last cut: :mod:`ctxkeep.sessions.folds`), and a
-summary covers every dropped message. A summarizer, a pruner of another type, and no pruner at
-all read every message.
+the session stands for the replay up to its last cut), and a summary covers every dropped
+message. A summarizer, a pruner of another type, and no pruner at all read every message.
 """
 
 from __future__ import annotations
@@ -62,8 +67,14 @@ def prompt_from_tail(
     Args:
         pruner: a pruner for which :func:`pages_suffice` holds.
         prefix: the prompt's own system message, if any.
-        marks: every system message older than ``suffix``, and the newest user message older
-            than it (needed only if ``suffix`` has none), in session order.
+        marks: the messages older than ``suffix`` that the prune reads wherever they are, in
+            session order: every system message; with ``pruner.keep_first`` = N > 0, the
+            session's **head**: its first user message that has content and every message
+            after it (tool results included) before the (N+1)-th message, counting from it,
+            that is neither a tool result nor a system message nor a message without content
+            (an assistant tool call without text counts); and the newest user message older
+            than ``suffix`` (needed only if ``suffix`` has none; given once if it is in the
+            head). Head messages that are in ``suffix`` are not marks.
         suffix: every message of the session from some point to the newest (calls still
             waiting for results left out), in order.
 
@@ -87,15 +98,22 @@ def prompt_from_tail(
     newer = sum(1 for m in suffix[end:] if m.role not in SYSTEM_ROLES)
     if newer < pruner.preserve_last_n:
         return None
-    head = [m for m in marks if m.role in SYSTEM_ROLES]
+    rest = [m for m in marks if m.role not in SYSTEM_ROLES]
+    head = _head(rest, pruner.keep_first)
+    if head is None:
+        return None  # a head cut by the suffix (or by a call whose results are in it)
+    extra = rest[len(head) :]
+    if len(extra) > 1 or any(m.role != "user" for m in extra):
+        return None  # not marks this proof knows
     user = next((m for m in reversed(suffix) if m.role == "user"), None)
+    taken = {id(m) for m in head}
     if user is None:
-        user = next((m for m in reversed(marks) if m.role == "user"), None)
-        if user is not None:
-            head = [m for m in marks if m.role in SYSTEM_ROLES or m is user]
+        user = extra[0] if extra else next((m for m in reversed(head) if m.role == "user"), None)
+        taken |= {id(m) for m in extra}
     if user is not None and missing_content(user):
         return None
-    msgs = prefix + head + suffix
+    read = [m for m in marks if m.role in SYSTEM_ROLES or id(m) in taken]
+    msgs = prefix + read + suffix
     try:
         out, report = pruner.prune_with_report(msgs)
     except Exception:  # an error names input indexes: the whole read raises it as it is
@@ -106,6 +124,29 @@ def prompt_from_tail(
     fates = report._fates
     if any(f[0] not in ("kept", "compressed") for f in fates.values()):
         return None
-    if len(prefix) + len(head) + lo in fates:
+    if len(prefix) + len(read) + lo in fates:
         return None  # the walk reached the suffix's oldest unit and kept it: read on
     return out, report
+
+
+def _head(rest: list[Message], keep_first: int) -> list[Message] | None:
+    """The head among the non-system ``marks`` (their first messages: see
+    :func:`prompt_from_tail`), or None where it is not whole there: fewer than ``keep_first``
+    units, or a tool call whose results are not all in it.
+    """
+    if not keep_first or not rest or rest[0].role != "user" or missing_content(rest[0]):
+        return []
+    head: list[Message] = []
+    starts = 0
+    for m in rest:
+        if m.role != "tool":
+            if starts == keep_first:
+                break
+            if not (m.tool_calls or not missing_content(m)):
+                return None  # dropped as empty: not a unit, yet a mark; read on
+            starts += 1
+        head.append(m)
+    calls = {tc.id for m in head for tc in m.tool_calls}
+    if starts < keep_first or not calls <= {m.tool_call_id for m in head if m.role == "tool"}:
+        return None
+    return head
