@@ -252,3 +252,40 @@ def test_the_margin_of_a_reserved_part_is_kept_on_the_limit_less_it() -> None:
     with pytest.raises(PromptTooLongError) as info:
         gate.check_tokens({"user": 902, "tools": 50})  # 902 + 50 + ceil(1,000 * 5%)
     assert info.value.breakdown["estimate_margin"] == 50
+
+
+# -- counts that hold between reports ----------------------------------------------------------
+
+
+def test_counts_move_in_grid_steps_above_the_learnt_ratio() -> None:
+    counter = CalibratedCounter("local", ratio=1.0)
+    msg = Message("user", "alpha beta " * 200)
+    start = counter.count_message(msg)
+    counter.ratio = 1.01  # up a step of the grid: counts at 1.02
+    assert counter.counting_ratio == pytest.approx(1.02)
+    first, version = counter.count_message(msg), counter.version
+    assert first > start
+    counter.ratio = 1.015  # inside the grid step: the same counts, the same version
+    assert (counter.count_message(msg), counter.version) == (first, version)
+    counter.ratio = 1.3  # a new step: new counts, announced
+    assert counter.version != version
+    assert counter.count_message(msg) > first
+    assert counter.counting_ratio < 1.3 * 1.0201
+
+
+def test_a_cache_stable_prune_never_overruns_while_the_ratio_rises() -> None:
+    from ctxkeep import TokenPruner, ToolCall
+
+    counter = CalibratedCounter("claude-x")
+    pruner = TokenPruner(3000, 4, counter=counter)
+    history = [Message("system", "sys"), Message("user", "task")]
+    for i in range(40):
+        call = ToolCall(id=f"c{i}", name="read", arguments="{}")
+        history += [
+            Message("assistant", None, tool_calls=[call]),
+            Message("tool", f"out {i} " * 30, tool_call_id=call.id),
+        ]
+        out = pruner.prune(history)  # raised AssertionError (3,094 > 3,000) at step 21
+        assert counter.count_messages(out) <= 3000
+        base = sum(O200K.count_message(m) for m in out)
+        counter.observe(out, int(base * (1.10 + 0.01 * i)))  # the truth rises 1% a report
