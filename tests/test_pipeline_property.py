@@ -6,8 +6,8 @@ left waiting for its results, ``pop_message``, ``replace_newest``, trims by ``ma
 (some examples bound the session), the session deleted and made again under its id, writes by
 another manager (another process's, whose caches are its own), builds (which leave fold
 snapshots and warm caches behind) and cold starts (a new ``MemoryManager`` opened on the same
-store URL: a new process's view). At every build, with or without the prompt's own system
-message:
+store URL: a new process's view), on two sessions taken in turns (``switch``: the pruners and
+builders serve both). At every build, with or without the prompt's own system message:
 
 1. ``mem.build_prompt_messages(sid, pruner=...)``, through a pruner kept across builds (as an
    agent loop keeps one), cache-stable and ``cache_stable=False``, equals a fresh
@@ -65,7 +65,8 @@ Op = tuple[Any, ...]
 KINDS = (
     # appends weighted up (sampled_from picks by position), so sessions outgrow their budgets
     *("user", "user", "assistant", "tools", "tools", "tools", "steps", "steps", "call"),
-    *("result", "system", "pop", "replace", "recreate", "cold", "elsewhere", "build", "build"),
+    *("result", "system", "pop", "replace", "recreate", "cold", "elsewhere", "switch"),
+    *("build", "build"),
 )
 WRITES = (
     *("user", "assistant", "system", "tools", "steps", "call", "result", "pop", "replace"),
@@ -148,7 +149,13 @@ class Harness:
         self.config = MemoryConfig(max_history=max_history, session_ttl=None, max_sessions=None)
         self.url = url
         self.mem: MemoryManager = open_memory(url, self.config)
-        self.sid = self.mem.create_session("agent", session_id=f"s-{uuid.uuid4().hex[:12]}")
+        # Two sessions, one at a time: the pruners and builders serve both (as one agent
+        # process's builder serves its sessions).
+        self.sids = [
+            self.mem.create_session("agent", session_id=f"s-{uuid.uuid4().hex[:12]}")
+            for _ in range(2)
+        ]
+        self.sid = self.sids[0]
         self.calls = 0
         self.warm()
 
@@ -224,6 +231,8 @@ class Harness:
             mem.pop_message(self.sid)
         elif kind == "replace":
             self.replace(mem, op[1])
+        elif kind == "switch":  # the other session from now on
+            self.sid = self.sids[1] if self.sid == self.sids[0] else self.sids[0]
         elif kind == "recreate":  # deleted and made again under the same id
             mem.delete_session(self.sid)
             mem.create_session("agent", session_id=self.sid)
