@@ -9,6 +9,8 @@ key                       type    holds
 ``session:{id}``          hash    agent_id, task_id, metadata, created_at, accessed_at,
                                   message_count, next_seq, pending (JSON where not a number)
 ``messages:{id}``         zset    ``"{seq}:{record JSON}"`` scored by seq
+``roles:{id}``            zset    ``"{role}:{seq, 20 digits}"`` for each message held, all
+                                  scored 0: a lexicographic index of the messages by role
 ``agent:{agent_id}``      zset    the agent's session ids by created_at
 ``task:{task_id}``        zset    the task's session ids by created_at
 ``created``               zset    every session id by created_at (listing)
@@ -22,31 +24,50 @@ key                       type    holds
 ``meta``                  hash    every store's schema version (field ``sessions``)
 ========================  ======  ==============================================================
 
-TTL. With a ``session_ttl``, a session's own keys (``session:`` and ``messages:``) get a
-deadline ``ttl + grace`` seconds after their last access (``PEXPIREAT``), set on create and
+TTL. With a ``session_ttl``, a session's own keys (``session:``, ``messages:``, ``roles:``) get
+a deadline ``ttl + grace`` seconds after their last access (``PEXPIREAT``), set on create and
 moved on every touch and append, so Redis reclaims idle sessions by itself even if no ctxkeep
 process runs. Redis deletes expired keys silently: unlike the manager's :meth:`sweep`, native
 expiry calls no ``on_evict`` hook and archives nothing, so the grace (``?ttl_grace=`` seconds,
-default: the TTL again) leaves a window in which a sweep, or any access, which treats a
-session idle past its TTL as expired, archives it first. The shared indexes do not expire;
-an id whose keys are gone is pruned from them lazily, when a query finds it (``expires`` tells
+default: the TTL again) leaves a window in which a sweep, or any access, which treats a session
+idle past its TTL as expired, archives it first. The shared indexes do not expire; an id whose
+keys are gone is pruned from them lazily, when a query finds it (``expires`` tells
 :meth:`RedisBackend.count` which ids to check).
 
 Atomicity. An append is one call of a Lua script (:data:`APPEND_SCRIPT`, ``EVALSHA``): the
 manager's check runs on the session's state this process last saw, and the script, atomic on
-the server, writes the messages, the hash and the indexes (``accessed``, ``expires``, the keys'
-deadline) only if the hash still has that ``pending`` and no earlier ``accessed_at``; else it
-answers the hash as it is, the check runs again on it and the script is called again
-(:func:`~ctxkeep.sessions.base.cas_append`). One round trip per append where four were (a
-read, ``WATCH``, a read, ``MULTI``/``EXEC``; a ``max_history`` adds the manager's read of the
-session for its trim): 2.6x the appends per second on a loaded two-core machine
-(``bench/redis_appends.py``). The client's share is kept small too: the script goes straight to
-redis-py's ``execute_command`` (:class:`~ctxkeep._redis.LuaScript`), answers its numbers as
-integers, and redis-py packs the command and parses the answer in C when hiredis is installed
-(the ``redis`` extra brings it). Replacing the newest message keeps the ``WATCH`` path:
-``WATCH`` the hash and the messages, read, check, one ``MULTI``/``EXEC``, retried if another
-client changed the session meanwhile. Sequence numbers stay gapless under any number of
+the server, writes the messages (and their ``roles:`` entries), the hash and the indexes
+(``accessed``, ``expires``, the keys' deadline) only if the hash still has that ``pending`` and
+no earlier ``accessed_at``; else it answers the hash as it is, the check runs again on it and
+the script is called again (:func:`~ctxkeep.sessions.base.cas_append`). One round trip per
+append where four were (a read, ``WATCH``, a read, ``MULTI``/``EXEC``; a ``max_history`` adds
+the manager's read of the session for its trim): 2.6x the appends per second on a loaded
+two-core machine (``bench/redis_appends.py``). The client's share is kept small too: the script
+goes straight to redis-py's ``execute_command`` (:class:`~ctxkeep._redis.LuaScript`), answers
+its numbers as integers, and redis-py packs the command and parses the answer in C when hiredis
+is installed (the ``redis`` extra brings it). Replacing the newest message keeps the ``WATCH``
+path: ``WATCH`` the hash and the messages, read, check, one ``MULTI``/``EXEC``, retried if
+another client changed the session meanwhile. Sequence numbers stay gapless under any number of
 writers. Multi-key transactions need one Redis node (no Redis Cluster); Redis 6.2 or newer.
+
+The newest messages by themselves. A prompt of a long session reads it newest first, a page
+at a time (:meth:`RedisBackend.read_tail`), with the older messages of a few roles (the system
+messages, the newest user message) as marks. One script (:data:`TAIL_SCRIPT`) answers it at
+one instant: the page by score (``ZREVRANGEBYSCORE ... LIMIT``), the marks from ``roles:``
+(``ZRANGEBYLEX`` per role, ``ZREVRANGEBYLEX ... LIMIT`` for the newest), each mark by its
+score; only what it answers crosses the wire. Every write keeps ``roles:`` in step with
+``messages:`` in the same atomic step (the append script, the transactions of a replace, a pop,
+a trim, a delete; the same TTL). A session whose index does not hold one entry per message
+(written before the index existed, or by a writer that does not keep it) is read whole, as
+before, and its index rebuilt on the way (:meth:`RedisBackend._reindex`). Measured on a
+loaded two-core machine (``bench/cold_build.py``, see BENCHMARKS.md): the first
+``cache_stable=False`` prompt of a new process on a 10,000-message session went from 418-984
+ms (medians; every record read and decoded) to 25-37 ms, SQLite's 26-57 ms in the same run.
+The other way, a script that walks the older messages and matches their roles server-side,
+took 170-270 ms per page there, all of it blocking the server for every other client. The
+index costs an append one ``ZADD`` of short members and one ``PEXPIREAT`` inside the script it
+already runs (appends per second unchanged within the noise, ``bench/redis_appends.py``), a
+trim one ``ZREMRANGEBYLEX`` per role, and about 130 bytes a message.
 
 Durability, honestly. Redis keeps everything in memory; what survives a restart of the Redis
 server depends on its persistence settings, not on ctxkeep. With RDB snapshots only, writes
@@ -83,15 +104,17 @@ from ctxkeep.errors import (
     SessionNotFoundError,
     StorageError,
 )
-from ctxkeep.messages import Message
+from ctxkeep.messages import ROLES, Message
 from ctxkeep.sessions.base import (
     Backend,
     Evicted,
     KnownStates,
     Row,
     Snapshot,
+    Tail,
     Written,
     cas_append,
+    tail_of,
 )
 from ctxkeep.sessions.records import (
     Append,
@@ -146,6 +169,10 @@ class RedisKeys:
         """Ids of the session's archived messages."""
         return f"{self.prefix}archive-ids:{session_id}"
 
+    def roles(self, session_id: str) -> str:
+        """The session's messages by role: ``"{role}:{seq, 20 digits}"``, scored 0."""
+        return f"{self.prefix}roles:{session_id}"
+
     def folds(self, session_id: str) -> str:
         """The session's fold snapshots, a hash by key."""
         return f"{self.prefix}folds:{session_id}"
@@ -170,9 +197,9 @@ class RedisKeys:
         """Session id -> ``[agent_id, task_id]``."""
         return f"{self.prefix}owners"
 
-    def own(self, session_id: str) -> tuple[str, str]:
+    def own(self, session_id: str) -> tuple[str, str, str]:
         """The keys that belong to one session and expire with it."""
-        return self.session(session_id), self.messages(session_id)
+        return self.session(session_id), self.messages(session_id), self.roles(session_id)
 
 
 def session_fields(info: SessionInfo) -> dict[FieldT, EncodableT]:
@@ -225,6 +252,30 @@ def message_member(seq: int, record: dict[str, Any]) -> str:
     return f"{seq}:{dumps(record)}"
 
 
+INDEXED_ROLES = ("", *sorted(ROLES))
+"""Every role a stored message can have (``""``: see :func:`role_of`): a trim removes each
+one's entries. Another one's would stay behind, the index would then count more entries than
+messages, and the session be read whole and its index rebuilt (see the module docstring)."""
+
+SEQ_DIGITS = 20
+"""The width of a seq in ``roles:`` members (zero-padded, so that lexicographic order is seq
+order)."""
+
+
+def role_of(record: dict[str, Any]) -> str:
+    """The role a record is indexed under: its ``role``, ``""`` where that is not a string
+    (no such record passes :class:`~ctxkeep.messages.Message`; it is indexed all the same, so
+    that the index holds one entry per message, and no read asks for role ``""``).
+    """
+    role = record.get("role")
+    return role if isinstance(role, str) else ""
+
+
+def role_member(role: str, seq: int) -> str:
+    """The ``roles:`` member of the message ``seq`` with ``role``."""
+    return f"{role}:{seq:0{SEQ_DIGITS}d}"
+
+
 def _pending_json(pending: tuple[str, ...]) -> str:
     """``pending`` as the hash stores it (JSON), without encoding the common empty one."""
     return dumps(list(pending)) if pending else "[]"
@@ -245,10 +296,10 @@ def parse_member(member: str) -> tuple[int, dict[str, Any]]:
 # only if the hash still has that pending, no earlier accessed_at and that generation (a session
 # deleted and made again under the same id is another session), else it answers the hash as it
 # is, to check again.
-# KEYS: session hash, messages zset, accessed index, expires index.
+# KEYS: session hash, messages zset, roles index, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now,
 #       deadline in Unix ms ("" for no TTL), base generation, then the records (JSON), oldest
-#       first.
+#       first, then their roles, in the same order.
 # Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
 # the client takes without parsing), {'stale', the hash's fields and values} or {'missing'}.
 APPEND_SCRIPT = """
@@ -263,31 +314,32 @@ if same then
   end
 end
 if not same then return {'stale', redis.call('HGETALL', KEYS[1])} end
-local first, n = tonumber(h[1]), #ARGV - 7
+local first, n = tonumber(h[1]), (#ARGV - 7) / 2
 local count = string.format('%d', tonumber(h[2]) + n)
-local batch = {}
+local batch, roles = {}, {}
 for i = 1, n do
   local seq = string.format('%d', first + i - 1)
   batch[#batch + 1] = seq
   batch[#batch + 1] = seq .. ':' .. ARGV[7 + i]
+  roles[#roles + 1] = 0
+  roles[#roles + 1] = ARGV[7 + n + i] .. ':' .. string.format('%020d', first + i - 1)
   if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
     redis.call('ZADD', KEYS[2], unpack(batch))
-    batch = {}
+    redis.call('ZADD', KEYS[3], unpack(roles))
+    batch, roles = {}, {}
   end
 end
 local accessed = h[4]
 if tonumber(ARGV[5]) > tonumber(h[4]) then accessed = ARGV[5] end
 redis.call('HSET', KEYS[1], 'next_seq', string.format('%d', first + n),
   'message_count', count, 'pending', ARGV[4], 'accessed_at', accessed)
-redis.call('ZADD', KEYS[3], accessed, ARGV[1])
+redis.call('ZADD', KEYS[4], accessed, ARGV[1])
 if ARGV[6] == '' then
-  redis.call('PERSIST', KEYS[1])
-  redis.call('PERSIST', KEYS[2])
-  redis.call('ZREM', KEYS[4], ARGV[1])
+  for k = 1, 3 do redis.call('PERSIST', KEYS[k]) end
+  redis.call('ZREM', KEYS[5], ARGV[1])
 else
-  redis.call('PEXPIREAT', KEYS[1], ARGV[6])
-  redis.call('PEXPIREAT', KEYS[2], ARGV[6])
-  redis.call('ZADD', KEYS[4], ARGV[6], ARGV[1])
+  for k = 1, 3 do redis.call('PEXPIREAT', KEYS[k], ARGV[6]) end
+  redis.call('ZADD', KEYS[5], ARGV[6], ARGV[1])
 end
 return {'ok', first, accessed, tonumber(count)}
 """
@@ -306,6 +358,64 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) else redis.call('PERSIST', KEYS[2]) end
 return 1
 """
+
+
+# The newest messages of a session below a seq and the older messages of some roles, at one
+# instant (RedisBackend.read_tail): the page by score, the marks from the roles index (one
+# ZRANGEBYLEX per role, the newest of newest_role by ZREVRANGEBYLEX ... LIMIT), each mark's
+# message by its score. An index that does not hold one entry per message was not kept by
+# every writer: the answer is then 'whole' (the caller reads every message).
+# KEYS: session hash, messages zset, roles index.
+# ARGV: the page's upper bound as a score ('+inf' or '(seq'), the same as an index seq (20
+#       digits; all nines for none), limit ('' for every message below the bound),
+#       newest_role ('' for none), then the roles.
+# Answer: false for no session, {'whole'}, or {'ok', the hash's fields and values, the page's
+# members newest first, the marks' members}.
+TAIL_SCRIPT = """
+local info = redis.call('HGETALL', KEYS[1])
+if #info == 0 then return false end
+if ARGV[3] == '' then
+  return {'ok', info, redis.call('ZREVRANGEBYSCORE', KEYS[2], ARGV[1], '-inf'), {}}
+end
+if redis.call('ZCARD', KEYS[3]) ~= redis.call('ZCARD', KEYS[2]) then return {'whole'} end
+local limit, floor, page = tonumber(ARGV[3]), ARGV[2], {}
+if limit > 0 then
+  page = redis.call('ZREVRANGEBYSCORE', KEYS[2], ARGV[1], '-inf', 'LIMIT', 0, limit)
+  if #page < limit then return {'ok', info, page, {}} end
+  local seq = string.match(page[#page], '^(%d+):')
+  floor = string.rep('0', 20 - #seq) .. seq
+end
+local marks, seen = {}, {}
+local function take(entry, role)
+  local seq = string.sub(entry, #role + 2)
+  local found = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)
+  if found[1] and not seen[seq] then
+    seen[seq] = true
+    marks[#marks + 1] = found[1]
+  end
+  return found[1] ~= nil
+end
+for i = 5, #ARGV do
+  local role = ARGV[i]
+  local entries = redis.call('ZRANGEBYLEX', KEYS[3], '[' .. role .. ':',
+    '(' .. role .. ':' .. floor)
+  for j = 1, #entries do take(entries[j], role) end
+end
+local role, offset = ARGV[4], 0
+while role ~= '' do
+  local entries = redis.call('ZREVRANGEBYLEX', KEYS[3], '(' .. role .. ':' .. floor,
+    '[' .. role .. ':', 'LIMIT', offset, 8)
+  for j = 1, #entries do
+    if take(entries[j], role) then return {'ok', info, page, marks} end
+  end
+  if #entries < 8 then break end
+  offset = offset + 8
+end
+return {'ok', info, page, marks}
+"""
+
+_NO_SEQ_BOUND = "9" * SEQ_DIGITS
+"""Above every seq, as the tail script compares them."""
 
 
 def _identify_sessions(db: RedisClient) -> None:
@@ -366,6 +476,7 @@ class RedisBackend(Backend):
         self._client = self.db.conn
         self._append_script = LuaScript(self._client, APPEND_SCRIPT)
         self._put_fold_script = LuaScript(self._client, PUT_FOLD_SCRIPT)
+        self._tail_script = LuaScript(self._client, TAIL_SCRIPT)
         self._known = KnownStates()
 
     def _atomic(self, watch: list[str], body: Callable[[Pipeline], T]) -> T:
@@ -537,6 +648,7 @@ class RedisBackend(Backend):
         keys = self.keys
         script_keys = [*keys.own(session_id), keys.accessed, keys.expires]
         records = [dumps(r) for r in batch.records]
+        roles = [role_of(r) for r in batch.records]
         now = repr(float(batch.now))
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
 
@@ -555,6 +667,7 @@ class RedisBackend(Backend):
                 deadline,
                 base.generation,
                 *records,
+                *roles,
             )
             if out[0] == "missing":
                 return None
@@ -606,10 +719,16 @@ class RedisBackend(Backend):
             pipe.multi()
             if taken is not None:
                 pipe.zrem(keys.messages(session_id), taken)
+                seq, record = parse_member(taken)
+                pipe.zrem(keys.roles(session_id), role_member(role_of(record), seq))
             if records:
                 pipe.zadd(
                     keys.messages(session_id),
                     {message_member(s, r): s for s, r in zip(seqs, records, strict=True)},
+                )
+                pipe.zadd(
+                    keys.roles(session_id),
+                    {role_member(role_of(r), s): 0 for s, r in zip(seqs, records, strict=True)},
                 )
             pipe.hset(
                 keys.session(session_id),
@@ -662,6 +781,70 @@ class RedisBackend(Backend):
         return session_from_fields(session_id, fields), rows
 
     @translated
+    def read_tail(
+        self,
+        session_id: str,
+        *,
+        limit: int | None,
+        before_seq: int | None = None,
+        roles: Collection[str] = (),
+        newest_role: str | None = None,
+    ) -> Tail | None:
+        """The hash, the newest ``limit`` messages below ``before_seq`` and the older marks
+        (from the roles index), in one script call (:data:`TAIL_SCRIPT`): only those records
+        cross the wire and are parsed. A session whose index is not whole is read whole and
+        its index rebuilt (:meth:`_reindex`).
+        """
+        out = self._tail_script(
+            list(self.keys.own(session_id)),
+            "+inf" if before_seq is None else f"({before_seq}",
+            _NO_SEQ_BOUND if before_seq is None else f"{before_seq:0{SEQ_DIGITS}d}",
+            "" if limit is None else str(limit),
+            newest_role or "",
+            *sorted(set(roles)),
+        )
+        if out is None:
+            return None
+        if out[0] == "whole":
+            snap = self._reindex(session_id)
+            if snap is None:
+                return None
+            return tail_of(
+                snap, limit=limit, before_seq=before_seq, roles=roles, newest_role=newest_role
+            )
+        _, flat, page, marks = out
+        info = session_from_fields(session_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+        return Tail(
+            info,
+            [parse_member(m) for m in reversed(page)],
+            sorted((parse_member(m) for m in marks), key=lambda row: row[0]),
+        )
+
+    def _reindex(self, session_id: str) -> Snapshot | None:
+        """Read the session whole and rebuild its roles index from what was read (one entry
+        per message, the hash's TTL), in one WATCH/MULTI/EXEC, retried if a write lands
+        meanwhile. Returns what was read, or None for no session.
+        """
+        keys = self.keys
+
+        def body(pipe: Pipeline) -> Snapshot | None:
+            fields = self._hash(pipe, session_id)
+            if not fields:
+                return None
+            members = cast("list[str]", pipe.zrange(keys.messages(session_id), 0, -1))
+            ttl = int(pipe.pttl(keys.session(session_id)))
+            rows: list[Row] = [parse_member(m) for m in members]
+            pipe.multi()
+            pipe.delete(keys.roles(session_id))
+            if rows:
+                pipe.zadd(keys.roles(session_id), {role_member(role_of(r), s): 0 for s, r in rows})
+                if ttl > 0:
+                    pipe.pexpire(keys.roles(session_id), ttl)
+            return session_from_fields(session_id, fields), rows
+
+        return self._atomic([keys.session(session_id), keys.messages(session_id)], body)
+
+    @translated
     def get_fold(self, session_id: str, key: str) -> str | None:
         """The snapshot under ``key``."""
         return cast("str | None", self._client.hget(self.keys.folds(session_id), key))
@@ -690,6 +873,10 @@ class RedisBackend(Backend):
             gone = int(pipe.zcount(keys.messages(session_id), "-inf", upto_seq))
             pipe.multi()
             pipe.zremrangebyscore(keys.messages(session_id), "-inf", upto_seq)
+            for role in INDEXED_ROLES:  # each role's entries up to upto_seq
+                pipe.zremrangebylex(
+                    keys.roles(session_id), f"[{role}:", f"[{role_member(role, upto_seq)}"
+                )
             pipe.hset(
                 keys.session(session_id),
                 mapping={
@@ -718,6 +905,7 @@ class RedisBackend(Backend):
             seq, record = parse_member(newest[0])
             pipe.multi()
             pipe.zrem(keys.messages(session_id), newest[0])
+            pipe.zrem(keys.roles(session_id), role_member(role_of(record), seq))
             pipe.hset(
                 keys.session(session_id),
                 mapping={
