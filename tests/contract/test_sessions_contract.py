@@ -179,8 +179,10 @@ class TestRedisBackend(SessionContract):
             assert [m.content for m in mem.build_prompt_messages(sid)] == ["b", "c"]
         client = redis.Redis.from_url(_redis_url_of(url), decode_responses=True)
         try:
-            assert client.hget(f"{prefix}meta", "sessions") == "2"
-            assert client.get(f"{prefix}schema:sessions") == "2"  # older releases refuse it
+            assert client.hget(f"{prefix}meta", "sessions") == "3"
+            assert client.get(f"{prefix}schema:sessions") == "3"  # older releases refuse it
+            roles = client.zrange(f"{prefix}roles:{sid}", 0, -1)  # migration 3: indexed
+            assert roles == ["user:" + str(seq).zfill(len(roles[0]) - 5) for seq in (2, 3)]
         finally:
             client.close()
 

@@ -431,9 +431,32 @@ def _identify_sessions(db: RedisClient) -> None:
         db.conn.hsetnx(key, "first_seq", str(int(oldest[0][1]) if oldest else int(next_seq)))
 
 
+def _index_roles(db: RedisClient) -> None:
+    """Migration 3: the ``roles:`` index of every stored session (what a paged read of the
+    newest messages finds the system and user messages by). A session the index misses is
+    still read whole and indexed on its first paged read (the index's size is checked), but
+    a release that does not keep the index must not write to the store any more: the version
+    makes it refuse the store (a replace of the newest message by one message would leave an
+    index of the right size and the wrong role).
+    """
+    keys = RedisKeys(db.prefix)
+    for key in db.conn.scan_iter(match=keys.session("*"), count=_SCAN_CHUNK):
+        sid = cast(str, key)[len(keys.session("")) :]
+        members = cast("list[str]", db.conn.zrange(keys.messages(sid), 0, -1))
+        rows = [parse_member(m) for m in members]
+        pipe = db.conn.pipeline(transaction=True)
+        pipe.delete(keys.roles(sid))
+        if rows:
+            pipe.zadd(keys.roles(sid), {role_member(role_of(r), seq): 0 for seq, r in rows})
+            ttl = int(db.conn.pttl(keys.session(sid)))
+            if ttl > 0:
+                pipe.pexpire(keys.roles(sid), ttl)
+        pipe.execute()
+
+
 # Position i brings a key space from layout version i to i + 1. Version 1 is the layout in
 # the module docstring; its keys are created as sessions are, so there is nothing to do.
-MIGRATIONS: list[Migration] = [lambda db: None, _identify_sessions]
+MIGRATIONS: list[Migration] = [lambda db: None, _identify_sessions, _index_roles]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
