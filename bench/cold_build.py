@@ -1,7 +1,7 @@
 """The first prompt of a new process through the builder, beside the fast route (issue 24).
 
     python bench/cold_build.py [--messages 10000] [--rounds 3] [--backends sqlite,postgres,redis]
-                               [--after 10] [--server-messages 10000]
+                               [--after 10] [--server-messages 10000] [--json FILE]
 
 Every figure is taken in a NEW PROCESS (one subprocess per measurement), as a user's process
 meets a stored session: the child imports ctxkeep, loads the tokenizer (``get_counter()``,
@@ -13,14 +13,16 @@ times its first prompt. The rows, per backend and session size, each in two sess
   pruner), and the same with ``cache_stable=False``;
 * the anchor, the same prompt from ``mem.build_prompt_messages(sid, pruner=TokenPruner(7168))``
   (the builder's history budget: 8192 - 1024), cache-stable and ``cache_stable=False``;
-* ``POST /v1/sessions/{id}/prompt`` (the route's defaults: the same window, reserve and
-  pruner) as the first request after ``ctxkeep serve`` starts, on SQLite: once as the very
-  first request (the tokenizer loads inside it), once after a warm-up prompt of a 2-message
-  session of the same tenant (the tokenizer loaded, the tenant's stores open).
+* ``POST /v1/sessions/{id}/prompt`` (the route's defaults: the same window and reserve; its
+  pruner also keeps compressed outputs in the tenant's artifacts) as the first request after
+  ``ctxkeep serve`` starts, on SQLite (sizes in ``--server-messages``): once as the very first
+  request (the tokenizer loads inside it), once after a warm-up prompt of a 2-message session
+  of the same tenant (the tokenizer loaded, the tenant's stores open).
 
 The states: ``built`` is a session whose earlier turns built prompts the same way (one build
-per row's configuration, which leaves a fold snapshot where that path stores one, then
-``--after`` messages appended, about a turn's); ``never`` is a session never built before.
+per row's configuration, or one request to the route of an earlier server, which leaves a fold
+snapshot where that path stores one, then ``--after`` messages appended, about a turn's);
+``never`` is a session never built before.
 A measurement can store a new snapshot: before each one the session's snapshots are put back
 as the setup left them (the server gets a fresh copy of its files), so every round measures
 the same state. Rounds interleave every row (each round runs all of them once, in order), so
