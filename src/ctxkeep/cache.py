@@ -649,6 +649,7 @@ class _StableFolds:
                 compressed,
                 notes,
                 copies(fold.head),
+                squeeze=True,
             )
             if fit.total > low:
                 # What must be kept is already above the low-water mark, so the next unit

@@ -231,6 +231,7 @@ class _Fitter(_Walk):
         compressed: dict[int, Message],
         notes: list[str],
         head: Sequence[_Unit] = (),
+        squeeze: bool = False,
     ) -> _Fit:
         """Choose the units of a prompt from ``walker`` (``(unit, state)``, newest first).
 
@@ -285,6 +286,18 @@ class _Fitter(_Walk):
             must += self._unit_tokens(msgs, pinned_user, compressed)
         head_cost = sum(self._unit_tokens(msgs, u, compressed) for u in head)
         must += head_cost
+        if squeeze and must > limit and self.compress_threshold is not None:
+            # A cache-stable cut whose must-keep part is above the low-water mark: recent tool
+            # outputs over the threshold are compressed, oldest first, as older ones are, so
+            # the cut still jumps down (else every new unit would cut again).
+            for u in reversed(recent):
+                if must <= limit:
+                    break
+                if u.tool:
+                    before = self._unit_tokens(msgs, u, compressed)
+                    if self._compress_unit(msgs, u, compressed, self.compress_threshold):
+                        must += self._unit_tokens(msgs, u, compressed) - before
+                        notes.append("compressed recent tool output to reach the low-water mark")
 
         dropped: list[_Unit] = []
         rest: Any = None  # the part of the walk not taken yet (all of it dropped)
@@ -294,6 +307,11 @@ class _Fitter(_Walk):
             fixed = sys_tokens + self._priming
             if user_unit is not None:
                 fixed += self._unit_tokens(msgs, user_unit, compressed)
+            j = user_unit.start if user_unit is not None else -1
+            if fixed > budget and self.compress_oversized_user and j >= 0 and j not in compressed:
+                # The newest user message alone exceeds the budget beside the system messages:
+                # it is compressed anyway (below), so the head is weighed against its excerpt.
+                fixed += min(0, self.tokens(self.compress(msgs[j])) - self.tokens(msgs[j]))
             if fixed + head_cost > budget:
                 for u in head:
                     for j in u.members:
