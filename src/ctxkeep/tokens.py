@@ -709,7 +709,10 @@ class CalibratedCounter(_CachingCounter):
         self.name = model
         self._counting = 0.0
         self._version = 0
-        self._start = float(ratio) if isinstance(ratio, int | float) and ratio > 0 else 1.0
+        self._start = 1.0  # the grid's anchor: the starting ratio, once it is checked
+        self.ratio = ratio
+        self._start = self._ratio
+        self._counting, self._version = 0.0, 0
         self.ratio = ratio
         self.smoothing = smoothing
         self.observations = 0
@@ -742,8 +745,13 @@ class CalibratedCounter(_CachingCounter):
 
     @ratio.setter
     def ratio(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ConfigError(f"ratio must be a positive number, got {describe(value)}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or not value > 0
+        ):
+            raise ConfigError(f"ratio must be a positive finite number, got {describe(value)}")
         self._ratio = float(value)
         self._set_counting()
 

@@ -13,10 +13,10 @@ with :func:`read_prompt`, which picks the strategy from the pruner's mode:
 * anything else (a summarizer, a store with no snapshots) answers None, and the manager reads
   every message.
 
-The manager offers only storage primitives and its prompt cache (``read_since``,
-``read_newest``, ``take_cached``/``keep_cached``); the strategies live here, with the pruner
-whose insides they rely on. Every strategy returns what the replay of the whole history would
-(the property tests check it on every backend), and a report whose indexes are positions in
+The manager offers only storage primitives and its prompt cache (``MemoryManager.reads``, a
+:class:`~ctxkeep.sessions.base.HistoryReads`); the strategies live here, with the pruner whose
+insides they rely on. Every strategy returns what the replay of the whole history would (the
+property tests check it on every backend), and a report whose indexes are positions in
 the session, the messages it did not read counted as ``unread``.
 """
 
@@ -36,7 +36,7 @@ from ctxkeep.sessions.tail import pages_suffice, prompt_from_tail
 
 if TYPE_CHECKING:
     from ctxkeep.prune import PruneReport, TokenPruner
-    from ctxkeep.sessions.base import MemoryManager
+    from ctxkeep.sessions.base import HistoryReads, MemoryManager
 
 _UNREAD_PAGE = Unread("older than the pages read")
 """The place of a message a paged prompt read did not need, in its report."""
@@ -53,18 +53,19 @@ def read_prompt(
         Whatever the pruner raises.
 
     """
+    reads = memory.reads
     if pages_suffice(pruner):
-        found = prompt_from_pages(memory, session_id, prefix, pruner)
+        found = prompt_from_pages(reads, session_id, prefix, pruner)
         if found is not None:
             return found
-    key = snapshot_key(pruner, prefix) if memory.backend.supports_folds else None
+    key = snapshot_key(pruner, prefix) if reads.backend.supports_folds else None
     if key is not None:
-        return prompt_from_fold(memory, session_id, prefix, pruner, key)
+        return prompt_from_fold(reads, session_id, prefix, pruner, key)
     return None
 
 
 def prompt_from_pages(
-    memory: MemoryManager, session_id: str, prefix: list[Message], pruner: TokenPruner
+    reads: HistoryReads, session_id: str, prefix: list[Message], pruner: TokenPruner
 ) -> SessionPrompt | None:
     """The prompt for a pruner that reads only what it keeps: the session read
     newest first, a page at a time, until :func:`prompt_from_tail` proves the prune of
@@ -72,23 +73,23 @@ def prompt_from_pages(
     report's positions cannot be told from a partial read (a session with a gap in its
     seqs, left by a message taken back): the caller reads it all.
     """
-    cached = memory.take_cached(session_id)
+    cached = reads.take_cached(session_id)
     if cached is not None and cached.fold is not None and cached.fold.base > 0:
         cached = None  # a fold snapshot's read: placeholders, not pages
     info: SessionInfo | None = None
     if cached is not None:
-        info, rows = memory.read_since(session_id, cached.seqs[-1] if cached.seqs else 0)
+        info, rows = reads.since(session_id, cached.seqs[-1] if cached.seqs else 0)
         if (cached.generation, cached.revision) != (info.generation, info.revision):
             cached = None  # another session under this id, or messages taken back
     if cached is None or info is None:
-        tail = memory.read_newest(session_id, memory.prompt_page, None)
+        tail = reads.newest(session_id, reads.page, None)
         info, rows = tail.info, tail.rows
         cached = CachedHistory(
             info.generation,
             info.revision,
             [],
             [],
-            complete=len(rows) < memory.prompt_page,
+            complete=len(rows) < reads.page,
             marks=[(seq, record_to_message(r)) for seq, r in tail.marks],
         )
     # Trimmed since: drop what the session no longer holds.
@@ -101,12 +102,12 @@ def prompt_from_pages(
     if head is not None and head and head[0][0] < info.first_seq:
         head = None  # trimmed: the head is another one now
     if head is None and not complete:
-        head = _head_marks(memory, session_id, info, pruner.keep_first)
+        head = _head_marks(reads, session_id, info, pruner.keep_first)
         if head is None:
             return None  # no head in the session's first messages: read it all
     if head:
         marks = _merged(marks, head, seqs[0] if seqs else info.next_seq)
-    page = memory.prompt_page
+    page = reads.page
     partial: tuple[list[Message], PruneReport] | None = None
     while True:
         history: list[Message] | None = msgs
@@ -125,7 +126,7 @@ def prompt_from_pages(
                 break
         # An older page: below the oldest message held in this read.
         page *= 2
-        tail = memory.read_newest(session_id, page, seqs[0] if seqs else info.next_seq)
+        tail = reads.newest(session_id, page, seqs[0] if seqs else info.next_seq)
         moved = tail.info
         if (moved.generation, moved.revision, moved.first_seq) != (
             info.generation,
@@ -133,15 +134,15 @@ def prompt_from_pages(
             info.first_seq,
         ):
             # Trimmed, taken back or created again between two pages: start over.
-            memory.forget_cached(session_id)
-            return prompt_from_pages(memory, session_id, prefix, pruner)
+            reads.forget_cached(session_id)
+            return prompt_from_pages(reads, session_id, prefix, pruner)
         seqs = [seq for seq, _ in tail.rows] + seqs
         msgs = [record_to_message(r) for _, r in tail.rows] + msgs
         marks = [(seq, record_to_message(r)) for seq, r in tail.marks]
         complete = len(tail.rows) < page
         if head:
             marks = _merged(marks, head, seqs[0] if seqs else info.next_seq)
-    memory.keep_cached(
+    reads.keep_cached(
         session_id,
         CachedHistory(
             info.generation,
@@ -190,7 +191,7 @@ HEAD_MAX = 512
 
 
 def _head_marks(
-    memory: MemoryManager, session_id: str, info: SessionInfo, keep_first: int
+    reads: HistoryReads, session_id: str, info: SessionInfo, keep_first: int
 ) -> list[tuple[int, Message]] | None:
     """The conversation's head that a pruner with ``keep_first`` keeps in every prompt,
     with seqs, read from the session's start (see ``keep_first`` on
@@ -201,7 +202,7 @@ def _head_marks(
         return []
     n = HEAD_PAGE
     while n <= HEAD_MAX:
-        got, rows = memory.read_seqs(session_id, range(info.first_seq, info.first_seq + n))
+        got, rows = reads.seqs(session_id, range(info.first_seq, info.first_seq + n))
         if (got.generation, got.revision, got.first_seq) != (
             info.generation,
             info.revision,
@@ -253,7 +254,7 @@ def _merged(
 
 
 def prompt_from_fold(
-    memory: MemoryManager, session_id: str, prefix: list[Message], pruner: TokenPruner, key: str
+    reads: HistoryReads, session_id: str, prefix: list[Message], pruner: TokenPruner, key: str
 ) -> SessionPrompt:
     """The prompt for a cache-stable :class:`~ctxkeep.TokenPruner`: the history read from the
     fold snapshot stored under ``key`` where one holds (the messages it names and those from
@@ -261,8 +262,8 @@ def prompt_from_fold(
     folded forward; a new snapshot stored when it cut (see :mod:`ctxkeep.prune.snapshots`).
     Anything the checks refuse is read and replayed whole.
     """
-    cached = memory.take_cached(session_id)
-    loaded = fold_history(memory.backend, memory.read_since, session_id, key, len(prefix), cached)
+    cached = reads.take_cached(session_id)
+    loaded = fold_history(reads.backend, reads.since, session_id, key, len(prefix), cached)
     try:
         out, report, state = fold_prompt(prefix, loaded, pruner)
     except (FoldMismatch, UnreadMessageTouched) as exc:
@@ -271,14 +272,14 @@ def prompt_from_fold(
                 f"ctxkeep: a fold snapshot was not enough: {exc}", RuntimeWarning, stacklevel=2
             )
         loaded = fold_history(
-            memory.backend, memory.read_since, session_id, key, len(prefix), None, whole=True
+            reads.backend, reads.since, session_id, key, len(prefix), None, whole=True
         )
         out, report, state = fold_prompt(prefix, loaded, pruner)
     info, folded = loaded.info, loaded.folded
     if state is not None:
         folded.seed = state
-        store_fold(memory.backend, session_id, len(prefix), state, loaded)
-    memory.keep_cached(
+        store_fold(reads.backend, session_id, len(prefix), state, loaded)
+    reads.keep_cached(
         session_id,
         CachedHistory(
             info.generation,

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import EvictHook, MemoryManager
+from ctxkeep.sessions.base import EvictHook, MemoryManager, SessionPrompt
 from ctxkeep.sessions.records import SessionInfo
 
 
@@ -65,6 +65,18 @@ class AsyncMemoryManager:
         """See :meth:`MemoryManager.build_prompt_messages`."""
         return await asyncio.to_thread(
             self.sync.build_prompt_messages, session_id, system=system, pruner=pruner
+        )
+
+    async def build_prompt(
+        self,
+        session_id: str,
+        *,
+        system: str | Message | None = None,
+        pruner: Any = None,
+    ) -> SessionPrompt:
+        """Async :meth:`MemoryManager.build_prompt`."""
+        return await asyncio.to_thread(
+            self.sync.build_prompt, session_id, system=system, pruner=pruner
         )
 
     async def list_sessions(

@@ -99,6 +99,7 @@ __all__ = [
     "EvictHook",
     "EvictReason",
     "Evicted",
+    "HistoryReads",
     "KnownStates",
     "MemoryConfig",
     "MemoryManager",
@@ -674,59 +675,10 @@ class MemoryManager:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
         return info, list(msgs)
 
-    # -- primitives for prompt readers (:mod:`ctxkeep.prune.read`) ------------------------
-
-    def read_since(self, session_id: str, after_seq: int = 0) -> Snapshot:
-        """The session's info and its messages with a seq above ``after_seq``, at one instant.
-
-        Raises:
-            SessionNotFoundError: unknown, deleted or expired session.
-
-        """
-        return self._read(session_id, after_seq)
-
-    def read_newest(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
-        """The newest ``limit`` messages below ``before_seq`` (None: the newest of all), with
-        the older system messages and the newest older user message as marks.
-
-        Raises:
-            SessionNotFoundError: unknown, deleted or expired session.
-
-        """
-        return self._tail(session_id, limit, before_seq)
-
-    def read_seqs(self, session_id: str, seqs: Collection[int]) -> Snapshot:
-        """The session's info and its messages with these seqs (those it holds), at one
-        instant.
-
-        Raises:
-            SessionNotFoundError: unknown, deleted or expired session.
-
-        """
-        snap = self.backend.read_rows(session_id, seqs=seqs, after_seq=_NO_SEQ)
-        if snap is None:
-            self._forget(session_id)
-            raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
-        return snap
-
-    def take_cached(self, session_id: str) -> CachedHistory | None:
-        """Take the session's entry out of the prompt cache (put it back with
-        :meth:`keep_cached`): one reader at a time works on an entry.
-        """
-        with self._cache_lock:
-            return self._prompt_cache.pop(session_id, None)
-
-    def keep_cached(self, session_id: str, cached: CachedHistory) -> None:
-        """Put a session's entry into the prompt cache, as its most recently used."""
-        with self._cache_lock:
-            self._prompt_cache.pop(session_id, None)
-            self._prompt_cache[session_id] = cached
-            while len(self._prompt_cache) > self.prompt_cache_sessions:
-                self._prompt_cache.pop(next(iter(self._prompt_cache)))
-
-    def forget_cached(self, session_id: str) -> None:
-        """Drop the session's entry from the prompt cache."""
-        self._forget(session_id)
+    @property
+    def reads(self) -> HistoryReads:
+        """The primitives a prompt reader (:mod:`ctxkeep.prune.read`) reads a session with."""
+        return HistoryReads(self)
 
     def _tail(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
         tail = self.backend.read_tail(
@@ -846,3 +798,74 @@ class MemoryManager:
             )
         )
         self.backend.remove_oldest(session_id, gone[-1][0], info.generation)
+
+
+class HistoryReads:
+    """What a prompt reader (:mod:`ctxkeep.prune.read`) reads a session with: the storage
+    primitives under the manager's session policy (a session gone raises
+    :class:`~ctxkeep.SessionNotFoundError` and leaves the prompt cache), and the manager's
+    prompt cache. Got from :attr:`MemoryManager.reads`.
+    """
+
+    def __init__(self, manager: MemoryManager) -> None:
+        self.manager = manager
+        self.backend = manager.backend
+
+    @property
+    def page(self) -> int:
+        """Messages in the first page of a paged read (each further page twice the last)."""
+        return self.manager.prompt_page
+
+    def since(self, session_id: str, after_seq: int = 0) -> Snapshot:
+        """The session's info and its messages with a seq above ``after_seq``, at one instant.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+
+        """
+        return self.manager._read(session_id, after_seq)
+
+    def newest(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
+        """The newest ``limit`` messages below ``before_seq`` (None: the newest of all), with
+        the older system messages and the newest older user message as marks.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+
+        """
+        return self.manager._tail(session_id, limit, before_seq)
+
+    def seqs(self, session_id: str, seqs: Collection[int]) -> Snapshot:
+        """The session's info and its messages with these seqs (those it holds), at one
+        instant.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+
+        """
+        snap = self.backend.read_rows(session_id, seqs=seqs, after_seq=_NO_SEQ)
+        if snap is None:
+            self.manager._forget(session_id)
+            raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
+        return snap
+
+    def take_cached(self, session_id: str) -> CachedHistory | None:
+        """Take the session's entry out of the prompt cache (put it back with
+        :meth:`keep_cached`): one reader at a time works on an entry.
+        """
+        m = self.manager
+        with m._cache_lock:
+            return m._prompt_cache.pop(session_id, None)
+
+    def keep_cached(self, session_id: str, cached: CachedHistory) -> None:
+        """Put a session's entry into the prompt cache, as its most recently used."""
+        m = self.manager
+        with m._cache_lock:
+            m._prompt_cache.pop(session_id, None)
+            m._prompt_cache[session_id] = cached
+            while len(m._prompt_cache) > m.prompt_cache_sessions:
+                m._prompt_cache.pop(next(iter(m._prompt_cache)))
+
+    def forget_cached(self, session_id: str) -> None:
+        """Drop the session's entry from the prompt cache."""
+        self.manager._forget(session_id)
