@@ -150,6 +150,7 @@ class ContextMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             compress_threshold=compress_threshold,
             cache_stable=True if cache_stable is None else cache_stable,
             repair=True,
+            keep_first=1,  # an agent's task stays in every call (TokenPruner's default)
         )
         self.counter = self._trimmer.counter
         self.artifacts = self._trimmer.artifacts

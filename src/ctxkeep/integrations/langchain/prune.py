@@ -101,6 +101,7 @@ class _Trimmer:
         compress_threshold: int | None,
         cache_stable: bool,
         repair: bool,
+        keep_first: int = 0,
     ) -> None:
         self.max_tokens = _check.integer("max_tokens", max_tokens, minimum=1)
         if strategy not in ("last", "first"):
@@ -128,6 +129,7 @@ class _Trimmer:
         )
         self.cache_stable = cache_stable
         self.repair = repair
+        self.keep_first = _check.integer("keep_first", keep_first, minimum=0)
         self.last_report: PruneReport | None = None
         self._pruners: dict[int, TokenPruner] = {}
         self._converter = _Converter()
@@ -149,6 +151,7 @@ class _Trimmer:
                 compress_threshold=self.compress_threshold,
                 cache_stable=self.cache_stable,
                 repair=self.repair,
+                keep_first=self.keep_first,
             )
         return pruner
 
@@ -263,6 +266,7 @@ def prune_messages(
     compress_threshold: int | None = None,
     cache_stable: bool = False,
     repair: bool = True,
+    keep_first: int = 0,
     allow_partial: bool = False,
     text_splitter: None = None,
 ) -> Runnable[MessagesInput, list[BaseMessage]]: ...
@@ -283,6 +287,7 @@ def prune_messages(
     compress_threshold: int | None = None,
     cache_stable: bool = False,
     repair: bool = True,
+    keep_first: int = 0,
     allow_partial: bool = False,
     text_splitter: None = None,
 ) -> list[BaseMessage]: ...
@@ -302,6 +307,7 @@ def prune_messages(
     compress_threshold: int | None = None,
     cache_stable: bool = False,
     repair: bool = True,
+    keep_first: int = 0,
     allow_partial: bool = False,
     text_splitter: None = None,
 ) -> list[BaseMessage] | Runnable[MessagesInput, list[BaseMessage]]:
@@ -358,6 +364,9 @@ def prune_messages(
         cache_stable: the pruner's cache-stable mode (prune in jumps so consecutive prompts
             share a prefix); off by default, as trim_messages fills the budget every call.
         repair: repair a damaged tool sequence rather than raise.
+        keep_first: the conversation's head kept in every output (the first human message
+            and ``keep_first - 1`` units after it: an agent's task statement); 0, the
+            default, prunes it as trim_messages would. :class:`ContextMiddleware` keeps 1.
         allow_partial: must be False (see above).
         text_splitter: must be None (see above).
 
@@ -385,6 +394,7 @@ def prune_messages(
         compress_threshold=compress_threshold,
         cache_stable=cache_stable,
         repair=repair,
+        keep_first=keep_first,
     )
     if messages is None:
         return RunnableLambda(trimmer, name="prune_messages")
