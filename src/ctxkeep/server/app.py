@@ -25,6 +25,7 @@ unknown routes 404, a missing or wrong key 401, anything unexpected 500 (logged 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -59,6 +60,7 @@ from ctxkeep.server.tenants import DEFAULT_MAX_OPEN, TenantStores
 from ctxkeep.server.wire import evicted_to_wire
 from ctxkeep.sessions import default_url
 from ctxkeep.sessions.base import MemoryConfig
+from ctxkeep.tokens import get_counter
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 """4 MiB: room for a batch of long tool outputs; a bigger body is refused with 413."""
@@ -358,6 +360,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The default encoding is built before the first request, not during it (0.4-1 s:
+        # the first prompt of a new server then costs its read and prune alone).
+        await asyncio.to_thread(get_counter)
         yield
         state.close()
 

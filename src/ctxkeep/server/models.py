@@ -307,6 +307,14 @@ class PruneReportOut(BaseModel):
     notes: list[str]
     stable_prefix_messages: int | None
     stable_prefix_tokens: int | None
+    unread: int = Field(
+        0,
+        description=(
+            "Older messages the build did not read (dropped at an earlier cut: the session's "
+            "fold snapshot, or the newest pages, stood for them); counted in `dropped`, not in "
+            "`decisions` or `tokens_before`."
+        ),
+    )
     decisions: list[DecisionOut]
 
 

@@ -38,6 +38,7 @@ from fastapi import APIRouter, Query
 
 from ctxkeep.artifacts import ArtifactStore
 from ctxkeep.builder import BuiltPrompt, ContextBuilder
+from ctxkeep.builder.compose import prompt_budget
 from ctxkeep.errors import SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.prune import TokenPruner
@@ -379,7 +380,7 @@ def prompt_builder(
     """
     counter = get_counter(encoding)
     pruner = TokenPruner(
-        max(1, max_prompt_tokens - reserve_output_tokens),
+        max(1, prompt_budget(max_prompt_tokens, reserve_output_tokens, counter=counter)),
         preserve_last_n,
         counter=counter,
         artifacts=artifacts,
