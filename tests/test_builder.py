@@ -814,13 +814,16 @@ def test_the_sections_add_up_exactly_and_the_prompt_fits_and_is_valid(
     except ConfigError:
         # Only a cache-stable builder whose section caps leave the history no budget.
         assert stable
+        from ctxkeep.builder.compose import prompt_budget
         from ctxkeep.builder.core import (
             DEFAULT_MAX_FABRIC_TOKENS,
             DEFAULT_MAX_PRIOR_TOKENS,
             SECTION_SHARE,
         )
 
-        room = window - reserve  # a cap left out is its default, at most a share of the room
+        # A cap left out is its default, at most a share of the room; the room is the window
+        # less the reserve and, for an estimating counter (heuristic), its margin.
+        room = prompt_budget(window, reserve, counter=counter)
         fabric_cap = (
             caps[0]
             if caps[0] is not None
@@ -840,7 +843,7 @@ def test_the_sections_add_up_exactly_and_the_prompt_fits_and_is_valid(
         must += [m for m in stored if m.role == "user"][-1:]
         if system is not None:
             must.append(Message("system", system))
-        limit = builder.pruner.max_token_budget if stable else window - reserve
+        limit = builder.pruner.max_token_budget if stable else builder.prompt_budget
         assert counter.count_messages(must) > limit
         return
     _adds_up(built, counter)

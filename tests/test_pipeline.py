@@ -23,8 +23,9 @@ from conftest_services import (
 )
 from ctxkeep import (
     CalibratedCounter,
+    ConfigError,
     ContextBuilder,
-    InvalidTypeError,
+    InvalidSettingError,
     MemoryConfig,
     MemoryManager,
     Message,
@@ -248,6 +249,10 @@ def test_a_bad_cache_stable_is_the_same_error_everywhere() -> None:
         lambda: ctxkeep_input_filter(max_tokens=1000, cache_stable=1),  # type: ignore[arg-type]
         lambda: ContextMiddleware(max_tokens=1000, cache_stable=1),  # type: ignore[arg-type]
     ]
+    makers.append(lambda: TokenPruner(cache_stable=1))  # type: ignore[arg-type]
     for make in makers:
-        with pytest.raises(InvalidTypeError, match="cache_stable must be True, False or None"):
+        with pytest.raises(InvalidSettingError, match="cache_stable must be True"):
             make()
+    assert issubclass(InvalidSettingError, ConfigError) and issubclass(
+        InvalidSettingError, TypeError
+    )

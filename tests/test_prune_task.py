@@ -20,8 +20,9 @@ from ctxkeep import (
     get_counter,
     validate_sequence,
 )
-from ctxkeep.foldstate import FoldState, fold_params
+from ctxkeep.foldstate import FoldState
 from ctxkeep.messages import missing_content
+from ctxkeep.prune.snapshots import fold_params
 from test_prune import histories
 
 COUNTER = get_counter("o200k_base")

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ctxkeep.errors import ConfigError, InvalidTypeError
+from ctxkeep.errors import ConfigError, InvalidSettingError, InvalidTypeError
 
 
 def _show(value: Any) -> str:
@@ -52,16 +52,18 @@ def optional_integer(name: str, value: Any, *, minimum: int | None = None) -> in
 
 
 def flag(name: str, value: Any) -> bool:
-    """``value`` if it is True or False (not 0 or 1, not a string)."""
+    """``value`` if it is True or False (not 0 or 1, not a string); else an
+    :class:`~ctxkeep.errors.InvalidSettingError`, wherever the setting is given.
+    """
     if not isinstance(value, bool):
-        raise InvalidTypeError(f"{name} must be True or False, got {_show(value)}")
+        raise InvalidSettingError(f"{name} must be True or False, got {_show(value)}")
     return value
 
 
 def optional_flag(name: str, value: Any) -> bool | None:
     """``None`` (the default, whatever it is where it is used) or :func:`flag`."""
     if value is not None and not isinstance(value, bool):
-        raise InvalidTypeError(f"{name} must be True, False or None, got {_show(value)}")
+        raise InvalidSettingError(f"{name} must be True, False or None, got {_show(value)}")
     return value
 
 

@@ -52,7 +52,8 @@ messages it names (the others may be :class:`Unread` placeholders, which raise i
 checked against them (the window walked again, the totals counted again), and folded forward
 from there, as a warm fold would be; a seed that does not check out raises
 :class:`FoldMismatch` and the caller replays the whole history, which stays the reference.
-:func:`fold_params` names every setting that changes a fold (a snapshot is kept per setting).
+:func:`~ctxkeep.prune.snapshots.fold_params` names every setting that changes a fold (a snapshot is
+kept per setting).
 The state, its stored form and these helpers live in :mod:`ctxkeep.foldstate` (importable
 from here too).
 
@@ -75,7 +76,6 @@ from ctxkeep.foldstate import (
     FoldState,
     Unread,
     UnreadMessageTouched,
-    fold_params,
 )
 from ctxkeep.messages import (
     SYSTEM_ROLES,
@@ -813,6 +813,5 @@ __all__ = [
     "FoldState",
     "Unread",
     "UnreadMessageTouched",
-    "fold_params",
     "place_cache_breakpoints",
 ]

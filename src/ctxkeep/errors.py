@@ -5,7 +5,8 @@ Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueEr
 
     CtxkeepError
     ├── ConfigError (ValueError)                  a bad setting or config file
-    │   └── InvalidFilterError                    a search filter with an unknown key or bad value
+    │   ├── InvalidFilterError                    a search filter with an unknown key or bad value
+    │   └── InvalidSettingError (+ InvalidTypeError) a setting of the wrong type
     ├── InvalidTypeError (TypeError)              an argument of the wrong type
     ├── MessageError (ValueError)                 a message ctxkeep cannot accept
     │   ├── InvalidMessageError                   malformed fields, wrong types, bad JSON
@@ -55,6 +56,14 @@ class InvalidFilterError(ConfigError):
 
 class InvalidTypeError(CtxkeepError, TypeError):
     """An argument has the wrong type; the message names the parameter and what it takes."""
+
+
+class InvalidSettingError(ConfigError, InvalidTypeError):
+    """A setting (a pruner's, a builder's, an adapter's) has the wrong type: a bad setting
+    (``ConfigError``, ``ValueError``) and a wrong type (``InvalidTypeError``, ``TypeError``) at
+    once, so the same mistake raises the same error wherever it is made, whichever of the two
+    a caller catches.
+    """
 
 
 class MessageError(CtxkeepError, ValueError):

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ctxkeep._version import __version__
 from ctxkeep.errors import describe
 
 if TYPE_CHECKING:
@@ -53,47 +52,6 @@ class Unread:
 
     def __repr__(self) -> str:
         return f"<unread: a message {self.where}>"
-
-
-def fold_params(pruner: Any) -> list[Any] | None:
-    """Every setting of ``pruner`` that changes its cache-stable fold, JSON-ready (with
-    :data:`FOLD_FORMAT` and the ctxkeep version), or None where no snapshot may stand for a
-    replay: not a :class:`~ctxkeep.TokenPruner` itself (a subclass may prune otherwise), not
-    cache-stable, a counter whose counts are not a function of its settings (a
-    :class:`~ctxkeep.tokens.CalibratedCounter` learns; an unknown type), or an artifact store
-    whose refs are not the content's own (a ``put`` of its own).
-    """
-    from ctxkeep.artifacts import ArtifactStore
-    from ctxkeep.prune import TokenPruner
-    from ctxkeep.tokens import HeuristicCounter, Overhead, TiktokenCounter
-
-    if type(pruner) is not TokenPruner or pruner._stable is None or pruner.summarizer is not None:
-        return None
-    c = pruner.counter
-    counter: list[Any]
-    if type(c) is TiktokenCounter:
-        counter = ["tiktoken", c.name]
-    elif type(c) is HeuristicCounter:
-        counter = ["heuristic", repr(float(c.chars_per_token))]
-    else:
-        return None
-    o = c.overhead
-    if type(o) is not Overhead or type(pruner.artifacts).put is not ArtifactStore.put:
-        return None
-    return [
-        FOLD_FORMAT,
-        __version__,
-        pruner.max_token_budget,
-        pruner.preserve_last_n,
-        repr(pruner.low_water),
-        pruner.compress_threshold,
-        pruner.excerpt_tokens,
-        pruner.repair,
-        pruner.compress_oversized_user,
-        pruner.keep_first,
-        counter,
-        [o.per_message, o.per_name, o.reply_priming, o.per_tool_call],
-    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,5 +224,4 @@ __all__ = [
     "FoldState",
     "Unread",
     "UnreadMessageTouched",
-    "fold_params",
 ]

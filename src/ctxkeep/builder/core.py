@@ -483,7 +483,7 @@ class ContextBuilder:
             )
         with self._lock:
             if self.pruner.max_token_budget > budget:
-                self.pruner = TokenPruner(history, counter=self.counter, cache_stable=True)
+                self.pruner = self.pruner.with_budget(history)
             return self.pruner
 
     def _pruner_for(self, budget: int) -> TokenPruner:

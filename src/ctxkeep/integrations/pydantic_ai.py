@@ -582,20 +582,7 @@ class ProcessHistory:
                 required=p.max_token_budget - room + 1,
                 blocking=["the ModelResponse being resumed, which must stay last"],
             )
-        return TokenPruner(
-            room,
-            p.preserve_last_n,
-            p.counter,
-            p.artifacts,
-            compress_threshold=p.compress_threshold,
-            excerpt_tokens=p.excerpt_tokens,
-            summarizer=p.summarizer,
-            summary_max_tokens=min(p.summary_max_tokens, room),
-            repair=p.repair,
-            compress_oversized_user=p.compress_oversized_user,
-            cache_stable=p.cache_stable,
-            low_water=p.low_water,
-        )
+        return p.with_budget(room)
 
     def as_capability(self) -> Any:
         """This processor wrapped in pydantic-ai 2's ``ProcessHistory`` capability, for

@@ -54,16 +54,9 @@ class _Fitter(_Walk):
     """
 
     # Set by TokenPruner.__init__ (see its docstring).
-    max_token_budget: int
-    preserve_last_n: int
     counter: TokenCounter
     artifacts: ArtifactStore
-    compress_threshold: int | None
-    excerpt_tokens: int
     summarizer: Summarizer | AsyncSummarizer | None
-    summary_max_tokens: int
-    compress_oversized_user: bool
-    keep_first: int
     _priming: int
     _compress_key: tuple[str, Any, int]
     _reader: Reader

@@ -14,6 +14,7 @@ summary (:mod:`ctxkeep.prune.summary`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from ctxkeep.cache import _StableFolds
 from ctxkeep.errors import ConfigError, describe
 from ctxkeep.foldstate import FoldMismatch, FoldState
 from ctxkeep.messages import Message
+from ctxkeep.prune.config import PrunerConfig
 from ctxkeep.prune.inputs import Reader, as_list
 from ctxkeep.prune.report import Action, PruneReport, _with_originals
 from ctxkeep.prune.summary import AsyncSummarizer, Summarizer, _Summaries
@@ -34,11 +36,8 @@ if TYPE_CHECKING:
 _TASK = "the task (the conversation's first user message, kept in every prompt: keep_first)"
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an int, got {describe(value)}")
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+_SETTINGS = tuple(f.name for f in dataclasses.fields(PrunerConfig))
+"""The settings a pruner carries in its :attr:`~TokenPruner.config`."""
 
 
 class TokenPruner(_Summaries):
@@ -113,24 +112,26 @@ class TokenPruner(_Summaries):
         low_water: float = 0.7,
         keep_first: int = 1,
     ) -> None:
-        _check_int("max_token_budget", max_token_budget, 1)
-        _check_int("keep_first", keep_first, 0)
-        _check_int("preserve_last_n", preserve_last_n, 0)
-        if compress_threshold is not None:
-            _check_int("compress_threshold", compress_threshold, 0)
-        _check_int("excerpt_tokens", excerpt_tokens, 0)
-        _check_int("summary_max_tokens", summary_max_tokens, 0)
+        if cache_stable is None:
+            cache_stable = summarizer is None
+        self.config = PrunerConfig(
+            max_token_budget=max_token_budget,
+            preserve_last_n=preserve_last_n,
+            compress_threshold=compress_threshold,
+            excerpt_tokens=excerpt_tokens,
+            summary_max_tokens=summary_max_tokens,
+            repair=repair,
+            compress_oversized_user=compress_oversized_user,
+            cache_stable=cache_stable,
+            low_water=low_water,
+            keep_first=keep_first,
+        )
+        """The settings, checked (:class:`~ctxkeep.prune.config.PrunerConfig`)."""
         if summarizer is not None and summary_max_tokens > max_token_budget:
             raise ConfigError(
                 f"summary_max_tokens ({summary_max_tokens}) must not exceed max_token_budget "
                 f"({max_token_budget}): it is space reserved inside the budget"
             )
-        for name, flag in (
-            ("repair", repair),
-            ("compress_oversized_user", compress_oversized_user),
-        ):
-            if not isinstance(flag, bool):
-                raise ConfigError(f"{name} must be True or False, got {describe(flag)}")
         if counter is not None and not isinstance(counter, TokenCounter):
             raise ConfigError(
                 f"counter must be a TokenCounter (see ctxkeep.get_counter), got {describe(counter)}"
@@ -148,38 +149,18 @@ class TokenPruner(_Summaries):
                 "summarizer must have a summarize(messages) or an async asummarize(messages) "
                 f"method, got {describe(summarizer)}"
             )
-        self.max_token_budget = max_token_budget
-        self.preserve_last_n = preserve_last_n
-        self.counter = counter or get_counter()
-        self.artifacts: ArtifactStore = (
-            artifacts if artifacts is not None else MemoryArtifactStore()
-        )
-        self.compress_threshold = compress_threshold
-        self.excerpt_tokens = excerpt_tokens
-        self.summarizer = summarizer
-        self.summary_max_tokens = summary_max_tokens
-        self.repair = repair
-        self.compress_oversized_user = compress_oversized_user
-        self.keep_first = keep_first
-        if (
-            isinstance(low_water, bool)
-            or not isinstance(low_water, int | float)
-            or not 0 < low_water <= 1
-        ):
-            raise ConfigError(f"low_water must be a number in (0, 1], got {describe(low_water)}")
-        if cache_stable is None:
-            cache_stable = summarizer is None
-        if not isinstance(cache_stable, bool):
-            raise ConfigError(f"cache_stable must be True or False, got {describe(cache_stable)}")
         if cache_stable and summarizer is not None:
             raise ConfigError(
                 "cache_stable=True does not take a summarizer: a summary rewritten every turn "
                 "would change the prompt's prefix every turn"
             )
-        self.cache_stable = cache_stable
-        self.low_water = float(low_water)
+        self.counter = counter or get_counter()
+        self.artifacts: ArtifactStore = (
+            artifacts if artifacts is not None else MemoryArtifactStore()
+        )
+        self.summarizer = summarizer
         self._reader = Reader()
-        self._stable = _StableFolds(self) if cache_stable else None
+        self._stable = _StableFolds(self) if self.config.cache_stable else None
         self._counts = getattr(self.counter, "version", None)
         self._priming = self.counter.count_messages([])
         # The compressed form is cached on the message, keyed by the store object itself (a
@@ -189,7 +170,25 @@ class TokenPruner(_Summaries):
             store_key: Any = self.artifacts
         except TypeError:
             store_key = None  # unhashable store: the cache is not used
-        self._compress_key = ("ctxkeep.compressed", store_key, excerpt_tokens)
+        self._compress_key = ("ctxkeep.compressed", store_key, self.config.excerpt_tokens)
+
+    def with_budget(self, budget: int) -> TokenPruner:
+        """A pruner like this one (every setting of its :attr:`config`, the same counter,
+        artifact store and summarizer) with another budget (and a summary room no larger);
+        its cache-stable fold is its own.
+        """
+        # The summary's room is inside the budget: at most all of it.
+        config = self.config.replace(
+            max_token_budget=budget,
+            summary_max_tokens=min(self.config.summary_max_tokens, budget),
+        )
+        return TokenPruner(
+            budget,
+            counter=self.counter,
+            artifacts=self.artifacts,
+            summarizer=self.summarizer,
+            **{k: getattr(config, k) for k in _SETTINGS if k != "max_token_budget"},
+        )
 
     # -- public --------------------------------------------------------------------------
 

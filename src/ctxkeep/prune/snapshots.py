@@ -17,7 +17,7 @@ places, which raise if anything touches them. On the 10,000-message session of
 machine where the replay takes 10 s.
 
 Keys and identity. A snapshot is stored per session under :func:`snapshot_key`: a hash of every
-pruner setting that changes the fold (:func:`~ctxkeep.foldstate.fold_params`, with the fold's
+pruner setting that changes the fold (:func:`fold_params`, with the fold's
 format and the ctxkeep version) and of the prompt's own system message. It holds the session's
 identity when it was taken: ``generation`` (the session created again under the same id has
 another), ``revision`` (a message taken back), ``first_seq`` (trimmed by ``max_history``), and
@@ -45,9 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ctxkeep._version import __version__
 from ctxkeep.errors import CtxkeepError
-from ctxkeep.foldstate import FoldMismatch, FoldState, Unread, fold_params
+from ctxkeep.foldstate import FOLD_FORMAT, FoldMismatch, FoldState, Unread
 from ctxkeep.messages import Message
+from ctxkeep.prune.config import fold_key
 from ctxkeep.sessions.records import dumps, loads, message_to_record, record_to_message
 
 if TYPE_CHECKING:
@@ -62,10 +64,46 @@ SNAPSHOT_VERSION = 1
 """The version of :class:`FoldSnapshot`'s stored form."""
 
 
+def fold_params(pruner: Any) -> list[Any] | None:
+    """Every setting of ``pruner`` that changes its cache-stable fold, JSON-ready (with
+    :data:`~ctxkeep.foldstate.FOLD_FORMAT`, the ctxkeep version, every field of its
+    :class:`~ctxkeep.prune.config.PrunerConfig` and its counter's), or None where no snapshot
+    may stand for a replay: not a :class:`~ctxkeep.TokenPruner` itself (a subclass may prune
+    otherwise), not cache-stable, a counter whose counts are not a function of its settings
+    (a :class:`~ctxkeep.tokens.CalibratedCounter` learns; an unknown type), or an artifact
+    store whose refs are not the content's own (a ``put`` of its own). The settings come from
+    the config's fields: a new setting is in the key without anyone listing it.
+    """
+    from ctxkeep.artifacts import ArtifactStore
+    from ctxkeep.prune.pruner import TokenPruner
+    from ctxkeep.tokens import HeuristicCounter, Overhead, TiktokenCounter
+
+    if type(pruner) is not TokenPruner or not pruner.cache_stable or pruner.summarizer is not None:
+        return None
+    c = pruner.counter
+    counter: list[Any]
+    if type(c) is TiktokenCounter:
+        counter = ["tiktoken", c.name]
+    elif type(c) is HeuristicCounter:
+        counter = ["heuristic", repr(float(c.chars_per_token))]
+    else:
+        return None
+    o = c.overhead
+    if type(o) is not Overhead or type(pruner.artifacts).put is not ArtifactStore.put:
+        return None
+    return [
+        FOLD_FORMAT,
+        __version__,
+        fold_key(pruner.config),
+        counter,
+        [o.per_message, o.per_name, o.reply_priming, o.per_tool_call],
+    ]
+
+
 def snapshot_key(pruner: Any, prefix: list[Message]) -> str | None:
     """The key of ``pruner``'s snapshots for prompts that start with ``prefix`` (the prompt's
     own system message), or None where a snapshot may not stand for a replay
-    (:func:`~ctxkeep.foldstate.fold_params`).
+    (:func:`fold_params`).
     """
     params = fold_params(pruner)
     if params is None:

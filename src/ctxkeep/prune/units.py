@@ -18,6 +18,7 @@ from typing import Any
 
 from ctxkeep.errors import InvalidMessageError, MissingToolResultError, OrphanToolResultError
 from ctxkeep.messages import Message, ToolCall, missing_content
+from ctxkeep.prune.config import Configured
 from ctxkeep.prune.inputs import Messages
 
 _NO_RESULT = "[ctxkeep: no result was recorded for this tool call]"
@@ -60,10 +61,10 @@ class _Plan:
     stable_before: int | None = None  # cache-stable: inputs before this index are a stable prefix
 
 
-class _Walk:
-    """The walk over a history's units: the first layer of :class:`~ctxkeep.TokenPruner`."""
-
-    repair: bool  # set by TokenPruner.__init__ (see its docstring)
+class _Walk(Configured):
+    """The walk over a history's units: the first layer of :class:`~ctxkeep.TokenPruner`
+    (its settings read from its config: :class:`~ctxkeep.prune.config.Configured`).
+    """
 
     def _units_backwards(
         self,
