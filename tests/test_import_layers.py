@@ -177,3 +177,24 @@ def test_the_server_routes_never_import_the_app() -> None:
     routes = {m for m in modules_under("ctxkeep.server") if m.split(".")[-1].startswith("routes")}
     routes.add("ctxkeep.server.inspector")
     assert {m for m in routes if "ctxkeep.server.app" in graph[m]} == set()
+
+
+def test_sessions_import_nothing_of_the_pruner() -> None:
+    """Storage and session policy under ``ctxkeep.sessions``; how a prompt reads a session is
+    the pruner's (``ctxkeep.prune.read`` over ``MemoryManager.reads``), never the other way.
+    """
+    graph = import_graph()
+    above = modules_under("ctxkeep.prune") | {"ctxkeep.cache", "ctxkeep.foldstate"}
+    found = {m: sorted(graph[m] & above) for m in modules_under("ctxkeep.sessions")}
+    assert {m: t for m, t in found.items() if t} == {}
+
+
+def test_no_import_circle_among_the_pruner_its_fold_and_the_sessions() -> None:
+    modules = (
+        modules_under("ctxkeep.prune")
+        | modules_under("ctxkeep.sessions")
+        | modules_under("ctxkeep.builder")
+        | {"ctxkeep.cache", "ctxkeep.foldstate", "ctxkeep.anthropic_cache"}
+    )
+    found = cycles(import_graph(), modules)
+    assert found == [], f"import circles: {found}"

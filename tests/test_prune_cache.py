@@ -23,7 +23,7 @@ from ctxkeep import (
     get_counter,
     validate_sequence,
 )
-from ctxkeep.cache import place_cache_breakpoints
+from ctxkeep.anthropic_cache import place_cache_breakpoints
 from test_prune import histories
 
 COUNTER = get_counter("o200k_base")

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ctxkeep.cache import FoldMismatch, FoldState, Unread, UnreadMessageTouched
 from ctxkeep.errors import CtxkeepError, StorageError
+from ctxkeep.foldstate import FoldMismatch, FoldState, Unread, UnreadMessageTouched
 from ctxkeep.messages import Message, ToolCall
 from ctxkeep.prune import TokenPruner
 from ctxkeep.prune.snapshots import FoldSnapshot, snapshot_key

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from ctxkeep.messages import Message, ToolCall
 from ctxkeep.prune import TokenPruner
+from ctxkeep.prune.tail import pages_suffice
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
-from ctxkeep.sessions.tail import pages_suffice
 
 WORDS = ["alpha", "beta", "gamma", "delta", "fix", "the", "bug", "in", "parser", "42", "\n"]
 

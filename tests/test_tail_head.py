@@ -1,7 +1,7 @@
 """The paged-read proof with the conversation's head (``keep_first``): a prompt from a
 session's newest messages, its marks and its head is the prompt of the whole session, or None.
 
-The marks are made here as the contract of :func:`~ctxkeep.sessions.tail.prompt_from_tail`
+The marks are made here as the contract of :func:`~ctxkeep.prune.tail.prompt_from_tail`
 says a session store makes them; the store's own reads are tested in ``test_sessions_tail``.
 """
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ctxkeep.messages import SYSTEM_ROLES, Message, ToolCall, missing_content
 from ctxkeep.prune import TokenPruner
-from ctxkeep.sessions.tail import prompt_from_tail
+from ctxkeep.prune.tail import prompt_from_tail
 from ctxkeep.tokens import get_counter
 
 COUNTER = get_counter("o200k_base")

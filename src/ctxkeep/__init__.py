@@ -46,6 +46,9 @@ if _TYPE_CHECKING:
         run_agent,
         tool_spec,
     )
+    from ctxkeep.anthropic_cache import (
+        place_cache_breakpoints,
+    )
     from ctxkeep.artifacts import (
         READ_ARTIFACT_TOOL,
         ArtifactStore,
@@ -58,9 +61,6 @@ if _TYPE_CHECKING:
     from ctxkeep.builder import (
         BuiltPrompt,
         ContextBuilder,
-    )
-    from ctxkeep.cache import (
-        place_cache_breakpoints,
     )
     from ctxkeep.checkpoints import (
         Checkpoint,
@@ -159,7 +159,7 @@ _LAZY: dict[str, str] = {
     "read_artifact_tool": "ctxkeep.artifacts",
     "BuiltPrompt": "ctxkeep.builder",
     "ContextBuilder": "ctxkeep.builder",
-    "place_cache_breakpoints": "ctxkeep.cache",
+    "place_cache_breakpoints": "ctxkeep.anthropic_cache",
     "Checkpoint": "ctxkeep.checkpoints",
     "CheckpointStore": "ctxkeep.checkpoints",
     "open_checkpoints": "ctxkeep.checkpoints",

@@ -1,11 +1,11 @@
 """The state of a cache-stable fold at its frontier, as a store of sessions keeps it.
 
-:class:`FoldState` is what :mod:`ctxkeep.cache`'s fold is right after a cut, in indexes, with
-its stored form; :func:`fold_params` names every pruner setting that changes a fold (the
-snapshot's key, :mod:`ctxkeep.prune.snapshots`); :class:`Unread` stands in the places of the
-messages a seeded fold did not read; :class:`FoldMismatch` says a state does not describe the
-history it was given. The fold itself (``_StableFolds.plan_state`` takes a state as its seed)
-and Anthropic breakpoints stay in :mod:`ctxkeep.cache`, which re-exports all of these.
+:class:`FoldState` is what :mod:`ctxkeep.prune.stable`'s fold is right after a cut, in
+indexes, with its stored form; :class:`Unread` stands in the places of the messages a seeded
+fold did not read; :class:`FoldMismatch` says a state does not describe the history it was
+given. The fold itself (``_StableFolds.plan_state`` takes a state as its seed) is in
+:mod:`ctxkeep.prune.stable`; the settings a snapshot is keyed by,
+:func:`~ctxkeep.prune.snapshots.fold_params`. This module imports neither.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ctxkeep.errors import describe
 
 if TYPE_CHECKING:
-    from ctxkeep.cache import _Fold
+    from ctxkeep.prune.stable import _Fold
 
 FOLD_FORMAT = 2
 """The version of the fold's rules and of :class:`FoldState`'s stored form: part of every

@@ -138,7 +138,7 @@ class ContextBuilder:
             or the config file's ``max_prompt_length`` if set, else no code-point limit).
             Ignored when ``gate`` is given.
         cache_stable: prune so that consecutive prompts share their prefix (see
-            :mod:`ctxkeep.cache`); default: the given pruner's mode, else
+            :mod:`ctxkeep.prune.stable`); default: the given pruner's mode, else
             :class:`TokenPruner`'s default. With no pruner given, a cache-stable one gets
             the prompt budget less the section caps: the history's budget then stays the
             same every turn (unused section budget does not flow to it, or the cuts would

@@ -149,11 +149,11 @@ class BuiltPrompt:
     ) -> AnthropicPayload:
         """The messages in Anthropic's format (``system`` blocks and ``messages``), with
         ``cache_control`` breakpoints on the stable prefix unless ``cache`` is False (see
-        :func:`~ctxkeep.cache.place_cache_breakpoints`).
+        :func:`~ctxkeep.anthropic_cache.place_cache_breakpoints`).
         """
         if not cache:
             return to_anthropic(self.messages)
-        from ctxkeep.cache import place_cache_breakpoints
+        from ctxkeep.anthropic_cache import place_cache_breakpoints
 
         return place_cache_breakpoints(self.messages, stable_prefix=self.stable_prefix, ttl=ttl)
 

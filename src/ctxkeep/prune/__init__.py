@@ -25,7 +25,7 @@ Rules, in the order they apply:
 In the **cache-stable mode** (the default; ``cache_stable=False`` turns it off) these rules
 apply only at a cut: when the prompt would overflow the budget it is cut down to
 ``low_water`` of the budget, then each new message is appended as it is until the budget is
-full again, so consecutive prompts share their prefix byte for byte (:mod:`ctxkeep.cache`).
+full again, so consecutive prompts share their prefix byte for byte (:mod:`ctxkeep.prune.stable`).
 
 The budget counts every output message with its overhead plus the reply priming, with the
 configured counter. Token counts are cached per message, so the walk back from the newest
@@ -44,7 +44,7 @@ input, read lazily), :mod:`~ctxkeep.prune.report`
 cuts a history into units and repairs it), :mod:`~ctxkeep.prune.fit` (token costs, compression
 and the default mode's plan), :mod:`~ctxkeep.prune.summary` (the summarizer protocols and the
 summary of dropped history) and :mod:`~ctxkeep.prune.pruner` (:class:`TokenPruner`, which
-inherits those layers, and the output step). The cache-stable fold is :mod:`ctxkeep.cache`.
+inherits those layers, and the output step). The cache-stable fold is :mod:`ctxkeep.prune.stable`.
 """
 
 from ctxkeep.prune.pruner import TokenPruner

@@ -134,6 +134,15 @@ class Configured:
         return self.config.keep_first
 
 
+def is_plain_pruner(pruner: Any) -> bool:
+    """Whether ``pruner`` is a :class:`~ctxkeep.TokenPruner` itself, not a subclass that may
+    prune otherwise (the class says so in its own body: ``_plain_pruner = True``; a subclass
+    that prunes alike may say it too). What the read strategies and fold snapshots, which
+    rely on how a TokenPruner prunes, ask before they stand in for a whole read.
+    """
+    return bool(type(pruner).__dict__.get("_plain_pruner", False))
+
+
 def _integer(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSettingError(f"{name} must be an int, got {describe(value)}")
@@ -148,4 +157,4 @@ def fold_key(config: PrunerConfig) -> list[Any]:
     return [getattr(config, f.name) for f in dataclasses.fields(config)]
 
 
-__all__ = ["Configured", "PrunerConfig", "fold_key"]
+__all__ = ["Configured", "PrunerConfig", "fold_key", "is_plain_pruner"]

@@ -4,8 +4,8 @@
 newest user message, walks the units from the newest back (:mod:`ctxkeep.prune.units`) and
 hands them to :meth:`_Fitter._fit`, which keeps the recent units (compressing their tool
 outputs, then dropping the oldest of them, if they do not fit) and adds older units while they
-fit. The cache-stable fold (:mod:`ctxkeep.cache`) calls ``_fit`` at each cut with its own walk
-and limit.
+fit. The cache-stable fold (:mod:`ctxkeep.prune.stable`) calls ``_fit`` at each cut with its
+own walk and limit.
 
 A unit costs the tokens of its messages (counted once per message and cached), a compressed
 message counted in its compressed form. :meth:`_Fitter.compress` turns a tool output into its

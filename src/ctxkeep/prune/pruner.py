@@ -2,7 +2,7 @@
 
 A prune takes three steps: a **plan** (the units kept and the messages compressed: the default
 mode's :meth:`~ctxkeep.prune.fit._Fitter._plan`, or in the cache-stable mode the fold of
-:mod:`ctxkeep.cache`), an optional **summary** of the dropped history
+:mod:`ctxkeep.prune.stable`), an optional **summary** of the dropped history
 (:mod:`ctxkeep.prune.summary`), and the **output** (:meth:`TokenPruner._assemble`): the kept
 messages in input order, compressed and synthetic ones in place, the summary where the dropped
 history began, and a :class:`~ctxkeep.prune.report.PruneReport` on every input message.
@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
-from ctxkeep.cache import _StableFolds
 from ctxkeep.errors import ConfigError, describe
 from ctxkeep.foldstate import FoldMismatch, FoldState
 from ctxkeep.messages import Message
 from ctxkeep.prune.config import PrunerConfig
 from ctxkeep.prune.inputs import Reader, as_list
 from ctxkeep.prune.report import Action, PruneReport, _with_originals
+from ctxkeep.prune.stable import _StableFolds
 from ctxkeep.prune.summary import AsyncSummarizer, Summarizer, _Summaries
 from ctxkeep.prune.units import _Plan
 from ctxkeep.tokens import TokenCounter, get_counter
@@ -72,7 +72,7 @@ class TokenPruner(_Summaries):
         cache_stable: prune in jumps so that consecutive prompts of a growing history share
             their prefix byte for byte (what provider prompt caches discount): when the budget
             overflows, cut down to ``low_water`` of it, then append until it is full again.
-            The prompt is a pure function of the history (see :mod:`ctxkeep.cache`). The
+            The prompt is a pure function of the history (see :mod:`ctxkeep.prune.stable`). The
             default (None) is on, except with a ``summarizer`` (a summary rewritten each turn
             would change the prefix; ``True`` with one is a ``ConfigError``). On the real
             trajectories it halves the Anthropic input cost of the default mode at equal
@@ -94,6 +94,8 @@ class TokenPruner(_Summaries):
             (>= 0; 0 keeps no head; default 1).
 
     """
+
+    _plain_pruner = True  # read strategies and fold snapshots may stand in for a whole read
 
     def __init__(
         self,

@@ -6,7 +6,7 @@ with :func:`read_prompt`, which picks the strategy from the pruner's mode:
 
 * the default mode (``cache_stable=False``, no summarizer) reads the newest pages of the session
   until the prune of what it read provably is the prune of it all
-  (:func:`prompt_from_pages`, the proof in :mod:`ctxkeep.sessions.tail`);
+  (:func:`prompt_from_pages`, the proof in :mod:`ctxkeep.prune.tail`);
 * the cache-stable mode reads from the fold snapshot stored with the session at its last cut
   and the messages it names, and folds forward (:func:`prompt_from_fold`,
   :mod:`ctxkeep.prune.snapshots`);
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from ctxkeep.foldstate import FoldMismatch, Unread, UnreadMessageTouched
 from ctxkeep.messages import SYSTEM_ROLES, Message, missing_content
 from ctxkeep.prune.snapshots import fold_history, fold_prompt, snapshot_key, store_fold
+from ctxkeep.prune.tail import pages_suffice, prompt_from_tail
 from ctxkeep.sessions.base import CachedHistory, SessionPrompt, newest_user
 from ctxkeep.sessions.records import SessionInfo, record_to_message
-from ctxkeep.sessions.tail import pages_suffice, prompt_from_tail
 
 if TYPE_CHECKING:
     from ctxkeep.prune import PruneReport, TokenPruner
@@ -69,7 +69,7 @@ def prompt_from_pages(
 ) -> SessionPrompt | None:
     """The prompt for a pruner that reads only what it keeps: the session read
     newest first, a page at a time, until :func:`prompt_from_tail` proves the prune of
-    what was read the prune of it all (see :mod:`ctxkeep.sessions.tail`). None where the
+    what was read the prune of it all (see :mod:`ctxkeep.prune.tail`). None where the
     report's positions cannot be told from a partial read (a session with a gap in its
     seqs, left by a message taken back): the caller reads it all.
     """

@@ -1,7 +1,7 @@
 """The first prompt of a process for a cache-stable pruner: a fold snapshot kept with the session.
 
 A cache-stable prompt is a pure function of the history: the pruner replays the history from
-its first message, cutting where the budget overflowed (:mod:`ctxkeep.cache`). A process that
+its first message, cutting where the budget overflowed (:mod:`ctxkeep.prune.stable`). A process that
 already folded a session keeps the fold; a new process would replay all of it (8 s for 10,000
 messages: every message decoded and counted). But right after a cut the fold's state is small
 (the system messages, the window from the cut on, the pinned user message, the compressed
@@ -10,7 +10,7 @@ state with the session (:class:`FoldSnapshot`, a few hundred bytes of JSON) afte
 whose fold cut (the state at that prompt's last message), and a new process reads only what the
 state names: the system and pinned messages, and every message from the window's start to the
 newest (:meth:`~ctxkeep.sessions.base.Backend.read_rows`). The pruner rebuilds the fold from
-them, checks it, and folds forward (``_StableFolds.plan_state`` in :mod:`ctxkeep.cache`);
+them, checks it, and folds forward (``_StableFolds.plan_state`` in :mod:`ctxkeep.prune.stable`);
 the messages it did not read are :class:`~ctxkeep.foldstate.Unread` placeholders in their
 places, which raise if anything touches them. On the 10,000-message session of
 ``bench/cold_prompt.py`` the first prompt of a process takes about 30 ms on a loaded two-core
@@ -49,7 +49,7 @@ from ctxkeep._version import __version__
 from ctxkeep.errors import CtxkeepError
 from ctxkeep.foldstate import FOLD_FORMAT, FoldMismatch, FoldState, Unread
 from ctxkeep.messages import Message
-from ctxkeep.prune.config import fold_key
+from ctxkeep.prune.config import fold_key, is_plain_pruner
 from ctxkeep.sessions.records import dumps, loads, message_to_record, record_to_message
 
 if TYPE_CHECKING:
@@ -75,10 +75,9 @@ def fold_params(pruner: Any) -> list[Any] | None:
     the config's fields: a new setting is in the key without anyone listing it.
     """
     from ctxkeep.artifacts import ArtifactStore
-    from ctxkeep.prune.pruner import TokenPruner
     from ctxkeep.tokens import HeuristicCounter, Overhead, TiktokenCounter
 
-    if type(pruner) is not TokenPruner or not pruner.cache_stable or pruner.summarizer is not None:
+    if not is_plain_pruner(pruner) or not pruner.cache_stable or pruner.summarizer is not None:
         return None
     c = pruner.counter
     counter: list[Any]

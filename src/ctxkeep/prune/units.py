@@ -3,8 +3,8 @@
 A **unit** is an assistant message with ``tool_calls`` together with all of its results, or any
 other single message; the pruner keeps, compresses or drops units whole, so its output is always
 a valid provider sequence. :meth:`_Walk._units_backwards` yields the units from the newest
-back, so a prune reads only as far as what it keeps; the cache-stable fold (:mod:`ctxkeep.cache`)
-walks the messages added since its frontier with the same method.
+back, so a prune reads only as far as what it keeps; the cache-stable fold
+(:mod:`ctxkeep.prune.stable`) walks the messages added since its frontier with the same method.
 
 A damaged history is repaired as it is walked, each repair recorded in a :class:`_Repairs` for
 the report (with ``repair=False``, refused with a typed error instead). A :class:`_Plan` is what

@@ -13,7 +13,7 @@ tool result with another message, and sequence numbers stay gapless.
 Appends to a server (Redis, PostgreSQL) are one round trip: the check runs on the session's
 state last seen and the write is a compare-and-set on it (:func:`cas_append`). A prompt for a
 pruner that reads only what it keeps is built from the newest pages of the session
-(:meth:`Backend.read_tail`, :mod:`ctxkeep.sessions.tail`), not from every record; one for a
+(:meth:`Backend.read_tail`, :mod:`ctxkeep.prune.tail`), not from every record; one for a
 cache-stable pruner, from the fold snapshot stored with the session at its last cut and the
 messages it names (:meth:`Backend.read_rows`, :mod:`ctxkeep.prune.snapshots`).
 
@@ -578,7 +578,7 @@ class MemoryManager:
         earlier one's messages), and a turn reads and decodes only the messages added since
         the last one; the pruner's per-message token counts carry over between turns. A
         ``TokenPruner(cache_stable=False)`` reads the newest pages only
-        (:mod:`ctxkeep.sessions.tail`); a cache-stable one (the default) reads from the fold
+        (:mod:`ctxkeep.prune.tail`); a cache-stable one (the default) reads from the fold
         snapshot stored with the session at its last cut (:mod:`ctxkeep.prune.snapshots`),
         storing a new one when its fold cuts. :meth:`build_prompt` gives the report too.
         """

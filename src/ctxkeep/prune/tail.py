@@ -32,17 +32,21 @@ Everything the pruner read is then the same in ``P`` and in the whole history, i
 so its output is the same (indexes differ; the output does not carry them). What fails the proof
 is answered by reading an older page, up to the whole session. The cache-stable mode (the
 default of ``TokenPruner()``) and a summarizer need the whole history: a cache-stable prompt is a
-replay of the history from its first message (:mod:`ctxkeep.cache`; a fold snapshot stored with
-the session stands for the replay up to its last cut), and a summary covers every dropped
-message. A summarizer, a pruner of another type, and no pruner at all read every message.
+replay of the history from its first message (:mod:`ctxkeep.prune.stable`; a fold snapshot
+stored with the session stands for the replay up to its last cut), and a summary covers every
+dropped message. A summarizer, a pruner of another type, and no pruner at all read every message.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxkeep.messages import SYSTEM_ROLES, Message, missing_content
-from ctxkeep.prune import PruneReport, TokenPruner
+from ctxkeep.prune.config import is_plain_pruner
+
+if TYPE_CHECKING:
+    from ctxkeep.prune.pruner import TokenPruner
+    from ctxkeep.prune.report import PruneReport
 
 FIRST_PAGE = 64
 """Messages in the first page of a paged prompt read; each further page is twice the last."""
@@ -53,7 +57,7 @@ def pages_suffice(pruner: Any) -> bool:
     :class:`~ctxkeep.TokenPruner` itself (not a subclass, which may prune otherwise) in its
     default mode, without a summarizer.
     """
-    return type(pruner) is TokenPruner and not pruner.cache_stable and pruner.summarizer is None
+    return is_plain_pruner(pruner) and not pruner.cache_stable and pruner.summarizer is None
 
 
 def prompt_from_tail(
