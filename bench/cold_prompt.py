@@ -8,13 +8,13 @@ cached: the first prompt of a new process) and times ``build_prompt_messages`` (
 ``preserve_last_n=6``), side by side in one process, medians:
 
 * ``TokenPruner(cache_stable=False)``: the session read newest first, page by page, until the
-  prune provably equals the prune of it all (``ctxkeep.sessions.tail``);
+  prune provably equals the prune of it all (``ctxkeep.prune.tail``);
 * the same pruner under a subclass: the manager reads and decodes every message (what every
   pruner got before paged reads; the floor of a pruner that needs the whole history);
 * ``TokenPruner()`` (cache-stable, the default mode) with a fold snapshot stored: the session
   as earlier turns of some process left it (the snapshot of its last cut, ``--after`` messages
   appended since: this session cuts every few tool steps, so about one turn's), read from the
-  snapshot's messages on and folded forward (``ctxkeep.sessions.folds``); each run on a fresh
+  snapshot's messages on and folded forward (``ctxkeep.prune.snapshots``); each run on a fresh
   copy of that file, so a snapshot a run writes does not help the next;
 * the same with no snapshot: a replay of the whole history, every message decoded and its
   tokens counted (``--stable-repeat 0`` skips it: seconds per run);

@@ -2,7 +2,7 @@
 
 An agent loop does not only append: a retry replaces the newest answer, a regenerated reply
 replaces the newest assistant message, an undo pops the last turn. The cache-stable pruner
-keeps the fold of the histories it saw (:mod:`ctxkeep.cache`); an append folds the new
+keeps the fold of the histories it saw (:mod:`ctxkeep.prune.stable`); an append folds the new
 messages on, and an edit rolls back to a checkpoint inside the part the histories share and
 folds forward from there (before checkpoints, an edit replayed the whole history).
 
