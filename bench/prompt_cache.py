@@ -36,8 +36,8 @@ Measured per prompt, and summed per group:
   OpenAI caches automatically: a prompt whose common prefix with an earlier one is at least
   1,024 tokens reads it in steps of 128 tokens; nothing is billed for writing. Anthropic reads
   only up to a ``cache_control`` breakpoint that an earlier request wrote; the breakpoints are
-  those :func:`ctxkeep.anthropic_cache.place_cache_breakpoints` places: the end of the prompt (written
-  by every request, read by the next one if it starts with the whole previous prompt), the
+  those :func:`ctxkeep.anthropic_cache.place_cache_breakpoints` places: the end of the prompt
+  (written by every request, read by the next one if it starts with the whole previous prompt), the
   end of the system messages, and, in the cache-stable mode, the end of the stable prefix
   reported by the pruner (written by the request that made the cut). A read needs at least
   1,024 tokens (Sonnet's minimum). Everything after the read up to the end of the prompt is
