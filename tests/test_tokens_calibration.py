@@ -177,9 +177,29 @@ def test_the_largest_underestimate_is_remembered() -> None:
     counter.observe(prompt(3_000), round(estimate * 1.08))
     assert counter.max_relative_error == pytest.approx(0.08, abs=0.001)
     estimate = counter.count_messages(prompt(3_000))
-    counter.observe(prompt(3_000), round(estimate * 0.9))  # an overestimate: safe
-    assert counter.max_relative_error == pytest.approx(0.08, abs=0.001)
-    assert estimate_margin(counter, 10_000) == pytest.approx(900, abs=5)
+    counter.observe(prompt(3_000), round(estimate * 0.9))  # an overestimate: safe...
+    assert counter.observed_error == pytest.approx(0.08, abs=0.001)
+    # ...but it lowered the ratio, and a prompt like the first one would now be under by more:
+    # the margin covers the highest ratio seen against the ratio counted with now.
+    highest = max(counter._highest, 1.0)
+    assert counter.max_relative_error == pytest.approx(
+        max(0.08, highest / counter.counting_ratio - 1), abs=0.001
+    )
+    assert counter.max_relative_error > 0.08
+    margin = estimate_margin(counter, 10_000)
+    assert margin == pytest.approx(10_000 * (counter.max_relative_error + 0.01), abs=5)
+
+
+def test_the_margin_covers_the_highest_ratio_seen_after_the_ratio_fell() -> None:
+    counter = calibrated(1.0)
+    heavy, light = prompt(3_000, "日本語"), prompt(3_000)
+    counter.observe(heavy, truth(heavy, 1.35))  # a CJK-heavy prompt
+    for _ in range(6):
+        counter.observe(light, truth(light, 1.0))  # then prose: the ratio falls back
+    assert counter.ratio < 1.2
+    # The next CJK-heavy prompt, counted at today's ratio, fits the margin's room.
+    estimate = counter.count_messages(heavy)
+    assert truth(heavy, 1.35) <= estimate * (1 + counter.max_relative_error) + 1
 
 
 def test_a_small_first_report_may_raise_the_estimate_but_not_lower_it() -> None:

@@ -723,7 +723,8 @@ class CalibratedCounter(_CachingCounter):
         """The largest underestimate seen once the calibration was trusted, relative to the
         estimate: ``(reported - estimate) / estimate`` over believed reports of at least
         :data:`EVIDENCE` tokens; 0 while none was an underestimate."""
-        self._evidence = 0  # o200k_base tokens of the believed reports
+        self._evidence = 0
+        self._highest = 0.0  # the highest ratio of a believed report of EVIDENCE tokens or more
         self._reported = 0.0  # fading sums: the learnt ratio is _reported / _base_sum
         self._base_sum = 0.0
         self._outliers: list[tuple[int, int]] = []  # (base, reported) of outliers in a row
@@ -780,9 +781,15 @@ class CalibratedCounter(_CachingCounter):
     @property
     def max_relative_error(self) -> float:
         """The underestimate a margin must cover: :data:`UNCALIBRATED_ERROR` until the
-        calibration is trusted, then the largest seen (:attr:`observed_error`).
+        calibration is trusted, then the larger of the largest seen (:attr:`observed_error`)
+        and what the highest ratio a report showed is above the ratio counted with now.
         """
-        return self.observed_error if self.calibrated else UNCALIBRATED_ERROR
+        if not self.calibrated:
+            return UNCALIBRATED_ERROR
+        # The next prompt may be like the one with the highest ratio seen: a ratio learnt
+        # since from other prompts (CJK-heavy ones count 1.35x o200k_base in cl100k_base,
+        # prose 1.0x) would then underestimate it by that much.
+        return max(self.observed_error, self._highest / self._counting - 1.0)
 
     def count_text(self, text: str) -> int:
         """Estimated tokens of ``text``."""
@@ -848,6 +855,8 @@ class CalibratedCounter(_CachingCounter):
             if self.calibrated and estimate >= EVIDENCE:
                 error = (reported_input_tokens - estimate) / estimate
                 self.observed_error = max(self.observed_error, error)
+            if base >= EVIDENCE:
+                self._highest = max(self._highest, observed)
             keep = 1.0 - self.smoothing
             self._learn(self._reported * keep + reported_input_tokens, self._base_sum * keep + base)
             self._evidence += base
