@@ -83,6 +83,7 @@ from ctxkeep.messages import (
     Message,
     missing_content,
 )
+from ctxkeep.prune.fit import _Fit
 from ctxkeep.prune.inputs import unchanged
 from ctxkeep.prune.units import _Plan, _Repairs, _Unit
 
@@ -623,36 +624,30 @@ class _StableFolds:
                 _Unit(u.start, u.members, u.tool, synthetic=u.synthetic, head=u.head) for u in units
             ]
 
-        walker = ((u, None) for u in reversed(copies(fold.units)))
-        try:
-            fit = p._fit(
+        def fit_to(
+            limit: int, compressed: dict[int, Message], notes: list[str], **how: Any
+        ) -> _Fit:
+            walker = ((u, None) for u in reversed(copies(fold.units)))
+            return p._fit(
                 msgs,
                 fold.system,
                 fold.sys_tokens,
                 walker,
                 fold.last_user,
-                low,
+                limit,
                 compressed,
                 notes,
                 copies(fold.head),
-                squeeze=True,
+                **how,
             )
+
+        try:
+            fit = fit_to(low, compressed, notes, squeeze=True)
             if fit.total > low:
                 # What must be kept is already above the low-water mark, so the next unit
                 # will cut again anyway: keep as much as the default mode would meanwhile.
                 compressed, notes = dict(fold.compressed), []
-                walker = ((u, None) for u in reversed(copies(fold.units)))
-                fit = p._fit(
-                    msgs,
-                    fold.system,
-                    fold.sys_tokens,
-                    walker,
-                    fold.last_user,
-                    p.max_token_budget,
-                    compressed,
-                    notes,
-                    copies(fold.head),
-                )
+                fit = fit_to(p.max_token_budget, compressed, notes)
         except BudgetExceededError as exc:
             fold.error = exc
             return
