@@ -237,11 +237,7 @@ class ContextBuilder:
             # cache-stable mode (the default mode prunes each build with what is left).
             pruner = TokenPruner(max(1, history), counter=self.counter, cache_stable=cache_stable)
             if pruner.cache_stable and history < 1:
-                raise ConfigError(
-                    f"the section budgets ({self._wanted_room()} tokens) leave no history "
-                    f"budget in the {budget}-token prompt: lower max_fabric_tokens / "
-                    "max_prior_tokens"
-                )
+                raise self._no_history_room(budget)
         elif pruner.cache_stable and pruner.max_token_budget > budget:
             raise ConfigError(
                 f"the cache-stable pruner's budget ({pruner.max_token_budget}) exceeds the "
@@ -477,14 +473,17 @@ class ContextBuilder:
         # Some headroom, so that a margin creeping up does not restart the fold every turn.
         history = budget - self._wanted_room() - budget // 50
         if history < 1:
-            raise ConfigError(
-                f"the section budgets ({self._wanted_room()} tokens) leave no history budget "
-                f"in the {budget}-token prompt: lower max_fabric_tokens / max_prior_tokens"
-            )
+            raise self._no_history_room(budget)
         with self._lock:
             if self.pruner.max_token_budget > budget:
                 self.pruner = self.pruner.with_budget(history)
             return self.pruner
+
+    def _no_history_room(self, budget: int) -> ConfigError:
+        return ConfigError(
+            f"the section budgets ({self._wanted_room()} tokens) leave no history budget in "
+            f"the {budget}-token prompt: lower max_fabric_tokens / max_prior_tokens"
+        )
 
     def _pruner_for(self, budget: int) -> TokenPruner:
         if self.cache_stable:

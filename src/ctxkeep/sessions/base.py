@@ -641,8 +641,7 @@ class MemoryManager:
         """The session's info and messages at one instant: the cached decoded messages of
         the same generation that are still held, plus those appended since.
         """
-        with self._cache_lock:
-            cached = self._prompt_cache.pop(session_id, None)
+        cached = self._take_cached(session_id)
         prior = cached
         if cached is not None and not cached.complete:
             cached = None  # a paged read's, or a fold snapshot's: read it all
@@ -667,13 +666,27 @@ class MemoryManager:
             and (prior.generation, prior.revision) == (info.generation, info.revision)
         ):
             fold = prior.fold.for_whole_read(info.first_seq)
+        self._keep_cached(
+            session_id, CachedHistory(info.generation, info.revision, seqs, msgs, fold=fold)
+        )
+        return info, list(msgs)
+
+    def _take_cached(self, session_id: str) -> CachedHistory | None:
+        """Take the session's entry out of the prompt cache (one reader at a time works on
+        an entry; :meth:`_keep_cached` puts it back).
+        """
         with self._cache_lock:
-            self._prompt_cache[session_id] = CachedHistory(
-                info.generation, info.revision, seqs, msgs, fold=fold
-            )
+            return self._prompt_cache.pop(session_id, None)
+
+    def _keep_cached(self, session_id: str, cached: CachedHistory) -> None:
+        """Put a session's entry into the prompt cache as its most recently used, the least
+        recently used past :attr:`prompt_cache_sessions` out.
+        """
+        with self._cache_lock:
+            self._prompt_cache.pop(session_id, None)
+            self._prompt_cache[session_id] = cached
             while len(self._prompt_cache) > self.prompt_cache_sessions:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
-        return info, list(msgs)
 
     @property
     def reads(self) -> HistoryReads:
@@ -853,18 +866,11 @@ class HistoryReads:
         """Take the session's entry out of the prompt cache (put it back with
         :meth:`keep_cached`): one reader at a time works on an entry.
         """
-        m = self.manager
-        with m._cache_lock:
-            return m._prompt_cache.pop(session_id, None)
+        return self.manager._take_cached(session_id)
 
     def keep_cached(self, session_id: str, cached: CachedHistory) -> None:
         """Put a session's entry into the prompt cache, as its most recently used."""
-        m = self.manager
-        with m._cache_lock:
-            m._prompt_cache.pop(session_id, None)
-            m._prompt_cache[session_id] = cached
-            while len(m._prompt_cache) > m.prompt_cache_sessions:
-                m._prompt_cache.pop(next(iter(m._prompt_cache)))
+        self.manager._keep_cached(session_id, cached)
 
     def forget_cached(self, session_id: str) -> None:
         """Drop the session's entry from the prompt cache."""
