@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -26,18 +27,23 @@ MAX_TOKENS = 1_000
 STEPS = 50
 
 
+def local_client(url: str, **more: Any) -> ChatClient:
+    """A client for a model with no local tokenizer, served at ``url`` (OpenAI's API)."""
+    return ChatClient(
+        "local-model",
+        provider="openai",
+        api_key="test",
+        base_url=url + "/v1",
+        context_window=WINDOW,
+        **more,
+    )
+
+
 def run(report: Callable[[int], int]) -> tuple[UsageModel, ChatClient]:
     """A 50-step run against a server that reports ``report(its count)``."""
     model = UsageModel(STEPS + 10, report)
     with running(model) as server:
-        client = ChatClient(
-            "local-model",
-            provider="openai",
-            api_key="test",
-            base_url=server.url + "/v1",
-            context_window=WINDOW,
-            memory=open_memory("memory://"),
-        )
+        client = local_client(server.url, memory=open_memory("memory://"))
         assert isinstance(client.counter, CalibratedCounter)
         result = run_agent(
             None,
@@ -87,13 +93,7 @@ def test_a_server_reporting_absurd_usage_gets_no_request_over_the_window(
 
 def test_the_client_gate_keeps_the_margin_with_tools_before_anything_is_sent() -> None:
     with running(lambda body: Reply(body=openai_completion())) as server:
-        client = ChatClient(
-            "local-model",
-            provider="openai",
-            api_key="test",
-            base_url=server.url + "/v1",
-            context_window=WINDOW,
-        )
+        client = local_client(server.url)
         gate = client.gate_for(MAX_TOKENS)
         assert gate.max_prompt_tokens == WINDOW - MAX_TOKENS
         tools = [
