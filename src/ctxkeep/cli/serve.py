@@ -21,6 +21,11 @@ Episodes are kept in SQLite or PostgreSQL: on a redis:// server their routes ans
 throwaway server); the default is the embedded SQLite file ($CTXKEEP_DB or the user data
 directory). Listen on 127.0.0.1 unless you put TLS and a firewall in front.
 
+On redis:// the API keys live in the same Redis as the data (hash <prefix>server:keys): a
+Redis with neither AOF nor RDB persistence loses them all on a restart, and every request then
+answers 401. serve refuses such a Redis (or one whose persistence it cannot check, or that
+evicts any key under memory pressure) unless given --allow-volatile-redis.
+
 examples:
   ctxkeep serve
   ctxkeep serve --db sqlite:///srv/ctxkeep.db --port 8765
@@ -63,6 +68,13 @@ def register(sub: Any) -> None:
         "than HTTP clients keep idle connections, so the client always closes first)",
     )
     p.add_argument(
+        "--allow-volatile-redis",
+        action="store_true",
+        help="serve from a Redis that would lose the API keys and the data on a restart "
+        "(no AOF, no RDB snapshots, an allkeys-* eviction policy, or settings it cannot read); "
+        "without it serve refuses to start there",
+    )
+    p.add_argument(
         "--embedder",
         default="local",
         help="episodic embedder, as ctxkeep.open_episodic names them: local (default; the "
@@ -84,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         args.db,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         embedder=args.embedder,
+        require_persistent_keys=not args.allow_volatile_redis,
     )
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))

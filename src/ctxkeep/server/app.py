@@ -54,7 +54,7 @@ from ctxkeep.errors import ConfigError, CtxkeepError
 from ctxkeep.server import problems, routes_fabric, routes_memory
 from ctxkeep.server.deps import ServerState, Unauthorized, request_info
 from ctxkeep.server.inspector import router as inspector_router
-from ctxkeep.server.keys import open_key_registry
+from ctxkeep.server.keys import KeyRegistry, open_key_registry
 from ctxkeep.server.routes import router
 from ctxkeep.server.tenants import DEFAULT_MAX_OPEN, TenantStores
 from ctxkeep.server.wire import evicted_to_wire
@@ -308,6 +308,27 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build
 
 
+# -- the key store ------------------------------------------------------------------------------
+
+
+def _refuse_volatile_keys(keys: KeyRegistry) -> None:
+    """Raise ConfigError, saying what would be lost and how to fix it, if ``keys`` could lose
+    the API keys (see :mod:`ctxkeep.server.keys`).
+    """
+    reason = keys.volatility()
+    if reason is None:
+        return
+    raise ConfigError(
+        f"refusing to serve: {reason}. That store holds the tenants' data too: a restart of it "
+        "would lose every API key and every tenant's sessions, and every request would then "
+        "answer 401 until keys were created again. Turn persistence on (AOF: appendonly yes in "
+        "redis.conf, or redis-server --appendonly yes; or RDB snapshots: save 3600 1 300 100 "
+        "60 10000; and a maxmemory-policy of noeviction or volatile-*), or serve from "
+        "PostgreSQL or SQLite. To serve from it anyway (tests, data you can rebuild), pass "
+        "--allow-volatile-redis."
+    )
+
+
 # -- the app ------------------------------------------------------------------------------------
 
 
@@ -319,6 +340,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_open_tenants: int = DEFAULT_MAX_OPEN,
     embedder: str | Embedder = "local",
+    require_persistent_keys: bool = False,
 ) -> FastAPI:
     """The ctxkeep HTTP service over a storage URL.
 
@@ -333,13 +355,18 @@ def create_app(
         embedder: the episodic embedder: ``local`` (the library's default), ``openai``,
             ``hash`` (tests only) or an :class:`~ctxkeep.episodic.Embedder`; made on first
             use of the episodic routes and shared by every tenant.
+        require_persistent_keys: refuse a store that could lose the API keys (a Redis with
+            neither AOF nor RDB persistence, or one that evicts any key;
+            :meth:`~ctxkeep.server.keys.KeyRegistry.volatility`). ``ctxkeep serve`` sets it
+            unless given ``--allow-volatile-redis``; tests on a throwaway Redis leave it off.
 
     Returns:
         The FastAPI application; ``app.state.ctxkeep`` is its :class:`ServerState` (closed
         when the application shuts down).
 
     Raises:
-        ConfigError: an unsupported URL or a bad limit.
+        ConfigError: an unsupported URL, a bad limit, or (``require_persistent_keys``) a
+            store that could lose the keys.
         StorageError: the store cannot be reached.
 
     """
@@ -350,6 +377,8 @@ def create_app(
     url = db_url or default_url()
     keys = open_key_registry(url)
     try:
+        if require_persistent_keys:
+            _refuse_volatile_keys(keys)
         stores = TenantStores(
             url, keys, config=config, clock=clock, max_open=max_open_tenants, embedder=embedder
         )

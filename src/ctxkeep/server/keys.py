@@ -18,6 +18,14 @@ store               keys
 ``redis://``        hash ``{prefix}server:keys`` (tenants under ``{prefix}tenant:<name>:``)
 ``postgresql://``   table ``ctxkeep_api_keys`` in the URL's schema
 ==================  ===================================================================
+
+On Redis the keys are exactly as durable as the Redis server makes them: on a server with
+neither AOF nor RDB persistence (``--save "" --appendonly no``, as on the project's own
+machines) a restart of Redis loses every key, and from then on every request of every tenant
+answers 401 (223 of 223 did, issue 25), with the tenants' data gone as well. A
+``maxmemory-policy`` of ``allkeys-*`` may evict the hash under memory pressure. So
+:meth:`KeyRegistry.volatility` says why a store could lose its keys, and ``ctxkeep serve``
+refuses to start on such a Redis unless told ``--allow-volatile-redis``.
 """
 
 from __future__ import annotations
@@ -158,6 +166,13 @@ class KeyRegistry(ABC):
     @abstractmethod
     def _all(self) -> list[ApiKey]:
         """Every record."""
+
+    def volatility(self) -> str | None:
+        """Why the keys might not survive the store that holds them (a sentence naming the
+        store), or None when they persist as the store's data does (a file, a database, this
+        process for ``memory://``).
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
@@ -307,9 +322,78 @@ class RedisKeyRegistry(KeyRegistry):
             raw = cast("dict[str, str]", self.client.conn.hgetall(self.hash))
         return [_decode(v) for v in raw.values()]
 
+    def volatility(self) -> str | None:
+        """Why this Redis could lose the keys (see :func:`redis_volatility`), or None.
+
+        Its settings come from ``CONFIG GET``; where CONFIG is refused (renamed away, or denied
+        by an ACL, as managed services do), from ``INFO``, which shows AOF and the eviction
+        policy but not RDB snapshots.
+
+        Raises:
+            StorageError: the server cannot be reached.
+
+        """
+        from ctxkeep._redis import redis
+
+        conn = self.client.conn
+        with self.client.errors():
+            try:
+                pipe = conn.pipeline(transaction=False)
+                for name in ("appendonly", "save", "maxmemory", "maxmemory-policy"):
+                    pipe.config_get(name)
+                settings: dict[str, str] = {}
+                for answer in pipe.execute():
+                    settings.update(answer)
+                return self._named(redis_volatility(settings))
+            except redis.ResponseError as exc:
+                refused = f"CONFIG GET was refused ({exc})"
+            try:
+                info = {**conn.info("persistence"), **conn.info("memory")}
+            except redis.ResponseError as exc:
+                return self._named(f"could not be checked: {refused}, and INFO too ({exc})")
+        known = {
+            "appendonly": "yes" if info.get("aof_enabled") == 1 else "no",
+            "maxmemory": str(info.get("maxmemory", 0)),
+            "maxmemory-policy": str(info.get("maxmemory_policy", "noeviction")),
+        }
+        return self._named(redis_volatility(known, unknown_because=refused))
+
+    def _named(self, problem: str | None) -> str | None:
+        """``problem`` as a sentence that names the server and the hash of the keys."""
+        if problem is None:
+            return None
+        where = f"the Redis at {self.client.where}"
+        return f"{where}, which holds the API keys ({self.hash}), {problem}"
+
     def close(self) -> None:
         """Close the connection pool."""
         self.client.close()
+
+
+def redis_volatility(settings: dict[str, str], *, unknown_because: str = "") -> str | None:
+    """Why a Redis server with these settings could lose keys (what the server does, as
+    ``has neither AOF ... nor RDB snapshots``), or None.
+
+    Args:
+        settings: ``appendonly``, ``save``, ``maxmemory`` and ``maxmemory-policy``, as
+            ``CONFIG GET`` answers them; ``save`` absent: unknown.
+        unknown_because: why ``save`` is unknown (said when it is what would decide).
+
+    """
+    reasons: list[str] = []
+    if settings.get("appendonly") != "yes":
+        save = settings.get("save")
+        if save is None:
+            reasons.append(
+                f"could not be checked: {unknown_because}; AOF is off, and whether RDB "
+                "snapshots are on cannot be seen without CONFIG"
+            )
+        elif not save.strip():
+            reasons.append('has neither AOF (appendonly no) nor RDB snapshots (save "")')
+    policy = settings.get("maxmemory-policy", "noeviction")
+    if settings.get("maxmemory", "0") != "0" and policy.startswith("allkeys-"):
+        reasons.append(f"evicts any key when memory runs short (maxmemory-policy {policy})")
+    return " and ".join(reasons) or None
 
 
 def open_key_registry(url: str) -> KeyRegistry:
