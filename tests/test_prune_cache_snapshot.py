@@ -24,6 +24,7 @@ from ctxkeep.errors import CtxkeepError, StorageError
 from ctxkeep.foldstate import FoldMismatch, FoldState, Unread, UnreadMessageTouched
 from ctxkeep.messages import Message, ToolCall
 from ctxkeep.prune import TokenPruner
+from ctxkeep.prune.modes import CacheStableMode
 from ctxkeep.prune.snapshots import FoldSnapshot, snapshot_key
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
@@ -74,8 +75,8 @@ def _check_cold(mem: MemoryManager, sid: str, args: dict[str, Any], system: str 
     cached = cold._prompt_cache.get(sid)
     if cached is None or cached.fold is None:
         return False
-    assert ref_pruner._stable is not None
-    folds = ref_pruner._stable._folds
+    assert isinstance(ref_pruner.mode, CacheStableMode)
+    folds = ref_pruner.mode.folds._folds
     if folds and cached.fold.seed is not None:
         # The fold's whole state (cut, window, compressed, totals, notes): the stable prefix.
         assert cached.fold.seed == FoldState.of(folds[-1])

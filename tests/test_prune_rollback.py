@@ -133,7 +133,7 @@ def test_a_replaced_answer_rolls_back_instead_of_replaying() -> None:
     pruner = _pruner(3000, 4, True)
     history = _run(200)
     pruner.prune(history)
-    folds = pruner._stable
+    folds = pruner.mode.folds
     assert folds is not None
     original = folds._folds[-1]
     retried = [*history[:-1], Message("tool", "a different answer", tool_call_id="call_199")]

@@ -59,6 +59,7 @@ if _TYPE_CHECKING:
         read_artifact_tool,
     )
     from ctxkeep.builder import (
+        BuilderConfig,
         BuiltPrompt,
         ContextBuilder,
     )
@@ -116,6 +117,7 @@ if _TYPE_CHECKING:
     from ctxkeep.prune import (
         AsyncSummarizer,
         MessageDecision,
+        PrunerConfig,
         PruneReport,
         Summarizer,
         TokenPruner,
@@ -157,6 +159,7 @@ _LAZY: dict[str, str] = {
     "SQLiteArtifactStore": "ctxkeep.artifacts",
     "open_artifacts": "ctxkeep.artifacts",
     "read_artifact_tool": "ctxkeep.artifacts",
+    "BuilderConfig": "ctxkeep.builder",
     "BuiltPrompt": "ctxkeep.builder",
     "ContextBuilder": "ctxkeep.builder",
     "place_cache_breakpoints": "ctxkeep.anthropic_cache",
@@ -188,6 +191,7 @@ _LAZY: dict[str, str] = {
     "MessageDecision": "ctxkeep.prune",
     "PruneReport": "ctxkeep.prune",
     "Summarizer": "ctxkeep.prune",
+    "PrunerConfig": "ctxkeep.prune",
     "TokenPruner": "ctxkeep.prune",
     "from_responses": "ctxkeep.responses",
     "to_responses": "ctxkeep.responses",
@@ -245,6 +249,7 @@ __all__ = [
     "AsyncMemoryManager",
     "AsyncSummarizer",
     "BudgetExceededError",
+    "BuilderConfig",
     "BuiltPrompt",
     "CalibratedCounter",
     "ChatClient",
@@ -293,6 +298,7 @@ __all__ = [
     "PromptGate",
     "PromptTooLongError",
     "PruneReport",
+    "PrunerConfig",
     "RetrievalConfig",
     "SQLiteArtifactStore",
     "SchemaVersionError",

@@ -37,13 +37,14 @@ sections, rendered within their budgets) and :mod:`~ctxkeep.builder.core`
 (:class:`ContextBuilder`: the budgets, recall and the build steps).
 """
 
-from ctxkeep.builder.core import DEFAULT_MAX_FABRIC_TOKENS as DEFAULT_MAX_FABRIC_TOKENS
-from ctxkeep.builder.core import DEFAULT_MAX_PRIOR_TOKENS as DEFAULT_MAX_PRIOR_TOKENS
-from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS as DEFAULT_MAX_PROMPT_TOKENS
-from ctxkeep.builder.core import DEFAULT_RESERVE_OUTPUT_TOKENS as DEFAULT_RESERVE_OUTPUT_TOKENS
-from ctxkeep.builder.core import SECTION_SHARE as SECTION_SHARE
+from ctxkeep.builder.config import DEFAULT_MAX_FABRIC_TOKENS as DEFAULT_MAX_FABRIC_TOKENS
+from ctxkeep.builder.config import DEFAULT_MAX_PRIOR_TOKENS as DEFAULT_MAX_PRIOR_TOKENS
+from ctxkeep.builder.config import DEFAULT_MAX_PROMPT_TOKENS as DEFAULT_MAX_PROMPT_TOKENS
+from ctxkeep.builder.config import DEFAULT_RESERVE_OUTPUT_TOKENS as DEFAULT_RESERVE_OUTPUT_TOKENS
+from ctxkeep.builder.config import SECTION_SHARE as SECTION_SHARE
+from ctxkeep.builder.config import BuilderConfig
+from ctxkeep.builder.config import RecallScope as RecallScope
 from ctxkeep.builder.core import ContextBuilder
-from ctxkeep.builder.core import RecallScope as RecallScope
 from ctxkeep.builder.report import SECTIONS, BuildReport, BuiltPrompt, EpisodeDecision
 from ctxkeep.builder.report import EpisodeAction as EpisodeAction
 from ctxkeep.builder.sections import FABRIC_HEADER as FABRIC_HEADER
@@ -52,6 +53,7 @@ from ctxkeep.builder.sections import FABRIC_PREAMBLE as FABRIC_PREAMBLE
 __all__ = [
     "SECTIONS",
     "BuildReport",
+    "BuilderConfig",
     "BuiltPrompt",
     "ContextBuilder",
     "EpisodeDecision",

@@ -33,14 +33,23 @@ import copy
 import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from ctxkeep import _check
 from ctxkeep.builder.compose import prompt_budget
+from ctxkeep.builder.config import (
+    DEFAULT_MAX_FABRIC_TOKENS,
+    DEFAULT_MAX_PRIOR_TOKENS,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    DEFAULT_RESERVE_OUTPUT_TOKENS,
+    SECTION_SHARE,
+    BuilderConfig,
+    RecallScope,
+)
 from ctxkeep.builder.report import SECTIONS, BuildReport, BuiltPrompt, EpisodeDecision, _decision
 from ctxkeep.builder.sections import _history_section, _insertion_point, fabric_section, fit_hits
 from ctxkeep.config import setting_int
-from ctxkeep.errors import ConfigError, describe
+from ctxkeep.errors import ConfigError
 from ctxkeep.gate import PromptGate
 from ctxkeep.messages import SYSTEM_ROLES, Message
 from ctxkeep.prune import PruneReport, TokenPruner
@@ -51,16 +60,6 @@ from ctxkeep.tokens import TokenCounter, get_counter
 
 if TYPE_CHECKING:
     from ctxkeep.episodic.base import Hit
-
-
-RecallScope: TypeAlias = Literal["all", "agent", "task"]
-
-DEFAULT_MAX_PROMPT_TOKENS = 8192
-DEFAULT_RESERVE_OUTPUT_TOKENS = 1024
-DEFAULT_MAX_PRIOR_TOKENS = 1500
-DEFAULT_MAX_FABRIC_TOKENS = 1000
-SECTION_SHARE = 4
-"""A section's default budget is also at most 1/4 of the prompt budget (small windows)."""
 
 
 class _AsStored:
@@ -175,6 +174,19 @@ class ContextBuilder:
         self.memory: MemoryManager = _check.instance(
             "memory", memory, MemoryManager, "a MemoryManager (see ctxkeep.open_memory)"
         )
+        self.config = BuilderConfig(
+            max_prompt_tokens=max_prompt_tokens,
+            reserve_output_tokens=reserve_output_tokens,
+            max_prior_tokens=max_prior_tokens,
+            max_fabric_tokens=max_fabric_tokens,
+            recall_top_k=recall_top_k,
+            recall_min_score=recall_min_score,
+            recall_scope=recall_scope,
+            recall_current_session=recall_current_session,
+            max_prompt_length=max_prompt_length,
+            cache_stable=cache_stable,
+        )
+        """The settings, checked (:class:`~ctxkeep.builder.config.BuilderConfig`)."""
         if episodic is not None:
             _check.has_method("episodic", episodic, "search", "EpisodicMemoryStore")
         if fabric is not None:
@@ -190,77 +202,90 @@ class ContextBuilder:
                     f"the pruner counts with {pruner.counter!r} and the builder with {counter!r}: "
                     "pass the same counter to both (or leave the builder's out)"
                 )
-        self.max_prompt_tokens = _check.integer("max_prompt_tokens", max_prompt_tokens, minimum=2)
-        self.reserve_output_tokens = _check.integer(
-            "reserve_output_tokens", reserve_output_tokens, minimum=0
-        )
-        if self.reserve_output_tokens >= self.max_prompt_tokens:
-            raise ConfigError(
-                f"reserve_output_tokens ({reserve_output_tokens}) must be less than "
-                f"max_prompt_tokens ({max_prompt_tokens}): the prompt needs some of the window"
-            )
+            if cache_stable is not None and pruner.cache_stable != cache_stable:
+                raise ConfigError(
+                    f"cache_stable={cache_stable} but the pruner has cache_stable="
+                    f"{pruner.cache_stable}: configure the mode on the pruner (or leave this out)"
+                )
+        self.episodic = episodic
+        self.fabric = fabric
         self.counter: TokenCounter = (
             counter or (pruner.counter if pruner is not None else None) or get_counter()
         )
         budget = self.prompt_budget
-        self.max_prior_tokens = _section_cap(
-            "max_prior_tokens", max_prior_tokens, DEFAULT_MAX_PRIOR_TOKENS, budget
-        )
-        self.max_fabric_tokens = _section_cap(
-            "max_fabric_tokens", max_fabric_tokens, DEFAULT_MAX_FABRIC_TOKENS, budget
-        )
-        self.recall_top_k = _check.integer("recall_top_k", recall_top_k, minimum=0)
-        self.recall_min_score = (
-            None
-            if recall_min_score is None
-            else _check.number("recall_min_score", recall_min_score)
-        )
-        if recall_scope not in ("all", "agent", "task"):
-            raise ConfigError(
-                f"recall_scope must be 'all', 'agent' or 'task', got {describe(recall_scope)}"
-            )
-        self.recall_scope: RecallScope = recall_scope
-        self.recall_current_session = _check.flag("recall_current_session", recall_current_session)
-        self.episodic = episodic
-        self.fabric = fabric
-        cache_stable = _check.optional_flag("cache_stable", cache_stable)
-        if pruner is not None and cache_stable is not None and pruner.cache_stable != cache_stable:
-            raise ConfigError(
-                f"cache_stable={cache_stable} but the pruner has cache_stable="
-                f"{pruner.cache_stable}: configure the mode on the pruner (or leave this out)"
-            )
-        history = budget - self._wanted_room()
+        self.max_fabric_tokens, self.max_prior_tokens = self.config.section_caps(budget)
         self._own_pruner = pruner is None
         self._lock = threading.Lock()
-        if pruner is None:
-            # The mode is TokenPruner's default unless given; its budget only matters in
-            # cache-stable mode (the default mode prunes each build with what is left).
-            pruner = TokenPruner(max(1, history), counter=self.counter, cache_stable=cache_stable)
-            if pruner.cache_stable and history < 1:
-                raise self._no_history_room(budget)
-        elif pruner.cache_stable and pruner.max_token_budget > budget:
+        self.pruner: TokenPruner = pruner or self._default_pruner(budget)
+        self.gate = gate or PromptGate(
+            max_prompt_length=setting_int("max_prompt_length", max_prompt_length, None)
+            or sys.maxsize,
+            max_prompt_tokens=self.prompt_limit,
+            counter=self.counter,
+        )
+        if self.pruner.mode.keeps_budget and self.pruner.max_token_budget > budget:
             raise ConfigError(
-                f"the cache-stable pruner's budget ({pruner.max_token_budget}) exceeds the "
+                f"the cache-stable pruner's budget ({self.pruner.max_token_budget}) exceeds the "
                 f"prompt budget ({budget} = max_prompt_tokens - reserve_output_tokens, less "
                 "the margin of an estimated count): in cache-stable mode the pruner's own "
                 "budget is the history's"
             )
-        self.cache_stable: bool = pruner.cache_stable
-        self.pruner: TokenPruner = pruner
-        if gate is None:
-            length = setting_int("max_prompt_length", max_prompt_length, None)
-            gate = PromptGate(
-                max_prompt_length=length or sys.maxsize,
-                max_prompt_tokens=self.prompt_limit,
-                counter=self.counter,
-            )
-        self.gate = gate
         self._priming = self.counter.count_messages([])
+
+    def _default_pruner(self, budget: int) -> TokenPruner:
+        """The pruner a builder makes when given none: TokenPruner's mode unless
+        ``cache_stable`` says, with the history's budget (what a cache-stable one keeps; a
+        filling one is given each build's budget).
+        """
+        history = budget - self._wanted_room()
+        pruner = TokenPruner(
+            max(1, history), counter=self.counter, cache_stable=self.config.cache_stable
+        )
+        if pruner.mode.keeps_budget and history < 1:
+            raise self._no_history_room(budget)
+        return pruner
+
+    # -- settings (read from config) -------------------------------------------------------
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The model's context window, in tokens."""
+        return self.config.max_prompt_tokens
+
+    @property
+    def reserve_output_tokens(self) -> int:
+        """Tokens of the window kept for the reply."""
+        return self.config.reserve_output_tokens
+
+    @property
+    def recall_top_k(self) -> int:
+        """Most episodes recalled."""
+        return self.config.recall_top_k
+
+    @property
+    def recall_min_score(self) -> float | None:
+        """The least fused score of a recalled episode (None: any)."""
+        return self.config.recall_min_score
+
+    @property
+    def recall_scope(self) -> RecallScope:
+        """Where recall searches."""
+        return self.config.recall_scope
+
+    @property
+    def recall_current_session(self) -> bool:
+        """Whether episodes of the session being built are recalled."""
+        return self.config.recall_current_session
+
+    @property
+    def cache_stable(self) -> bool:
+        """Whether the history is pruned for a stable prefix (the pruner's mode)."""
+        return self.pruner.mode.keeps_budget
 
     @property
     def prompt_limit(self) -> int:
         """``max_prompt_tokens - reserve_output_tokens``: the default gate's token limit."""
-        return self.max_prompt_tokens - self.reserve_output_tokens
+        return self.config.prompt_limit
 
     @property
     def prompt_budget(self) -> int:
@@ -365,7 +390,7 @@ class ContextBuilder:
             prune_input = prefix + read.messages
             system_tokens = sum(self._tokens(m) for m in prune_input if m.role in SYSTEM_ROLES)
         else:
-            pruner = self._stable_pruner(budget) if self.cache_stable else self._pruner_for(budget)
+            pruner = self._pruner_for(budget)
             read = self.memory.build_prompt(session_id, system=head, pruner=pruner)
             pruned, report = read.messages, read.report
             assert report is not None  # a TokenPruner reports
@@ -374,7 +399,8 @@ class ContextBuilder:
         info, newest_user = read.info, read.newest_user
         notes: list[str] = []
         wanted = self._wanted_room()
-        if self.cache_stable:
+        keeps_budget = pruner.mode.keeps_budget
+        if keeps_budget:
             # The pruner keeps its own budget (a budget that moved would move its cuts): the
             # sections get the rest of the prompt budget, and what they leave is not used.
             floor = pruner.max_token_budget
@@ -390,7 +416,7 @@ class ContextBuilder:
             notes.append(
                 (
                     f"the cache-stable pruner's budget takes {floor}"
-                    if self.cache_stable
+                    if keeps_budget
                     else f"the system messages and the newest user message take {floor}"
                 )
                 + f" of the {budget} prompt tokens: {room} left for the fabric "
@@ -424,9 +450,9 @@ class ContextBuilder:
             budgets["prior_context"] = 0
             query = None
         used = sum(self._tokens(m) for m in sections)
-        history_budget = floor if self.cache_stable else budget - used
+        history_budget = floor if keeps_budget else budget - used
         budgets["history"] = history_budget
-        if used and not self.cache_stable and not deferred:
+        if used and not keeps_budget and not deferred:
             read = self.memory.build_prompt(
                 session_id, system=head, pruner=self._pruner_for(history_budget)
             )
@@ -455,12 +481,21 @@ class ContextBuilder:
         recall = self.max_prior_tokens if self.episodic is not None and self.recall_top_k else 0
         return fabric + recall
 
-    def _stable_pruner(self, budget: int) -> TokenPruner:
-        """The cache-stable pruner, within ``budget``: an estimating counter's margin can grow
-        as it calibrates, and a pruner the builder made is then made again with the budget
-        left (its fold starts over once); one the caller gave must fit as it is.
+    def _pruner_for(self, budget: int) -> TokenPruner:
+        """The pruner for a build whose history may take ``budget`` tokens.
+
+        A pruner that fills its budget is copied with this one (shallow: the caller's pruner
+        is not changed, and two builds at once, threads or ``abuild``, do not see each
+        other's budget). A cache-stable pruner keeps its fold and its own budget, which must
+        fit: an estimating counter's margin can grow as it calibrates, and a pruner the
+        builder made is then made again with the budget left (its fold starts over once);
+        one the caller gave must fit as it is.
         """
         pruner = self.pruner
+        if not pruner.mode.keeps_budget:
+            pruner = copy.copy(pruner)
+            pruner.max_token_budget = budget
+            return pruner
         if pruner.max_token_budget <= budget:
             return pruner
         if not self._own_pruner:
@@ -484,15 +519,6 @@ class ContextBuilder:
             f"the section budgets ({self._wanted_room()} tokens) leave no history budget in "
             f"the {budget}-token prompt: lower max_fabric_tokens / max_prior_tokens"
         )
-
-    def _pruner_for(self, budget: int) -> TokenPruner:
-        if self.cache_stable:
-            return self.pruner  # its fold state lives on it, with its own budget
-        # A shallow copy with this turn's budget: the caller's pruner is not changed, and two
-        # builds at once (threads, abuild) do not see each other's budget.
-        pruner = copy.copy(self.pruner)
-        pruner.max_token_budget = budget
-        return pruner
 
     def _finish(self, plan: _Plan, pruned: list[Message], prune_report: PruneReport) -> BuiltPrompt:
         """Put the sections before the newest user message, count, report, gate."""
@@ -574,12 +600,6 @@ class ContextBuilder:
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def _section_cap(name: str, value: Any, default: int, budget: int) -> int:
-    if value is None:
-        return min(default, budget // SECTION_SHARE)
-    return _check.integer(name, value, minimum=0)
 
 
 def _system_message(system: Any) -> list[Message]:

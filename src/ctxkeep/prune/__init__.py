@@ -44,9 +44,13 @@ input, read lazily), :mod:`~ctxkeep.prune.report`
 cuts a history into units and repairs it), :mod:`~ctxkeep.prune.fit` (token costs, compression
 and the default mode's plan), :mod:`~ctxkeep.prune.summary` (the summarizer protocols and the
 summary of dropped history) and :mod:`~ctxkeep.prune.pruner` (:class:`TokenPruner`, which
-inherits those layers, and the output step). The cache-stable fold is :mod:`ctxkeep.prune.stable`.
+inherits those layers, and the output step). Its settings are one frozen
+:class:`PrunerConfig` (:mod:`~ctxkeep.prune.config`); its plan stage is one of two modes, as
+values (:mod:`~ctxkeep.prune.modes`): filling the budget, or the cache-stable fold of
+:mod:`ctxkeep.prune.stable`.
 """
 
+from ctxkeep.prune.config import PrunerConfig
 from ctxkeep.prune.pruner import TokenPruner
 from ctxkeep.prune.report import Action as Action
 from ctxkeep.prune.report import MessageDecision, PruneReport
@@ -59,6 +63,7 @@ __all__ = [
     "AsyncSummarizer",
     "MessageDecision",
     "PruneReport",
+    "PrunerConfig",
     "Summarizer",
     "TokenPruner",
 ]

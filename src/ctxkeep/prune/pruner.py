@@ -1,7 +1,8 @@
 """TokenPruner: the configured pruner, its entry points and the output step.
 
-A prune takes three steps: a **plan** (the units kept and the messages compressed: the default
-mode's :meth:`~ctxkeep.prune.fit._Fitter._plan`, or in the cache-stable mode the fold of
+A prune takes three steps: a **plan** (the units kept and the messages compressed, by the
+pruner's :attr:`~TokenPruner.mode`, a value of :mod:`ctxkeep.prune.modes`: the fill mode's
+:meth:`~ctxkeep.prune.fit._Fitter._plan`, or the cache-stable fold of
 :mod:`ctxkeep.prune.stable`), an optional **summary** of the dropped history
 (:mod:`ctxkeep.prune.summary`), and the **output** (:meth:`TokenPruner._assemble`): the kept
 messages in input order, compressed and synthetic ones in place, the summary where the dropped
@@ -24,8 +25,8 @@ from ctxkeep.foldstate import FoldMismatch, FoldState
 from ctxkeep.messages import Message
 from ctxkeep.prune.config import PrunerConfig
 from ctxkeep.prune.inputs import Reader, as_list
+from ctxkeep.prune.modes import CacheStableMode, PruneMode, mode_for
 from ctxkeep.prune.report import Action, PruneReport, _with_originals
-from ctxkeep.prune.stable import _StableFolds
 from ctxkeep.prune.summary import AsyncSummarizer, Summarizer, _Summaries
 from ctxkeep.prune.units import _Plan
 from ctxkeep.tokens import TokenCounter, get_counter
@@ -162,8 +163,9 @@ class TokenPruner(_Summaries):
         )
         self.summarizer = summarizer
         self._reader = Reader()
-        self._stable = _StableFolds(self) if self.config.cache_stable else None
-        self._counts = getattr(self.counter, "version", None)
+        self.mode: PruneMode = mode_for(self)
+        """The plan stage (:mod:`ctxkeep.prune.modes`): fill the budget on every prune, or
+        prune in jumps for a stable prefix (``cache_stable``)."""
         self._priming = self.counter.count_messages([])
         # The compressed form is cached on the message, keyed by the store object itself (a
         # strong reference: a store's id could be reused after it is collected).
@@ -192,6 +194,16 @@ class TokenPruner(_Summaries):
             **{k: getattr(config, k) for k in _SETTINGS if k != "max_token_budget"},
         )
 
+    def __copy__(self) -> TokenPruner:
+        """A shallow copy (the same counter, artifact store and summarizer) with a mode of
+        its own: a mode plans with the pruner it was made for, so a copy given another budget
+        plans with that budget, and a cache-stable copy folds apart from this pruner.
+        """
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.mode = mode_for(clone)
+        return clone
+
     # -- public --------------------------------------------------------------------------
 
     def prune(self, messages: Sequence[Any]) -> list[Message]:
@@ -210,7 +222,7 @@ class TokenPruner(_Summaries):
                 with no content or duplicate tool call ids in one message.
 
         """
-        plan = self._plan_either(messages)
+        plan = self.mode.plan(as_list(messages))  # a list once: an iterator is read once
         summary, error = self._summarize(plan)
         return self._assemble(plan, summary, error)
 
@@ -222,7 +234,7 @@ class TokenPruner(_Summaries):
         self, messages: Sequence[Any]
     ) -> tuple[list[Message], PruneReport]:
         """Async :meth:`prune_with_report` (awaits an async summarizer)."""
-        plan = self._plan_either(messages)
+        plan = self.mode.plan(as_list(messages))  # a list once: an iterator is read once
         summary, error = await self._asummarize(plan)
         return self._assemble(plan, summary, error)
 
@@ -235,19 +247,15 @@ class TokenPruner(_Summaries):
         (:mod:`ctxkeep.prune.snapshots`).
 
         Raises:
-            FoldMismatch: ``seed`` does not describe ``messages``.
+            FoldMismatch: ``seed`` does not describe ``messages``, or this pruner does not
+                prune in the cache-stable mode.
             Whatever :meth:`prune` raises.
 
         """
-        stable = self._folds()
-        if stable is None:
+        mode = self.mode
+        if not isinstance(mode, CacheStableMode):
             raise FoldMismatch("not a cache-stable pruner")
-        if self._counts is not None:
-            seed = None  # an estimate's counts change as it learns: no state stands for them
-        items = as_list(messages)
-        plan, state = stable.plan_state(items, seed, state=True)
-        if plan is None:
-            plan = self._plan(items)  # an empty history (a seed never gets here)
+        plan, state = mode.plan_state(as_list(messages), seed)
         summary, error = self._summarize(plan)
         out, report = self._assemble(plan, summary, error)
         return out, report, state
@@ -256,30 +264,12 @@ class TokenPruner(_Summaries):
         self, memory: MemoryManager, session_id: str, prefix: list[Message]
     ) -> SessionPrompt | None:
         """How this pruner reads a stored session (what
-        :meth:`~ctxkeep.MemoryManager.build_prompt` asks of it): the newest pages in the
-        default mode, the fold snapshot in the cache-stable mode (:mod:`ctxkeep.prune.read`);
-        None where it needs every message (the manager reads them all).
+        :meth:`~ctxkeep.MemoryManager.build_prompt` asks of it): its :attr:`mode`'s read, the
+        newest pages when it fills the budget, the fold snapshot when it is cache-stable
+        (:mod:`ctxkeep.prune.modes`); None where it needs every message (the manager reads
+        them all).
         """
-        from ctxkeep.prune.read import read_prompt
-
-        return read_prompt(memory, session_id, prefix, self)
-
-    def _folds(self) -> _StableFolds | None:
-        """The cache-stable folds, dropped when the counter's counts changed since they were
-        made (an estimating counter that learnt a new ratio announces it by its ``version``:
-        sums kept from the old counts would let a prompt overrun its budget).
-        """
-        if self._stable is not None and self._counts is not None:
-            version = getattr(self.counter, "version", None)
-            if version != self._counts:
-                self._stable, self._counts = _StableFolds(self), version
-        return self._stable
-
-    def _plan_either(self, messages: Sequence[Any]) -> _Plan:
-        items = as_list(messages)  # once: an iterator is read once, whichever mode plans
-        stable = self._folds()
-        plan = stable.plan(items) if stable is not None else None
-        return plan if plan is not None else self._plan(items)
+        return self.mode.read(memory, session_id, prefix)
 
     # -- output --------------------------------------------------------------------------
 

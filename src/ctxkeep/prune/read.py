@@ -2,9 +2,9 @@
 
 :meth:`~ctxkeep.MemoryManager.build_prompt` asks the pruner how it reads
 (``pruner.read_prompt(memory, session_id, prefix)``); a :class:`~ctxkeep.TokenPruner` answers
-with :func:`read_prompt`, which picks the strategy from the pruner's mode:
+with its mode's read (:mod:`ctxkeep.prune.modes`), one of the strategies here:
 
-* the default mode (``cache_stable=False``, no summarizer) reads the newest pages of the session
+* the fill mode (``cache_stable=False``, no summarizer) reads the newest pages of the session
   until the prune of what it read provably is the prune of it all
   (:func:`prompt_from_pages`, the proof in :mod:`ctxkeep.prune.tail`);
 * the cache-stable mode reads from the fold snapshot stored with the session at its last cut
@@ -29,39 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 from ctxkeep.foldstate import FoldMismatch, Unread, UnreadMessageTouched
 from ctxkeep.messages import SYSTEM_ROLES, Message, missing_content
-from ctxkeep.prune.snapshots import fold_history, fold_prompt, snapshot_key, store_fold
-from ctxkeep.prune.tail import pages_suffice, prompt_from_tail
+from ctxkeep.prune.snapshots import fold_history, fold_prompt, store_fold
+from ctxkeep.prune.tail import prompt_from_tail
 from ctxkeep.sessions.base import CachedHistory, SessionPrompt, newest_user
 from ctxkeep.sessions.records import SessionInfo, record_to_message
 
 if TYPE_CHECKING:
     from ctxkeep.prune import PruneReport, TokenPruner
-    from ctxkeep.sessions.base import HistoryReads, MemoryManager
+    from ctxkeep.sessions.base import HistoryReads
 
 _UNREAD_PAGE = Unread("older than the pages read")
 """The place of a message a paged prompt read did not need, in its report."""
-
-
-def read_prompt(
-    memory: MemoryManager, session_id: str, prefix: list[Message], pruner: TokenPruner
-) -> SessionPrompt | None:
-    """The session's prompt for ``pruner`` read the way it needs (see the module docstring),
-    or None where it needs every message (the manager then reads them all).
-
-    Raises:
-        SessionNotFoundError: unknown, deleted or expired session.
-        Whatever the pruner raises.
-
-    """
-    reads = memory.reads
-    if pages_suffice(pruner):
-        found = prompt_from_pages(reads, session_id, prefix, pruner)
-        if found is not None:
-            return found
-    key = snapshot_key(pruner, prefix) if reads.backend.supports_folds else None
-    if key is not None:
-        return prompt_from_fold(reads, session_id, prefix, pruner, key)
-    return None
 
 
 def prompt_from_pages(
@@ -293,4 +271,4 @@ def prompt_from_fold(
     return SessionPrompt(info, out, report, newest_user(loaded.history))
 
 
-__all__ = ["prompt_from_fold", "prompt_from_pages", "read_prompt"]
+__all__ = ["prompt_from_fold", "prompt_from_pages"]
