@@ -26,11 +26,17 @@ Redis with neither AOF nor RDB persistence loses them all on a restart, and ever
 answers 401. serve refuses such a Redis (or one whose persistence it cannot check, or that
 evicts any key under memory pressure) unless given --allow-volatile-redis.
 
+Slow and greedy clients are bounded: a request's headers must arrive within --header-timeout
+seconds and its body within --body-timeout more (else 408 and the connection is closed), at
+most --max-connections connections are open at once (a request beyond: 503), and a body holds
+at most --max-body-bytes and --max-append-messages messages (else 413 or 422, nothing stored).
+
 examples:
   ctxkeep serve
   ctxkeep serve --db sqlite:///srv/ctxkeep.db --port 8765
   ctxkeep serve --db redis://127.0.0.1:6379/0 --host 0.0.0.0 --port 9000
   ctxkeep serve --db memory:// --embedder hash
+  ctxkeep serve --header-timeout 5 --max-connections 200 --max-append-messages 500
 """
 
 DEFAULT_PORT = 8765
@@ -39,6 +45,13 @@ DEFAULT_KEEP_ALIVE = 75
 expiry: a client that waits about 5 s between calls, an LLM call between two appends, then
 sends a request on a connection the server is closing and gets a read error). Longer than any
 client's, the client closes first (75 s: nginx's default)."""
+
+DEFAULT_MAX_CONNECTIONS = 1000
+"""uvicorn's ``limit_concurrency`` (it sets none of its own): a request arriving on a connection
+that makes this many open (itself included), or while this many requests are in flight, is
+answered 503 (uvicorn's, in plain text). Below the 1,024 open files a process gets by default,
+so the server refuses with 503 before the operating system refuses it sockets. Connections
+that send no request are closed by the header timeout."""
 
 
 def register(sub: Any) -> None:
@@ -59,6 +72,34 @@ def register(sub: Any) -> None:
         type=positive_int,
         default=None,
         help="largest request body accepted (default 4 MiB)",
+    )
+    p.add_argument(
+        "--max-append-messages",
+        type=positive_int,
+        default=None,
+        help="most messages one request may write (default 1000); more answer 422 and "
+        "nothing is stored",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=positive_int,
+        default=None,
+        help="seconds a request's headers may take to arrive, from the connection's opening "
+        "or their first byte (default 10); then 408 and the connection is closed (slowloris)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=positive_int,
+        default=None,
+        help="seconds a request's body may take to arrive after its headers (default 60); "
+        "then 408 and the connection is closed",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"most connections open, the new one included, and requests in flight (default "
+        f"{DEFAULT_MAX_CONNECTIONS}); a request beyond either answers 503",
     )
     p.add_argument(
         "--keep-alive",
@@ -90,17 +131,20 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as exc:
         raise MissingDependencyError("uvicorn", "server") from exc
-    from ctxkeep.server.app import ACCESS_LOGGER, DEFAULT_MAX_BODY_BYTES, create_app
+    from ctxkeep.server import app as server
+    from ctxkeep.server.models import DEFAULT_MAX_APPEND_MESSAGES
 
-    app = create_app(
+    app = server.create_app(
         args.db,
-        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes=args.max_body_bytes or server.DEFAULT_MAX_BODY_BYTES,
+        body_timeout=args.body_timeout or server.DEFAULT_BODY_TIMEOUT,
+        max_append_messages=args.max_append_messages or DEFAULT_MAX_APPEND_MESSAGES,
         embedder=args.embedder,
         require_persistent_keys=not args.allow_volatile_redis,
     )
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
-    access = logging.getLogger(ACCESS_LOGGER)
+    access = logging.getLogger(server.ACCESS_LOGGER)
     access.addHandler(handler)
     access.setLevel(logging.INFO)
     access.propagate = False
@@ -111,5 +155,7 @@ def run(args: argparse.Namespace) -> int:
         access_log=False,
         log_level="info",
         timeout_keep_alive=args.keep_alive,
+        http=server.HeaderTimeout.after(args.header_timeout or server.DEFAULT_HEADER_TIMEOUT),
+        limit_concurrency=args.max_connections,
     )
     return 0

@@ -4,13 +4,19 @@ Requests pass, outermost first, through:
 
 1. :class:`AccessLog`: one JSON line per request on the ``ctxkeep.server.access`` logger
    (method, path template, status, duration in ms, tenant; never a header, so never a key);
-2. :class:`BodyLimit`: a body over ``max_body_bytes`` is refused with 413 before anything
-   parses it (by its ``Content-Length``, or once that many bytes have arrived);
+2. :class:`RequestLimits`: a body over ``max_body_bytes`` is refused with 413 before anything
+   parses it, one that takes longer than ``body_timeout`` to arrive with 408, and a request
+   that writes more than ``max_append_messages`` messages with 422 (a request's work is
+   bounded by its messages, not its bytes alone);
 3. FastAPI's routing; the ``/v1`` routes (sessions, messages and prompts in
    :mod:`ctxkeep.server.routes`; artifacts, episodes and checkpoints in
    :mod:`~ctxkeep.server.routes_memory`; task state and the bus in
    :mod:`~ctxkeep.server.routes_fabric`) authenticate with ``Authorization: Bearer <key>``
    and run against the key's tenant's stores only.
+
+Below the app, in the HTTP protocol, :class:`HeaderTimeout` closes a connection whose request
+head has not arrived within ``header_timeout`` (slowloris); ``ctxkeep serve`` runs uvicorn with
+it and with a limit on connections (:mod:`ctxkeep.cli.serve`).
 
 The app imports the routes; the routes never import the app. What both need (the
 :class:`~ctxkeep.server.deps.ServerState` on ``app.state.ctxkeep``, the request's record for
@@ -28,10 +34,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ctxkeep.errors import MissingDependencyError
 
@@ -39,6 +47,7 @@ if TYPE_CHECKING:
     from ctxkeep.episodic import Embedder
 
 try:
+    import h11
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.openapi.utils import get_openapi
@@ -46,8 +55,9 @@ try:
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.routing import Match
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise MissingDependencyError("fastapi", "server") from exc
+    raise MissingDependencyError(exc.name or "fastapi", "server") from exc
 
 from ctxkeep._version import __version__
 from ctxkeep.errors import ConfigError, CtxkeepError
@@ -55,6 +65,7 @@ from ctxkeep.server import problems, routes_fabric, routes_memory
 from ctxkeep.server.deps import ServerState, Unauthorized, request_info
 from ctxkeep.server.inspector import router as inspector_router
 from ctxkeep.server.keys import KeyRegistry, open_key_registry
+from ctxkeep.server.models import APPEND_LIMIT, DEFAULT_MAX_APPEND_MESSAGES
 from ctxkeep.server.routes import router
 from ctxkeep.server.tenants import DEFAULT_MAX_OPEN, TenantStores
 from ctxkeep.server.wire import evicted_to_wire
@@ -64,6 +75,19 @@ from ctxkeep.tokens import get_counter
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 """4 MiB: room for a batch of long tool outputs; a bigger body is refused with 413."""
+
+DEFAULT_HEADER_TIMEOUT = 10
+"""Seconds a client has to send a request's head (request line and headers). uvicorn sets no
+such limit: connections that never finished their headers were never closed (1,000 of 1,000
+still open after 40 s, issue 25), each holding a socket and a place under the connection
+limit. HTTP clients send a head in one write; 10 s leaves room for a slow link."""
+
+DEFAULT_BODY_TIMEOUT = 60
+"""Seconds a request's body has to arrive after its head: the default body limit, 4 MiB, at
+70 KB/s; a client that trickles its body (a slow POST) is cut off after that."""
+
+REQUEST_TIMEOUT = problems.ProblemKind(None, 408, "request-timeout", "Request timeout")
+"""A head or body that did not arrive in time (the connection is closed after it)."""
 
 ACCESS_LOGGER = "ctxkeep.server.access"
 log = logging.getLogger("ctxkeep.server")
@@ -85,41 +109,56 @@ def problem_response(
 # -- middleware ---------------------------------------------------------------------------------
 
 
-class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with 413, before the app reads them.
+class RequestLimits:
+    """Bound a request's work before the app runs: its body's size, the time its body takes to
+    arrive, and how many messages it may write.
 
-    The body is read here, at most ``limit`` bytes of it, and replayed to the app: so a
-    chunked upload without ``Content-Length`` is cut off at the limit too.
+    * A body over ``max_body_bytes`` is refused with 413 (by its ``Content-Length``, or once that
+      many bytes have arrived: a chunked upload is cut off at the limit too).
+    * A body that has not all arrived ``body_timeout`` seconds after the request's head is
+      refused with 408 and the connection closed: a client that trickles its body (a slow POST)
+      holds no connection longer than that. (A head that never ends is the protocol's to
+      time out: :class:`HeaderTimeout`.)
+    * A request body with more than ``max_append_messages`` messages to write is refused with
+      422 by its model (:data:`ctxkeep.server.models.APPEND_LIMIT`, set here per request).
+
+    The body is read here, whole, and replayed to the app.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, body_timeout: float, max_append_messages: int
+    ) -> None:
         self.app = app
-        self.limit = limit
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self.max_append_messages = max_append_messages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Read the body up to the limit, then run the app on it (or answer 413)."""
+        """Read the body within the limits, then run the app on it (or answer 413 or 408)."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, send)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._refuse(scope, send, self._too_large())
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await self._refuse(scope, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                body = await self._read(receive)
+        except TimeoutError:
+            problem = problems.http_problem(
+                REQUEST_TIMEOUT,
+                f"the request body did not arrive within {self.body_timeout:g} s of its "
+                "headers; send it without pauses",
+                timeout=self.body_timeout,
+            )
+            await self._refuse(scope, send, problem)
+            return
+        if body is None:
+            return  # the client went away
+        if len(body) > self.max_body_bytes:
+            await self._refuse(scope, send, self._too_large())
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -129,15 +168,35 @@ class BodyLimit:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, replay, send)
+        token = APPEND_LIMIT.set(self.max_append_messages)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            APPEND_LIMIT.reset(token)
 
-    async def _refuse(self, scope: Scope, send: Send) -> None:
-        problem = problems.http_problem(
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The body, or just over ``max_body_bytes`` of it (None: the client went away)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            chunks.append(chunk)
+            if size > self.max_body_bytes or not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self) -> dict[str, Any]:
+        return problems.http_problem(
             problems.BODY_TOO_LARGE,
-            f"the request body exceeds the server's limit of {self.limit} bytes; send fewer "
-            "or smaller messages per request",
-            limit=self.limit,
+            f"the request body exceeds the server's limit of {self.max_body_bytes} bytes; send "
+            "fewer or smaller messages per request",
+            limit=self.max_body_bytes,
         )
+
+    async def _refuse(self, scope: Scope, send: Send, problem: dict[str, Any]) -> None:
         response = problem_response(problem, headers={"Connection": "close"})
         await response(scope, _no_body, send)
 
@@ -215,6 +274,100 @@ def _match(routes: list[Any], scope: Scope) -> str | None:
         if isinstance(path, str) and route.matches(scope)[0] is not Match.NONE:
             return path
     return None
+
+
+# -- the HTTP protocol --------------------------------------------------------------------------
+
+
+class HeaderTimeout(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on request heads (slowloris).
+
+    uvicorn 0.x has no header timeout, with h11 or httptools: ``timeout_keep_alive`` starts
+    only once a response is done, so a new connection, or one that has begun a head and stops,
+    is kept forever. Here, while the server waits for a head, one of two timers runs: uvicorn's
+    keep-alive timer on a connection idle between requests (nothing of the next request has
+    arrived), and this one otherwise, from a connection's opening or from the first byte of a
+    head after a response. It stops when the head is complete (the body has its own deadline,
+    :class:`RequestLimits`). When it fires, the client gets a 408 problem and the connection is
+    closed. It is a deadline, not an idle timeout: a client that sends a header line every few
+    seconds is closed all the same.
+
+    It reads two attributes of uvicorn's protocol, ``conn`` (the h11 connection) and
+    ``timeout_keep_alive_task``, and hooks four methods, all unchanged since uvicorn 0.30.
+    ``ctxkeep serve`` makes every connection with it (h11 even where httptools is installed):
+    ``uvicorn.run(app, http=HeaderTimeout.after(seconds))``.
+    """
+
+    header_timeout: ClassVar[float] = DEFAULT_HEADER_TIMEOUT
+    """Seconds a request's head may take."""
+    _head_timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def after(cls, seconds: float) -> type[HeaderTimeout]:
+        """This protocol with a deadline of ``seconds`` (uvicorn takes a class, not an
+        instance).
+        """
+        return type(cls.__name__, (cls,), {"header_timeout": seconds})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Accept the connection; its first head is due within the deadline."""
+        super().connection_made(transport)
+        self._watch_head()
+
+    def data_received(self, data: bytes) -> None:
+        """Parse what arrived; time the head it begins, or stop timing the head it ends."""
+        super().data_received(data)
+        self._watch_head()
+
+    def on_response_complete(self) -> None:
+        """After a response: uvicorn's keep-alive timer, or this one for a pipelined head."""
+        super().on_response_complete()
+        self._watch_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The connection is gone: no timer outlives it."""
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _watch_head(self) -> None:
+        awaiting = (
+            self.conn.their_state is h11.IDLE
+            and self.timeout_keep_alive_task is None
+            and not self.transport.is_closing()
+        )
+        if not awaiting:
+            self._stop_head_timer()
+        elif self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        detail = (
+            f"the request's headers did not arrive within {self.header_timeout:g} s; send "
+            "them without pauses"
+        )
+        # No request was parsed, so h11 cannot frame a response: the bytes are written as is.
+        self.transport.write(_raw_problem(problems.http_problem(REQUEST_TIMEOUT, detail)))
+        self.transport.close()
+
+
+def _raw_problem(problem: dict[str, Any]) -> bytes:
+    """A problem as the bytes of an HTTP/1.1 response that closes the connection."""
+    body = json.dumps(problem).encode()
+    status = int(problem["status"])
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        f"content-type: {problems.PROBLEM_CONTENT_TYPE}\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
 
 
 # -- error handlers -----------------------------------------------------------------------------
@@ -329,6 +482,15 @@ def _refuse_volatile_keys(keys: KeyRegistry) -> None:
     )
 
 
+def _check_positive(name: str, value: object, *, whole: bool) -> None:
+    """Raise ConfigError unless ``value`` is a positive int (``whole``) or finite number."""
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ConfigError(f"{name} must be {'an int' if whole else 'a number'}, got {value!r}")
+    if not 0 < value < math.inf:
+        raise ConfigError(f"{name} must be positive, got {value}")
+
+
 # -- the app ------------------------------------------------------------------------------------
 
 
@@ -338,6 +500,8 @@ def create_app(
     config: MemoryConfig | None = None,
     clock: Callable[[], float] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    max_append_messages: int = DEFAULT_MAX_APPEND_MESSAGES,
     max_open_tenants: int = DEFAULT_MAX_OPEN,
     embedder: str | Embedder = "local",
     require_persistent_keys: bool = False,
@@ -351,6 +515,10 @@ def create_app(
         config: every tenant's session bounds (default: :func:`~ctxkeep.default_memory_config`).
         clock: the time source for TTL and LRU (tests).
         max_body_bytes: the largest request body accepted (larger: 413).
+        body_timeout: seconds a request body may take to arrive after its head (longer: 408,
+            and the connection is closed).
+        max_append_messages: the most messages one request may write (more: 422, nothing
+            stored).
         max_open_tenants: tenants' stores kept open at once (least recently used closed).
         embedder: the episodic embedder: ``local`` (the library's default), ``openai``,
             ``hash`` (tests only) or an :class:`~ctxkeep.episodic.Embedder`; made on first
@@ -370,10 +538,9 @@ def create_app(
         StorageError: the store cannot be reached.
 
     """
-    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
-        raise ConfigError(f"max_body_bytes must be an int, got {max_body_bytes!r}")
-    if max_body_bytes < 1:
-        raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    _check_positive("max_body_bytes", max_body_bytes, whole=True)
+    _check_positive("max_append_messages", max_append_messages, whole=True)
+    _check_positive("body_timeout", body_timeout, whole=False)
     url = db_url or default_url()
     keys = open_key_registry(url)
     try:
@@ -416,7 +583,12 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected)
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(
+        RequestLimits,
+        max_body_bytes=max_body_bytes,
+        body_timeout=body_timeout,
+        max_append_messages=max_append_messages,
+    )
     app.add_middleware(AccessLog, routes=lambda: app.routes)
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app
