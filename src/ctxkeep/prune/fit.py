@@ -1,11 +1,15 @@
 """The plan: which units of a history go into a prompt, and which outputs are compressed.
 
-:meth:`_Fitter._plan` is the default mode (rules 2 to 5 of :mod:`ctxkeep.prune`): it pins the
-newest user message, walks the units from the newest back (:mod:`ctxkeep.prune.units`) and
-hands them to :meth:`_Fitter._fit`, which keeps the recent units (compressing their tool
-outputs, then dropping the oldest of them, if they do not fit) and adds older units while they
-fit. The cache-stable fold (:mod:`ctxkeep.prune.stable`) calls ``_fit`` at each cut with its
-own walk and limit.
+:meth:`_Fitter._plan` is the fill mode's plan (rules 2 to 5 of :mod:`ctxkeep.prune`): it pins
+the newest user message, walks the units from the newest back (:mod:`ctxkeep.prune.units`) and
+hands them to :meth:`_Fitter._fit`, which goes in steps, each its own function over unit costs:
+the recent units taken from the walk (:func:`_recent_units`), the conversation's head weighed
+beside the system messages and the newest user message (``_fit_head``: kept, compressed or
+dropped), what must be kept brought within the budget (``_fit_must_keep``: recent outputs
+compressed, then the oldest recent units dropped, then the newest user message compressed; else
+``_over_budget`` names what is in the way), and older units added while they fit (``_fill``).
+The cache-stable fold (:mod:`ctxkeep.prune.stable`) calls ``_fit`` at each cut with its own
+walk and limit.
 
 A unit costs the tokens of its messages (counted once per message and cached), a compressed
 message counted in its compressed form. :meth:`_Fitter.compress` turns a tool output into its
@@ -14,7 +18,7 @@ head, its tail and a ref to the full text, which is stored in the pruner's artif
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -239,185 +243,290 @@ class _Fitter(_Walk):
         message is compressed); a head unit that is the newest user message is that message.
         """
         budget = self.max_token_budget
-        recent: list[_Unit] = []
-        pending: _Unit | None = None
-        seen = 0
-        pinned_user: _Unit | None = None
-        head = list(head)
-        for u in head:
-            if u.start == user_idx:
-                head.remove(u)
-                u.pinned = True
-                pinned_user = u
-                break
-        lost_head: list[_Unit] = []
-        older: list[_Unit] = []  # a unit walked past once the recent ones are complete
-        for unit, state in walker:
-            if state == "pending":
-                pending = unit
-                notes.append("dropped a trailing tool call whose results have not arrived")
-                continue
-            if seen < self.preserve_last_n:
-                recent.append(unit)
-                seen += len(unit.members)
-                if unit.start == user_idx:
-                    unit.pinned = True
-                continue
-            if unit.start == user_idx:
-                unit.pinned = True
-                pinned_user = unit
-            else:
-                older.append(unit)
-            break
-        if user_idx >= 0 and pinned_user is None and not any(u.pinned for u in recent):
-            pinned_user = _Unit(user_idx, [user_idx], tool=False, pinned=True)
-
-        must = (
-            sys_tokens + self._priming + sum(self._unit_tokens(msgs, u, compressed) for u in recent)
+        head, pinned_user = _user_out_of_head(head, user_idx)
+        recent, older, pending, pinned_user = _recent_units(
+            walker, user_idx, self.preserve_last_n, pinned_user, notes
         )
+        cost = self._unit_tokens
+        must = sys_tokens + self._priming + sum(cost(msgs, u, compressed) for u in recent)
         if pinned_user is not None:
-            must += self._unit_tokens(msgs, pinned_user, compressed)
-        head_cost = sum(self._unit_tokens(msgs, u, compressed) for u in head)
-        must += head_cost
+            must += cost(msgs, pinned_user, compressed)
+        must += sum(cost(msgs, u, compressed) for u in head)
         if squeeze and must > limit and self.compress_threshold is not None:
             # A cache-stable cut whose must-keep part is above the low-water mark: recent tool
             # outputs over the threshold are compressed, oldest first, as older ones are, so
             # the cut still jumps down (else every new unit would cut again).
-            for u in reversed(recent):
-                if must <= limit:
-                    break
-                if u.tool:
-                    before = self._unit_tokens(msgs, u, compressed)
-                    if self._compress_unit(msgs, u, compressed, self.compress_threshold):
-                        must += self._unit_tokens(msgs, u, compressed) - before
-                        notes.append("compressed recent tool output to reach the low-water mark")
-
-        dropped: list[_Unit] = []
-        rest: Any = None  # the part of the walk not taken yet (all of it dropped)
-        kept: list[_Unit] = list(recent)
+            must = self._compress_recent(
+                msgs,
+                recent,
+                compressed,
+                must,
+                limit,
+                self.compress_threshold,
+                notes,
+                "compressed recent tool output to reach the low-water mark",
+            )
+        lost_head: list[_Unit] = []
         if must > budget and head:
             user_unit = pinned_user or next((u for u in recent if u.pinned), None)
-            fixed = sys_tokens + self._priming
-            if user_unit is not None:
-                fixed += self._unit_tokens(msgs, user_unit, compressed)
-            j = user_unit.start if user_unit is not None else -1
-            if fixed > budget and self.compress_oversized_user and j >= 0 and j not in compressed:
-                # The newest user message alone exceeds the budget beside the system messages:
-                # it is compressed anyway (below), so the head is weighed against its excerpt.
-                fixed += min(0, self.tokens(self.compress(msgs[j])) - self.tokens(msgs[j]))
-            if fixed + head_cost > budget:
-                for u in head:
-                    for j in u.members:
-                        m = msgs[j]
-                        if j not in compressed:
-                            c = self.compress(m)
-                            if self.tokens(c) < self.tokens(m):
-                                compressed[j] = c
-                cost = sum(self._unit_tokens(msgs, u, compressed) for u in head)
-                must += cost - head_cost
-                head_cost = cost
-                notes.append(
-                    "compressed the task (the conversation's first user message): with the "
-                    "system messages and the newest user message it exceeds the budget"
-                )
-                if fixed + head_cost > budget:
-                    must -= head_cost
-                    for u in head:
-                        for j in u.members:
-                            compressed.pop(j, None)
-                    lost_head, head = head, []
-                    notes.append(
-                        "dropped the task (the conversation's first user message): even "
-                        "compressed it does not fit beside the system messages and the newest "
-                        "user message"
-                    )
+            head, lost_head, must = self._fit_head(
+                msgs, head, user_unit, sys_tokens, compressed, must, notes
+            )
+        kept = list(recent)
+        dropped: list[_Unit] = []
         if must > budget:
-            # Compress recent tool outputs, oldest first, then drop the oldest recent units.
-            for u in reversed(recent):
-                if must <= budget:
-                    break
-                if u.tool:
-                    before = self._unit_tokens(msgs, u, compressed)
-                    if self._compress_unit(msgs, u, compressed, 0):
-                        must += self._unit_tokens(msgs, u, compressed) - before
-                        notes.append("compressed recent tool output to fit the budget")
-            for u in reversed(recent):
-                if must <= budget:
-                    break
-                if u.pinned:
-                    continue
-                must -= self._unit_tokens(msgs, u, compressed)
-                kept.remove(u)
-                dropped.append(u)
-                for j in u.members:
-                    compressed.pop(j, None)
-                notes.append("dropped a recent unit to fit the budget")
-            user_unit = pinned_user or next((u for u in kept if u.pinned), None)
-            j = user_unit.start if user_unit is not None else -1
-            if must > budget and self.compress_oversized_user and j >= 0 and j not in compressed:
-                c = self.compress(msgs[j])
-                if self.tokens(c) < self.tokens(msgs[j]):
-                    must += self.tokens(c) - self.tokens(msgs[j])
-                    compressed[j] = c
-                    notes.append("compressed the newest user message: alone it exceeds the budget")
+            must = self._fit_must_keep(msgs, kept, dropped, pinned_user, compressed, must, notes)
             if must > budget:
-                blocking = [f"system messages: {sys_tokens} tokens"] if system else []
-                blocking += [
-                    f"message {u.start} ({msgs[u.start].role}): "
-                    f"{self._unit_tokens(msgs, u, compressed)} tokens"
-                    for u in [*head, *kept]
-                ]
-                if pinned_user is not None:
-                    j = pinned_user.start
-                    blocking.append(
-                        f"newest user message {j}: {self.tokens(compressed.get(j, msgs[j]))} tokens"
-                    )
-                raise BudgetExceededError(budget=budget, required=must, blocking=blocking)
-
+                raise self._over_budget(
+                    msgs, system, sys_tokens, [*head, *kept], pinned_user, compressed, must
+                )
         if pinned_user is not None:
             kept.append(pinned_user)
         kept += head
         total = must
-        summary_room = 0
-        if not dropped:
-            # Fill with older units, newest first; continue the walk past the pinned user.
-            candidates = [u for u in older if not u.pinned]
-            walking = iter(candidates)
-            rest_walker = walker
-            stop = False
-            while not stop:
-                u_next = next(walking, None)
-                if u_next is None:
-                    nxt = next(rest_walker, None)
-                    if nxt is None:
-                        break
-                    u_next = nxt[0]
-                    if u_next.start == user_idx:
-                        continue  # the pinned user message, already kept
-                u = u_next
-                if u.tool and self.compress_threshold is not None:
-                    self._compress_unit(msgs, u, compressed, self.compress_threshold)
-                cost = self._unit_tokens(msgs, u, compressed)
-                if total + cost > limit and u.tool and self._compress_unit(msgs, u, compressed, 0):
-                    cost = self._unit_tokens(msgs, u, compressed)
-                if total + cost <= limit:
-                    kept.append(u)
-                    total += cost
-                    continue
-                for j in u.members:
-                    compressed.pop(j, None)
-                dropped.append(u)
-                stop = True
-            if stop:
-                # Everything older than the first unit that did not fit is dropped, except
-                # the pinned user message (already kept). The rest of the walk is left to
-                # be done lazily: only a summary needs it, so a prune costs what it keeps.
-                dropped.extend(walking)
-                rest = rest_walker
-                summary_room = budget - total
-        else:
-            dropped.extend(u for u in older if not u.pinned)
+        rest: Any = None  # the walk's units not taken yet (all of them dropped)
+        older_left = iter([u for u in older if not u.pinned])
+        if dropped:
+            # The must-keep part itself lost units: no older one is added.
+            dropped += older_left
             rest = walker
-            summary_room = budget - total
+        else:
+            # Older units newest first, past the pinned user message, while they fit.
+            walked = (u for u, _ in walker if u.start != user_idx)
+            added, stopped, total = self._fill(
+                msgs, chain(older_left, walked), compressed, must, limit
+            )
+            kept += added
+            if stopped is not None:
+                # Everything older than the first unit that did not fit is dropped, but the
+                # pinned user message (kept). The rest of the walk is left to be done lazily:
+                # only a summary needs it, so a prune costs what it keeps.
+                dropped += [stopped, *older_left]
+                rest = walker
+        summary_room = budget - total if rest is not None else 0
         dropped += lost_head
         return _Fit(kept, compressed, dropped, rest, pending, total, summary_room)
+
+    def _compress_recent(
+        self,
+        msgs: Messages,
+        recent: list[_Unit],
+        compressed: dict[int, Message],
+        must: int,
+        limit: int,
+        threshold: int,
+        notes: list[str],
+        note: str,
+    ) -> int:
+        """Recent tool outputs over ``threshold`` compressed, oldest first, until ``must``
+        is within ``limit``; the new ``must``.
+        """
+        for u in reversed(recent):
+            if must <= limit:
+                break
+            if u.tool:
+                before = self._unit_tokens(msgs, u, compressed)
+                if self._compress_unit(msgs, u, compressed, threshold):
+                    must += self._unit_tokens(msgs, u, compressed) - before
+                    notes.append(note)
+        return must
+
+    def _fit_head(
+        self,
+        msgs: Messages,
+        head: list[_Unit],
+        user_unit: _Unit | None,
+        sys_tokens: int,
+        compressed: dict[int, Message],
+        must: int,
+        notes: list[str],
+    ) -> tuple[list[_Unit], list[_Unit], int]:
+        """The head beside what comes before it (the system messages, the newest user
+        message): as it is if they fit the budget together, else compressed, else dropped.
+        Returns the head kept, the head dropped, and the new ``must``.
+        """
+        budget = self.max_token_budget
+        head_cost = sum(self._unit_tokens(msgs, u, compressed) for u in head)
+        fixed = sys_tokens + self._priming
+        if user_unit is not None:
+            fixed += self._unit_tokens(msgs, user_unit, compressed)
+        j = user_unit.start if user_unit is not None else -1
+        if fixed > budget and self.compress_oversized_user and j >= 0 and j not in compressed:
+            # The newest user message alone exceeds the budget beside the system messages:
+            # it is compressed anyway (later), so the head is weighed against its excerpt.
+            fixed += min(0, self.tokens(self.compress(msgs[j])) - self.tokens(msgs[j]))
+        if fixed + head_cost <= budget:
+            return head, [], must
+        for u in head:
+            for j in u.members:
+                m = msgs[j]
+                if j not in compressed:
+                    c = self.compress(m)
+                    if self.tokens(c) < self.tokens(m):
+                        compressed[j] = c
+        cost = sum(self._unit_tokens(msgs, u, compressed) for u in head)
+        notes.append(
+            "compressed the task (the conversation's first user message): with the "
+            "system messages and the newest user message it exceeds the budget"
+        )
+        if fixed + cost <= budget:
+            return head, [], must + cost - head_cost
+        for u in head:
+            for j in u.members:
+                compressed.pop(j, None)
+        notes.append(
+            "dropped the task (the conversation's first user message): even "
+            "compressed it does not fit beside the system messages and the newest "
+            "user message"
+        )
+        return [], head, must - head_cost
+
+    def _fit_must_keep(
+        self,
+        msgs: Messages,
+        kept: list[_Unit],
+        dropped: list[_Unit],
+        pinned_user: _Unit | None,
+        compressed: dict[int, Message],
+        must: int,
+        notes: list[str],
+    ) -> int:
+        """What must be kept, over the budget, brought down: recent tool outputs compressed
+        (oldest first), then the oldest recent units dropped (moved from ``kept`` to
+        ``dropped``), then the newest user message compressed. The new ``must`` (still over
+        the budget where nothing more could be done).
+        """
+        budget = self.max_token_budget
+        must = self._compress_recent(
+            msgs,
+            list(kept),
+            compressed,
+            must,
+            budget,
+            0,
+            notes,
+            "compressed recent tool output to fit the budget",
+        )
+        for u in reversed(list(kept)):
+            if must <= budget:
+                break
+            if u.pinned:
+                continue
+            must -= self._unit_tokens(msgs, u, compressed)
+            kept.remove(u)
+            dropped.append(u)
+            for j in u.members:
+                compressed.pop(j, None)
+            notes.append("dropped a recent unit to fit the budget")
+        user_unit = pinned_user or next((u for u in kept if u.pinned), None)
+        j = user_unit.start if user_unit is not None else -1
+        if must > budget and self.compress_oversized_user and j >= 0 and j not in compressed:
+            c = self.compress(msgs[j])
+            if self.tokens(c) < self.tokens(msgs[j]):
+                must += self.tokens(c) - self.tokens(msgs[j])
+                compressed[j] = c
+                notes.append("compressed the newest user message: alone it exceeds the budget")
+        return must
+
+    def _over_budget(
+        self,
+        msgs: Messages,
+        system: list[int],
+        sys_tokens: int,
+        kept: list[_Unit],
+        pinned_user: _Unit | None,
+        compressed: dict[int, Message],
+        must: int,
+    ) -> BudgetExceededError:
+        """The error for messages that must be kept and do not fit, naming each of them."""
+        blocking = [f"system messages: {sys_tokens} tokens"] if system else []
+        blocking += [
+            f"message {u.start} ({msgs[u.start].role}): "
+            f"{self._unit_tokens(msgs, u, compressed)} tokens"
+            for u in kept
+        ]
+        if pinned_user is not None:
+            j = pinned_user.start
+            blocking.append(
+                f"newest user message {j}: {self.tokens(compressed.get(j, msgs[j]))} tokens"
+            )
+        return BudgetExceededError(budget=self.max_token_budget, required=must, blocking=blocking)
+
+    def _fill(
+        self,
+        msgs: Messages,
+        units: Iterator[_Unit],
+        compressed: dict[int, Message],
+        total: int,
+        limit: int,
+    ) -> tuple[list[_Unit], _Unit | None, int]:
+        """Older ``units``, newest first, added while the total stays within ``limit`` (a
+        tool output over ``compress_threshold`` compressed, any tool output compressed where
+        that makes it fit). Returns the units added, the first one that did not fit (None:
+        all fit; the units after it are not read) and the total.
+        """
+        added: list[_Unit] = []
+        for u in units:
+            if u.tool and self.compress_threshold is not None:
+                self._compress_unit(msgs, u, compressed, self.compress_threshold)
+            cost = self._unit_tokens(msgs, u, compressed)
+            if total + cost > limit and u.tool and self._compress_unit(msgs, u, compressed, 0):
+                cost = self._unit_tokens(msgs, u, compressed)
+            if total + cost > limit:
+                for j in u.members:
+                    compressed.pop(j, None)
+                return added, u, total
+            added.append(u)
+            total += cost
+        return added, None, total
+
+
+def _user_out_of_head(head: Sequence[_Unit], user_idx: int) -> tuple[list[_Unit], _Unit | None]:
+    """The head without the newest user message's unit, and that unit (pinned) if the head
+    held it: a head unit that is the newest user message is that message.
+    """
+    rest = list(head)
+    for u in rest:
+        if u.start == user_idx:
+            rest.remove(u)
+            u.pinned = True
+            return rest, u
+    return rest, None
+
+
+def _recent_units(
+    walker: Iterator[tuple[_Unit, str]],
+    user_idx: int,
+    preserve_last_n: int,
+    pinned_user: _Unit | None,
+    notes: list[str],
+) -> tuple[list[_Unit], list[_Unit], _Unit | None, _Unit | None]:
+    """The recent units taken from the walk (newest first, until ``preserve_last_n``
+    messages), the first older unit walked past (``[]`` or one), the unit still waiting for
+    its results (left out), and the pinned newest user message's unit (met in the walk past
+    the recent ones, or made for it where no recent unit holds it).
+    """
+    recent: list[_Unit] = []
+    older: list[_Unit] = []
+    pending: _Unit | None = None
+    seen = 0
+    for unit, state in walker:
+        if state == "pending":
+            pending = unit
+            notes.append("dropped a trailing tool call whose results have not arrived")
+            continue
+        if seen < preserve_last_n:
+            recent.append(unit)
+            seen += len(unit.members)
+            if unit.start == user_idx:
+                unit.pinned = True
+            continue
+        if unit.start == user_idx:
+            unit.pinned = True
+            pinned_user = unit
+        else:
+            older.append(unit)
+        break
+    if user_idx >= 0 and pinned_user is None and not any(u.pinned for u in recent):
+        pinned_user = _Unit(user_idx, [user_idx], tool=False, pinned=True)
+    return recent, older, pending, pinned_user
