@@ -20,7 +20,6 @@ processes on many machines over Redis Streams.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -31,13 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ctxkeep import _check
 from ctxkeep.errors import InvalidMessageError, UnknownAgentError
-
-
-def _copy_payload(payload: Any) -> Any:
-    try:
-        return json.loads(json.dumps(payload, allow_nan=False))
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidMessageError(f"an IPC payload must be JSON data: {exc}") from exc
+from ctxkeep.fabric.jsondata import json_copy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +38,9 @@ class IPCMessage:
     """A message from one agent to another, or to a topic of its task.
 
     Every bus takes these, so the checks live here, once: ids are non-empty strings, the
-    payload is JSON data, ``created_at`` a finite number. A malformed field raises a typed
-    error (:class:`~ctxkeep.errors.InvalidMessageError`, or
+    payload is JSON data every bus and the service can deliver
+    (:func:`~ctxkeep.fabric.jsondata.json_copy`), ``created_at`` a finite number. A malformed
+    field raises a typed error (:class:`~ctxkeep.errors.InvalidMessageError`, or
     :class:`~ctxkeep.errors.InvalidTypeError` for a wrong type).
     """
 
@@ -77,7 +71,11 @@ class IPCMessage:
             raise InvalidMessageError("an IPC message needs exactly one of recipient or topic")
         if self.topic is not None and self.task_id is None:
             raise InvalidMessageError("a topic message needs a task_id")
-        object.__setattr__(self, "payload", _copy_payload(self.payload))
+        # checked here, before any bus stores it: a payload no receiver could be handed (a
+        # lone surrogate, nesting too deep) would block the recipient's inbox
+        object.__setattr__(
+            self, "payload", json_copy("payload", self.payload, error=InvalidMessageError)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the payload is JSON data already)."""
@@ -100,6 +98,27 @@ class IPCMessage:
         if missing:
             raise InvalidMessageError(f"an IPC message needs {sorted(missing)}")
         return cls(**d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetter:
+    """A stored message that could not be decoded or delivered, moved aside from its agent's
+    inbox so the messages behind it flow (a receive that failed on it every time would block
+    the inbox for good). Read them with ``bus.dead_letters(agent)``, remove them with
+    ``bus.delete_dead_letters(agent, ids)``.
+    """
+
+    id: str
+    """Its id in the agent's dead-letter list (what ``delete_dead_letters`` takes)."""
+    reason: str
+    """Why it could not be delivered."""
+    record: dict[str, str]
+    """The stored record as it was found (a Redis stream entry's fields, with ``entry_id``,
+    its id in the inbox)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"id": self.id, "reason": self.reason, "record": dict(self.record)}
 
 
 # -- the argument checks every bus makes, written once -----------------------------------------
@@ -126,6 +145,11 @@ def check_ids(ids: Any) -> list[str]:
     for i in out:
         _check.text("a message id", i)
     return out
+
+
+def check_limit(limit: Any) -> int:
+    """How many dead letters to list at most: an int of at least 1."""
+    return _check.integer("limit", limit, minimum=1)
 
 
 @runtime_checkable
@@ -164,6 +188,14 @@ class MessageBus(Protocol):
         self, agent_id: str, handler: Callable[[IPCMessage], None], *, timeout: float = 0
     ) -> int:
         """Receive, run ``handler`` once per message id, ack; returns how many were handled."""
+        ...
+
+    def dead_letters(self, agent_id: str, *, limit: int = 100) -> list[DeadLetter]:
+        """The agent's stored messages that could not be delivered, oldest first."""
+        ...
+
+    def delete_dead_letters(self, agent_id: str, ids: Iterable[str]) -> int:
+        """Remove dead letters by id (unknown ids are ignored); returns how many were removed."""
         ...
 
 
@@ -280,3 +312,18 @@ class InProcessBus:
                 n += 1
             self.ack(agent_id, [m.id])
         return n
+
+    def dead_letters(self, agent_id: str, *, limit: int = 100) -> list[DeadLetter]:
+        """Always none: this bus stores only :class:`IPCMessage` objects, each checked when it
+        was made and copied out as it is, so nothing it holds can fail to be delivered (a
+        poison payload is refused at send).
+        """
+        check_agent(agent_id)
+        check_limit(limit)
+        return []
+
+    def delete_dead_letters(self, agent_id: str, ids: Iterable[str]) -> int:
+        """Nothing to remove (see :meth:`dead_letters`); returns 0."""
+        check_agent(agent_id)
+        check_ids(ids)
+        return 0

@@ -25,6 +25,11 @@ How it maps onto Redis:
   :meth:`HandledMark.queue` in your own ``MULTI``); a redelivery then finds the mark and skips.
   Choose ``claim_idle_ms`` longer than any handler runs, or a slow consumer's messages are
   claimed by another one while it still works on them.
+* An inbox entry no ctxkeep can decode or deliver (corrupt, written by a newer ctxkeep, or a
+  payload :class:`~ctxkeep.fabric.bus.IPCMessage` refuses, stored before that was checked at
+  send) is moved by the receive that meets it to the agent's dead-letter stream with the
+  reason, in one transaction, so the messages behind it flow; :meth:`RedisStreamBus.dead_letters`
+  lists them and :meth:`RedisStreamBus.delete_dead_letters` removes them.
 * ``ctxkeep.fabric.redis_state.RedisTaskState`` is the task's shared state for many processes
   (compare-and-set), which can commit a handled mark together with a change.
 
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -74,9 +80,11 @@ from ctxkeep.errors import (
     UnknownAgentError,
 )
 from ctxkeep.fabric.bus import (
+    DeadLetter,
     IPCMessage,
     check_agent,
     check_ids,
+    check_limit,
     check_message,
     check_receive,
 )
@@ -158,8 +166,34 @@ def decode_entry(fields: Mapping[str, str]) -> IPCMessage:
     try:
         data = json.loads(fields["m"])
         return IPCMessage.from_dict(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidMessageError(f"corrupt bus entry: {exc!r}") from exc
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
+        # IPCMessage refuses what no receiver could be handed (a lone surrogate, nesting too
+        # deep) as InvalidMessageError (a ValueError): such an entry is corrupt here too
+        raise InvalidMessageError(f"corrupt bus entry: {exc}") from exc
+
+
+_DEAD_REASON = "error"
+"""The field of a dead-letter entry that says why it was moved aside."""
+
+_STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
+
+
+def encode_dead(fields: Mapping[str, str], entry_id: str, reason: str) -> dict[str, str]:
+    """The dead-letter stream entry of an inbox entry that could not be decoded."""
+    return {**fields, _DEAD_REASON: reason, "entry_id": entry_id}
+
+
+def decode_dead(dead_id: str, fields: Mapping[str, str]) -> DeadLetter:
+    """The :class:`~ctxkeep.fabric.bus.DeadLetter` a dead-letter stream entry holds."""
+    record = {k: v for k, v in fields.items() if k != _DEAD_REASON}
+    return DeadLetter(id=dead_id, reason=fields.get(_DEAD_REASON, ""), record=record)
+
+
+def stream_ids(ids: list[str]) -> list[str]:
+    """The ids that can name a stream entry (``<ms>-<seq>``); no other id names a dead letter,
+    and Redis would answer an error for it rather than ignore it.
+    """
+    return [i for i in ids if _STREAM_ID.fullmatch(i)]
 
 
 def encode_task(task_id: str | None) -> str:
@@ -426,6 +460,27 @@ class RedisStreamBus:
             self._replay_from[agent_id] = "0"
         return mine
 
+    # -- dead letters --------------------------------------------------------------------
+
+    @translated
+    def dead_letters(self, agent_id: str, *, limit: int = 100) -> list[DeadLetter]:
+        """Up to ``limit`` entries of the agent's inbox that could not be decoded (moved aside
+        by a receive, with the reason), oldest first.
+        """
+        check_agent(agent_id)
+        raw = cast(
+            "list[tuple[str, dict[str, str]]]",
+            self.db.conn.xrange(self.keys.dead(agent_id), count=check_limit(limit)),
+        )
+        return [decode_dead(str(dead_id), fields) for dead_id, fields in raw]
+
+    @translated
+    def delete_dead_letters(self, agent_id: str, ids: Iterable[str]) -> int:
+        """Remove dead letters by id (unknown ids are ignored); returns how many were removed."""
+        check_agent(agent_id)
+        found = stream_ids(check_ids(ids))
+        return int(self.db.conn.xdel(self.keys.dead(agent_id), *found)) if found else 0
+
     # -- internals -----------------------------------------------------------------------
 
     def _ensure_group(self, agent_id: str) -> None:
@@ -534,12 +589,10 @@ class RedisStreamBus:
             try:
                 out.append((entry_id, decode_entry(fields)))
             except (InvalidMessageError, SchemaVersionError) as exc:
-                log.warning("bus entry %s of %s moved to %s: %s", entry_id, inbox, "dead", exc)
+                dead = self.keys.dead(agent_id)
+                log.warning("bus entry %s of %s moved to %s: %s", entry_id, inbox, dead, exc)
                 with self.db.conn.pipeline(transaction=True) as pipe:
-                    pipe.xadd(
-                        self.keys.dead(agent_id),
-                        {**fields, "error": str(exc), "entry_id": entry_id},  # type: ignore[dict-item]
-                    )
+                    pipe.xadd(dead, encode_dead(fields, entry_id, str(exc)))  # type: ignore[arg-type]
                     pipe.xack(inbox, agent_id, entry_id)
                     pipe.xdel(inbox, entry_id)
                     pipe.execute()

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ctxkeep import _check
 from ctxkeep._redis import Migration, Pipeline, RedisClient, translated
-from ctxkeep.errors import InvalidTypeError, SchemaVersionError, StaleTaskStateError
+from ctxkeep.errors import SchemaVersionError, StaleTaskStateError
+from ctxkeep.fabric.jsondata import json_copy
 from ctxkeep.fabric.redis_bus import HandledMark, RedisBusKeys, check_name
 
 if TYPE_CHECKING:
@@ -83,15 +84,15 @@ class RedisTaskState:
 
     @staticmethod
     def _encode(changes: Mapping[str, Any]) -> dict[FieldT, EncodableT]:
+        """The hash fields of ``changes``, checked by the fabric's one rule for JSON data
+        before anything is written (a state Redis stores but no reader can be handed, such as
+        one nested 600 deep, would answer every later read with an error).
+        """
+        data = json_copy("changes", _check.mapping("changes", changes))
         out: dict[FieldT, EncodableT] = {}
-        for k, v in _check.mapping("changes", changes).items():
+        for k, v in data.items():
             _check.text("a task state key", k)
-            try:
-                out[f"data:{k}"] = json.dumps(v, allow_nan=False)
-            except (TypeError, ValueError, RecursionError) as exc:
-                raise InvalidTypeError(
-                    f"task state value of {k!r} is not JSON data: {exc}"
-                ) from exc
+            out[f"data:{k}"] = json.dumps(v)
         return out
 
     @translated
@@ -119,8 +120,9 @@ class RedisTaskState:
         Raises:
             StaleTaskStateError: someone wrote since ``expected_version`` was read.
             InvalidTypeError: ``changes`` is not a mapping with string keys, a value is not
-                JSON data, or ``expected_version`` is not an int (a ``TypeError``; nothing is
-                written).
+                JSON data (:func:`~ctxkeep.fabric.jsondata.json_copy`: also a lone surrogate or
+                nesting deeper than ``MAX_DEPTH``), or ``expected_version`` is not an int (a
+                ``TypeError``; nothing is written).
 
         """
         encoded = self._encode(changes)

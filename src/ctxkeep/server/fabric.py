@@ -16,14 +16,14 @@ Both give the same answers through the same checks: an agent joins a task (a new
 from the state given; joining an existing one may only repeat what it holds), reads the
 task's shared state with its version, changes it by compare-and-set
 (:class:`~ctxkeep.errors.StaleTaskStateError` when someone wrote since), subscribes to topics,
-sends, receives (messages stay pending until acked) and acks. An agent that has joined no
-task is unknown (:class:`~ctxkeep.errors.UnknownAgentError`) to every call but join and send's
-``recipient``. An agent's private layer never crosses the service.
+sends, receives (messages stay pending until acked) and acks, and reads and deletes its dead
+letters (stored messages that could not be delivered, moved aside so the rest flow). An agent
+that has joined no task is unknown (:class:`~ctxkeep.errors.UnknownAgentError`) to every call
+but join and send's ``recipient``. An agent's private layer never crosses the service.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from abc import ABC, abstractmethod
@@ -34,9 +34,10 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ctxkeep import _check
-from ctxkeep.errors import InvalidTypeError, StaleTaskStateError, UnknownAgentError
+from ctxkeep.errors import StaleTaskStateError, UnknownAgentError
 from ctxkeep.fabric import ContextFabric, IPCMessage
-from ctxkeep.fabric.bus import MessageBus
+from ctxkeep.fabric.bus import DeadLetter, MessageBus
+from ctxkeep.fabric.jsondata import json_copy
 
 if TYPE_CHECKING:
     from ctxkeep.fabric.redis_bus import RedisStreamBus
@@ -65,18 +66,15 @@ def _thaw(value: Any) -> Any:
 
 
 def json_state(name: str, mapping: Any) -> dict[str, Any]:
-    """``mapping`` (a task state or changes) if it is a mapping of strings to JSON data (no
-    NaN or infinity, which JSON cannot hold), copied.
+    """``mapping`` (a task state or changes) if it is a mapping of strings to JSON data that
+    every backend stores and every response can carry
+    (:func:`~ctxkeep.fabric.jsondata.json_copy`), copied.
 
     Raises:
         InvalidTypeError: anything else (nothing is stored).
 
     """
-    data = _check.mapping(name, mapping)
-    try:
-        copied: dict[str, Any] = json.loads(json.dumps(data, allow_nan=False))
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidTypeError(f"{name} must be JSON data: {exc}") from exc
+    copied: dict[str, Any] = json_copy(name, _check.mapping(name, mapping))
     return copied
 
 
@@ -164,6 +162,16 @@ class TenantFabric(ABC):
         """Deliver the agent's unacked messages again, first; returns how many there are."""
         self._task(agent_id)
         return self.bus.recover(agent_id)
+
+    def dead_letters(self, agent_id: str, limit: int) -> list[DeadLetter]:
+        """Up to ``limit`` of the agent's stored messages that could not be delivered."""
+        self._task(agent_id)
+        return self.bus.dead_letters(agent_id, limit=limit)
+
+    def delete_dead_letters(self, agent_id: str, ids: Sequence[str]) -> int:
+        """Remove the agent's dead letters by id; returns how many were removed."""
+        self._task(agent_id)
+        return self.bus.delete_dead_letters(agent_id, ids)
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""

@@ -275,6 +275,26 @@ class AckResponse(BaseModel):
     acked: int = Field(description="Ids acknowledged (ids not pending are ignored).")
 
 
+class DeadLetterOut(BaseModel):
+    """A stored message that could not be delivered, moved aside from the agent's inbox."""
+
+    id: str = Field(description="Its id among the agent's dead letters (to delete it).")
+    reason: str = Field(description="Why it could not be delivered.")
+    record: dict[str, str] = Field(description="The stored record as it was found.")
+
+
+class DeadLettersResponse(BaseModel):
+    """The agent's dead letters, oldest first."""
+
+    dead_letters: list[DeadLetterOut]
+
+
+class DeletedDeadLettersResponse(BaseModel):
+    """The outcome of deleting dead letters."""
+
+    deleted: int = Field(description="Dead letters removed (unknown ids are ignored).")
+
+
 class RecoverResponse(BaseModel):
     """The outcome of a recover."""
 

@@ -13,18 +13,23 @@ there):
 ``POST   /v1/fabric/agents/{agent_id}/messages/receive``  take messages (pending until acked)
 ``POST   /v1/fabric/agents/{agent_id}/messages/ack``  mark messages handled
 ``POST   /v1/fabric/agents/{agent_id}/messages/recover``  deliver unacked ones again, first
+``GET    /v1/fabric/agents/{agent_id}/dead-letters``  stored messages that could not be delivered
+``DELETE /v1/fabric/agents/{agent_id}/dead-letters/{letter_id}``  remove one
 ==================================================  ==========================================
 
-An agent that has joined no task answers 404 ``unknown-agent`` (a direct message may still be
+A message no receiver could be handed (a lone surrogate, nesting deeper than
+:data:`~ctxkeep.fabric.jsondata.MAX_DEPTH`) is refused at send (422, nothing stored); one
+stored that cannot be read is moved to the agent's dead letters, so the rest of its inbox
+flows. An agent that has joined no task answers 404 ``unknown-agent`` (a direct message may still be
 sent to it: it is delivered once it joins). Receive does not wait: poll it. Delivery is at
 least once: a client that crashed calls ``recover`` and receives its unacked messages again.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from ctxkeep.fabric import IPCMessage
 from ctxkeep.server.fabric import TaskState
@@ -32,6 +37,9 @@ from ctxkeep.server.models import Problem
 from ctxkeep.server.models_memory import (
     AckIn,
     AckResponse,
+    DeadLetterOut,
+    DeadLettersResponse,
+    DeletedDeadLettersResponse,
     IPCMessageOut,
     JoinIn,
     ReceivedResponse,
@@ -188,6 +196,40 @@ def recover(agent_id: str, tenant: TenantDep) -> RecoverResponse:
     with tenant.stores() as stores:
         pending = stores.fabric().recover(agent_id)
     return RecoverResponse(pending=pending)
+
+
+@router.get(
+    "/v1/fabric/agents/{agent_id}/dead-letters",
+    response_model=DeadLettersResponse,
+    responses=_problems(401, 404, 422, 503),
+    tags=["fabric"],
+)
+def dead_letters(
+    agent_id: str,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="The most to list.")] = 100,
+) -> DeadLettersResponse:
+    """The agent's stored messages that could not be delivered (moved aside from its inbox
+    with the reason, so the rest flow), oldest first.
+    """
+    with tenant.stores() as stores:
+        letters = stores.fabric().dead_letters(agent_id, limit)
+    return DeadLettersResponse(dead_letters=[DeadLetterOut(**d.to_dict()) for d in letters])
+
+
+@router.delete(
+    "/v1/fabric/agents/{agent_id}/dead-letters/{letter_id}",
+    response_model=DeletedDeadLettersResponse,
+    responses=_problems(401, 404, 422, 503),
+    tags=["fabric"],
+)
+def delete_dead_letter(
+    agent_id: str, letter_id: str, tenant: TenantDep
+) -> DeletedDeadLettersResponse:
+    """Remove one dead letter (``deleted`` is 0 when there is none under that id)."""
+    with tenant.stores() as stores:
+        deleted = stores.fabric().delete_dead_letters(agent_id, [letter_id])
+    return DeletedDeadLettersResponse(deleted=deleted)
 
 
 __all__ = ["router"]

@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 from ctxkeep.errors import InvalidMessageError, UnknownAgentError
 from ctxkeep.fabric.bus import IPCMessage, MessageBus
 from ctxkeep.fabric.core import ContextFabric
+from ctxkeep.fabric.jsondata import MAX_DEPTH
 
 MakeBus = Callable[[], MessageBus]
 """Returns a fresh, empty bus on each call (the fixture closes what it made after the test)."""
@@ -42,6 +43,14 @@ def _direct(sender: str, recipient: str, payload: Any) -> IPCMessage:
 
 def _payloads(messages: list[IPCMessage]) -> list[Any]:
     return [m.payload for m in messages]
+
+
+def _nested(depth: int) -> Any:
+    """``depth`` lists, one inside the other, around a number."""
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 class Crash(Exception):
@@ -200,6 +209,39 @@ class BusContract:
         with pytest.raises(InvalidMessageError):
             fabric.send("a", {"bad": object()}, recipient="b")
         assert fabric.bus.receive("b") == []
+
+    # -- poison messages -------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "poison",
+        [
+            pytest.param({"text": "lone \ud800 surrogate"}, id="lone-surrogate"),
+            pytest.param({"\udfff": 1}, id="lone-surrogate-key"),
+            pytest.param(_nested(300), id="nested-300"),
+            pytest.param(_nested(100_000), id="nested-100000"),
+        ],
+    )
+    def test_a_poison_payload_is_refused_and_the_inbox_flows(
+        self, make_bus: MakeBus, poison: Any
+    ) -> None:
+        """A payload no receiver could be handed is refused at send, stores nothing, and every
+        good message before and after it is delivered exactly once.
+        """
+        bus = _joined(make_bus(), ("a", "t"), ("b", "t"))
+        bus.send(_direct("a", "b", "before"))
+        with pytest.raises(InvalidMessageError):
+            bus.send(_direct("a", "b", poison))
+        bus.send(_direct("a", "b", "after"))
+        got = bus.receive("b")
+        assert _payloads(got) == ["before", "after"]
+        bus.ack("b", [m.id for m in got])
+        assert bus.recover("b") == 0
+        assert bus.receive("b") == []
+
+    def test_the_deepest_payload_allowed_round_trips(self, make_bus: MakeBus) -> None:
+        bus = _joined(make_bus(), ("a", "t"), ("b", "t"))
+        bus.send(_direct("a", "b", _nested(MAX_DEPTH)))
+        assert _payloads(bus.receive("b")) == [_nested(MAX_DEPTH)]
 
     # -- waiting ---------------------------------------------------------------------------
 
