@@ -97,6 +97,25 @@ POISON_ENTRIES = {
 
 
 @redis_only
+def test_a_stored_entry_that_is_not_utf8_is_dead_lettered_and_the_inbox_flows(
+    redis_url: str, prefix: str
+) -> None:
+    import redis
+
+    from ctxkeep.fabric.redis_bus import RedisStreamBus
+
+    with RedisStreamBus(redis_url, consumer="proc-1", prefix=prefix) as bus:
+        bus.register("b", "t")
+        bus.send(IPCMessage(sender="a", recipient="b", payload="before"))
+        with redis.Redis.from_url(redis_url) as raw:  # bytes in, as no ctxkeep writes them
+            raw.xadd(bus.keys.inbox("b"), {b"v": b"1", b"m": b"\xff\xfe"})
+        bus.send(IPCMessage(sender="a", recipient="b", payload="after"))
+        assert [m.payload for m in bus.receive("b")] == ["before", "after"]
+        (letter,) = bus.dead_letters("b")
+        assert "not UTF-8" in letter.reason and letter.record["m"] == "\\xff\\xfe"
+
+
+@redis_only
 @pytest.mark.parametrize("poison", POISON_ENTRIES, ids=list(POISON_ENTRIES))
 def test_a_stored_poison_entry_is_dead_lettered_and_the_inbox_flows(
     redis_url: str, prefix: str, poison: str

@@ -12,7 +12,14 @@ until :meth:`MessageBus.ack`, and :meth:`MessageBus.recover` (after a crash) del
 pending ones again, first; :meth:`MessageBus.handle` runs a handler at most once per message
 id and acks, so a redelivered message is not handled twice. Messages to one agent arrive in
 the order they were sent. Payloads are copied (through JSON) at send and at receive.
-``ctxkeep.testing.contract.BusContract`` checks all of this on every bus.
+
+No message may block an inbox: a payload no receiver could be handed (a lone surrogate,
+nesting deeper than :data:`~ctxkeep.fabric.jsondata.MAX_DEPTH`) is refused when the
+:class:`IPCMessage` is made, before any bus stores it; a stored one that cannot be read (a
+corrupt record, one from an older ctxkeep) is moved to the agent's dead letters
+(:class:`DeadLetter`, :meth:`MessageBus.dead_letters`) with the reason, and the rest flow.
+``ctxkeep.testing.contract.BusContract`` checks the delivery rules and the refusal of poison
+payloads on every bus.
 
 :class:`InProcessBus` serves agents in one process; ``ctxkeep.fabric.redis_bus`` serves
 processes on many machines over Redis Streams.

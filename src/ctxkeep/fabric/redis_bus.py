@@ -225,7 +225,15 @@ class HandledMark:
         return client.zscore(self.key, self.message_id) is not None
 
 
-def _entries(response: Any) -> list[tuple[str, dict[str, str] | None]]:
+RawFields = dict[bytes, bytes]
+"""A stream entry's fields as Redis holds them: bytes, which need not be UTF-8."""
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _entries(response: Any) -> list[tuple[str, RawFields | None]]:
     """The ``(id, fields)`` entries of an ``XREADGROUP`` reply (fields are None for an entry
     deleted while pending).
     """
@@ -233,7 +241,30 @@ def _entries(response: Any) -> list[tuple[str, dict[str, str] | None]]:
         lists = [entries for nested in response.values() for entries in nested]
     else:  # RESP2: [[stream, [entries]]]
         lists = [stream[1] for stream in response or []]
-    return [(str(e[0]), e[1]) for entries in lists for e in entries]
+    return [(_text(e[0]), e[1]) for entries in lists for e in entries]
+
+
+def entry_text(fields: RawFields) -> dict[str, str]:
+    """The fields of a stream entry as text.
+
+    Raises:
+        InvalidMessageError: a field that is not UTF-8 (no ctxkeep writes one).
+
+    """
+    try:
+        return {k.decode(): v.decode() for k, v in fields.items()}
+    except UnicodeDecodeError as exc:
+        raise InvalidMessageError(f"corrupt bus entry: not UTF-8 ({exc})") from exc
+
+
+def entry_shown(fields: RawFields) -> dict[str, str]:
+    r"""The fields of a stream entry as text, bytes that are not UTF-8 escaped (``\xff``), so
+    a corrupt entry stays readable among the dead letters.
+    """
+    return {
+        k.decode(errors="backslashreplace"): v.decode(errors="backslashreplace")
+        for k, v in fields.items()
+    }
 
 
 # -- the bus ------------------------------------------------------------------------------------
@@ -274,6 +305,15 @@ class RedisStreamBus:
         if claim_idle_ms <= 0 or block_ms <= 0 or handled_ttl <= 0:
             raise ConfigError("claim_idle_ms, block_ms and handled_ttl must be positive")
         self.db = RedisClient(url, prefix=prefix, meta_key="bus", migrations=MIGRATIONS)
+        # inbox entries are read as bytes and decoded one by one: a connection that decodes
+        # replies would fail the whole read on one entry that is not UTF-8, every time
+        pool = self.db.conn.connection_pool
+        self._reader = redis.Redis(
+            connection_pool=redis.ConnectionPool(
+                connection_class=pool.connection_class,
+                **{**pool.connection_kwargs, "decode_responses": False},
+            )
+        )
         self.keys = RedisBusKeys(self.db.prefix)
         self.where = self.db.where
         self.consumer = consumer
@@ -288,6 +328,7 @@ class RedisStreamBus:
 
     def close(self) -> None:
         """Close the connection pool."""
+        self._reader.close()
         self.db.close()
 
     def __enter__(self) -> RedisStreamBus:
@@ -538,7 +579,7 @@ class RedisStreamBus:
         if cursor is None:
             return []
         raw = _entries(
-            self.db.conn.xreadgroup(
+            self._reader.xreadgroup(
                 agent_id, self.consumer, {self.keys.inbox(agent_id): cursor}, count=count
             )
         )
@@ -553,7 +594,7 @@ class RedisStreamBus:
         """Take over messages other consumers left unacked for ``claim_idle_ms``."""
         with self._lock:
             cursor = self._claim_from.get(agent_id, "0-0")
-        reply: list[Any] = self.db.conn.xautoclaim(
+        reply: list[Any] = self._reader.xautoclaim(
             self.keys.inbox(agent_id),
             agent_id,
             self.consumer,
@@ -562,20 +603,20 @@ class RedisStreamBus:
             count=count,
         )
         with self._lock:
-            self._claim_from[agent_id] = str(reply[0])
-        return self._decode(agent_id, [(str(e[0]), e[1]) for e in reply[1]])
+            self._claim_from[agent_id] = _text(reply[0])
+        return self._decode(agent_id, [(_text(e[0]), e[1]) for e in reply[1]])
 
     def _new(self, agent_id: str, count: int, block: int | None) -> list[tuple[str, IPCMessage]]:
         """Messages never delivered to any consumer of the agent."""
         raw = _entries(
-            self.db.conn.xreadgroup(
+            self._reader.xreadgroup(
                 agent_id, self.consumer, {self.keys.inbox(agent_id): ">"}, count=count, block=block
             )
         )
         return self._decode(agent_id, raw)
 
     def _decode(
-        self, agent_id: str, raw: list[tuple[str, dict[str, str] | None]]
+        self, agent_id: str, raw: list[tuple[str, RawFields | None]]
     ) -> list[tuple[str, IPCMessage]]:
         """Decode entries; ack entries deleted while pending, move undecodable ones to the
         agent's dead-letter stream (nothing is lost, nothing blocks the inbox).
@@ -587,12 +628,13 @@ class RedisStreamBus:
                 self.db.conn.xack(inbox, agent_id, entry_id)
                 continue
             try:
-                out.append((entry_id, decode_entry(fields)))
+                out.append((entry_id, decode_entry(entry_text(fields))))
             except (InvalidMessageError, SchemaVersionError) as exc:
                 dead = self.keys.dead(agent_id)
                 log.warning("bus entry %s of %s moved to %s: %s", entry_id, inbox, dead, exc)
+                letter = encode_dead(entry_shown(fields), entry_id, str(exc))
                 with self.db.conn.pipeline(transaction=True) as pipe:
-                    pipe.xadd(dead, encode_dead(fields, entry_id, str(exc)))  # type: ignore[arg-type]
+                    pipe.xadd(dead, letter)  # type: ignore[arg-type]
                     pipe.xack(inbox, agent_id, entry_id)
                     pipe.xdel(inbox, entry_id)
                     pipe.execute()
