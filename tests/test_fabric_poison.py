@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep import ContextFabric, IPCMessage
-from ctxkeep.errors import InvalidTypeError
+from ctxkeep.errors import CorruptRecordError, InvalidTypeError
 from ctxkeep.fabric.jsondata import MAX_DEPTH, json_copy
 from ctxkeep.server.fabric import LocalFabric, TenantFabric
 from test_server_api import Api, _key
@@ -187,6 +187,20 @@ def test_redis_task_state_refuses_a_deep_state_and_writes_nothing(
     with pytest.raises(InvalidTypeError, match="nested deeper than"):
         state.update_with(lambda data: {"k": nested(DEEP_STATE)})
     assert state.read() == (0, {}) and not state.db.conn.exists(state.key)
+    state.close()
+
+
+@redis_only
+@pytest.mark.parametrize("stored", [deep_json(300), deep_json(100_000), '"\\ud800"', "{not json"])
+def test_a_stored_task_state_no_reader_could_be_handed_is_a_corrupt_record(
+    redis_url: str, prefix: str, stored: str
+) -> None:
+    from ctxkeep.fabric.redis_state import RedisTaskState
+
+    state = RedisTaskState(redis_url, "t", prefix=prefix)
+    state.db.conn.hset(state.key, mapping={"version": 1, "schema": 1, "data:k": stored})
+    with pytest.raises(CorruptRecordError, match="field 'data:k'"):
+        state.read()
     state.close()
 
 

@@ -64,6 +64,13 @@ def _check(name: str, value: Any, path: list[str | int], error: type[CtxkeepErro
         raise error(f"{_where(name, path)} is a {type(value).__name__}, not JSON data")
 
 
+def check_json(name: str, value: Any, *, error: type[CtxkeepError] = InvalidTypeError) -> None:
+    """Raise ``error`` if ``value`` is not JSON data the fabric can store and deliver (the
+    rule of :func:`json_text`; for a value read back, which needs no copy).
+    """
+    _check(name, value, [], error)
+
+
 def json_text(name: str, value: Any, *, error: type[CtxkeepError] = InvalidTypeError) -> str:
     """The JSON text of ``value`` if every store and response of the fabric can hold it.
 
@@ -78,7 +85,7 @@ def json_text(name: str, value: Any, *, error: type[CtxkeepError] = InvalidTypeE
             form for, or nesting deeper than :data:`MAX_DEPTH` (the message names where).
 
     """
-    _check(name, value, [], error)
+    check_json(name, value, error=error)
     return json.dumps(value, allow_nan=False)
 
 

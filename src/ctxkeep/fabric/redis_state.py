@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ctxkeep import _check
 from ctxkeep._redis import Migration, Pipeline, RedisClient, translated
-from ctxkeep.errors import SchemaVersionError, StaleTaskStateError
-from ctxkeep.fabric.jsondata import json_copy
+from ctxkeep.errors import CorruptRecordError, SchemaVersionError, StaleTaskStateError
+from ctxkeep.fabric.jsondata import check_json, json_copy
 from ctxkeep.fabric.redis_bus import HandledMark, RedisBusKeys, check_name
 
 if TYPE_CHECKING:
@@ -79,8 +79,24 @@ class RedisTaskState:
                 f"task state {self.key!r} has schema {schema}, newer than this ctxkeep reads "
                 f"({TASK_STATE_VERSION}); upgrade ctxkeep"
             )
-        data = {k[5:]: json.loads(v) for k, v in fields.items() if k.startswith("data:")}
+        data: dict[str, Any] = {}
+        for k, v in fields.items():
+            if k.startswith("data:"):
+                data[k[5:]] = self._decode_value(k, v)
         return int(fields.get("version", 0)), data
+
+    def _decode_value(self, field: str, text: str) -> Any:
+        """One stored value, if it keeps the fabric's rule for JSON data (a state stored before
+        the rule was checked at write may not: it is refused by name, never handed on to fail
+        in a reader's serializer).
+        """
+        where = f"task state {self.key!r}, field {field!r}"
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise CorruptRecordError(f"{where} is not JSON: {exc}") from None
+        check_json(where, value, error=CorruptRecordError)
+        return value
 
     @staticmethod
     def _encode(changes: Mapping[str, Any]) -> dict[FieldT, EncodableT]:
@@ -97,7 +113,13 @@ class RedisTaskState:
 
     @translated
     def read(self) -> tuple[int, dict[str, Any]]:
-        """``(version, a copy of the state)``; version 0 for a task never written."""
+        """``(version, a copy of the state)``; version 0 for a task never written.
+
+        Raises:
+            CorruptRecordError: a stored value that is not JSON data the fabric can deliver.
+            SchemaVersionError: a state written by a newer ctxkeep.
+
+        """
         return self._decode(cast("dict[str, str]", self.db.conn.hgetall(self.key)))
 
     def _write(self, pipe: Pipeline, version: int, encoded: dict[FieldT, EncodableT]) -> int:
