@@ -26,6 +26,7 @@ Every error derives from :class:`CtxkeepError`. Misuse errors are also ``ValueEr
     │   ├── SessionNotFoundError (LookupError)    no session with that id
     │   ├── SessionExistsError (ValueError)       a session with that id already exists
     │   ├── SessionChangedError                   a session changed under an atomic replace
+    │   ├── MessageIdConflictError (ValueError)   another message is stored under that id
     │   ├── CheckpointNotFoundError (LookupError) no checkpoint with that id
     │   ├── EpisodeNotFoundError (LookupError)    no episode with that id
     │   ├── CorruptRecordError (ValueError)       a stored or encoded value that cannot be decoded
@@ -261,6 +262,26 @@ class SessionChangedError(StorageError):
         super().__init__(
             f"session {session_id!r} changed since its newest message was read; nothing was "
             "replaced: read it again and retry"
+        )
+
+
+class MessageIdConflictError(StorageError, ValueError):
+    """A session already holds a different message under an id being appended. Appends are
+    idempotent by message id (a retry of a stored message returns it and stores nothing), so
+    an id may name one message only: nothing was stored; give the new message another id.
+
+    Attributes:
+        session_id: the session.
+        message_id: the id in use.
+
+    """
+
+    def __init__(self, session_id: str, message_id: str) -> None:
+        self.session_id = session_id
+        self.message_id = message_id
+        super().__init__(
+            f"session {session_id!r} already holds another message with id {message_id!r}; "
+            "nothing was stored: give the new message another id"
         )
 
 

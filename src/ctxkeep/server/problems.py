@@ -34,6 +34,7 @@ from ctxkeep.errors import (
     InvalidSequenceError,
     InvalidTypeError,
     MessageError,
+    MessageIdConflictError,
     MissingToolResultError,
     OrphanToolResultError,
     PromptTooLongError,
@@ -86,6 +87,7 @@ PROBLEMS: tuple[ProblemKind, ...] = (
     ProblemKind(StaleTaskStateError, 409, "stale-task-state", "Task state changed since read"),
     ProblemKind(SessionExistsError, 409, "session-exists", "Session already exists"),
     ProblemKind(SessionChangedError, 409, "session-changed", "Session changed since it was read"),
+    ProblemKind(MessageIdConflictError, 409, "message-id-conflict", "Another message has that id"),
     ProblemKind(OrphanToolResultError, 422, "orphan-tool-result", "Tool result without its call"),
     ProblemKind(
         MissingToolResultError, 422, "missing-tool-result", "Tool call still waits for results"
@@ -170,6 +172,8 @@ def _extensions(error: BaseException) -> dict[str, Any]:
         return {"index": error.index}
     if isinstance(error, SessionChangedError | SessionExistsError):
         return {"session_id": error.session_id}
+    if isinstance(error, MessageIdConflictError):
+        return {"session_id": error.session_id, "message_id": error.message_id}
     if isinstance(error, StaleTaskStateError):
         return {"task_id": error.task_id, "expected": error.expected, "current": error.current}
     if isinstance(error, BudgetExceededError):
@@ -228,6 +232,8 @@ def _rebuild(cls: type[Exception], detail: str, p: dict[str, Any]) -> CtxkeepErr
         return cls(_unprefixed(detail, at), index=at)
     if issubclass(cls, SessionChangedError | SessionExistsError):
         return cls(str(p["session_id"]))
+    if issubclass(cls, MessageIdConflictError):
+        return cls(str(p["session_id"]), str(p["message_id"]))
     if issubclass(cls, StaleTaskStateError):
         return cls(str(p["task_id"]), int(p["expected"]), int(p["current"]))
     if issubclass(cls, BudgetExceededError):

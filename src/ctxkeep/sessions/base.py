@@ -42,6 +42,7 @@ from ctxkeep.errors import (
     ConfigError,
     InvalidMessageError,
     InvalidTypeError,
+    MessageIdConflictError,
     SessionChangedError,
     SessionNotFoundError,
 )
@@ -63,6 +64,7 @@ from ctxkeep.sessions.backend import (
     tail_of,
 )
 from ctxkeep.sessions.records import (
+    AlreadyStored,
     Append,
     SessionInfo,
     advance_pending,
@@ -371,10 +373,19 @@ class MemoryManager:
         calls wait: the stored history is always a valid sequence (but for calls waiting
         at its end).
 
+        Idempotent by message id, so an append whose answer was lost can be sent again: when
+        every message's id is in the session already, each with the same message (equal but
+        for ``created_at``), the stored copies are returned and nothing is stored. The
+        decision is made inside the backend's append transaction
+        (:func:`~ctxkeep.sessions.records.settle_ids`), so concurrent retries store once.
+
         Raises:
             SessionNotFoundError: unknown or expired session.
             OrphanToolResultError / MissingToolResultError: a dangling tool id.
-            InvalidMessageError: a malformed message or non-JSON metadata.
+            InvalidMessageError: a malformed message or non-JSON metadata, or one id twice
+                in the batch (nothing is stored).
+            MessageIdConflictError: an id the session holds with another message, or a
+                batch of which only some ids are stored (not a retry; nothing is stored).
 
         """
         now = self._clock()
@@ -402,6 +413,8 @@ class MemoryManager:
             try:
                 seqs = self.backend.append(session_id, batch)
                 break
+            except AlreadyStored as retry:
+                return [record_to_message(record) for _, record in retry.rows]
             except _Idle:
                 # Reclaimed (archived, hooked) here, as on any access, unless another
                 # process touched it meanwhile: then the append is tried again.
@@ -554,7 +567,12 @@ class MemoryManager:
             ttl=self._native_ttl,
             replaces=rows[-1][0],
         )
-        self.backend.append(session_id, batch)
+        try:
+            self.backend.append(session_id, batch)
+        except AlreadyStored as found:
+            # Held elsewhere in the session: a retry of this replace would have found
+            # another newest message (SessionChangedError), so this is a reused id.
+            raise MessageIdConflictError(session_id, found.rows[0][1]["id"]) from None
         if self.config.max_history is not None:
             self._trim(session_id)
         return [m.copy() for m in stamped]

@@ -41,7 +41,14 @@ from ctxkeep.sessions.base import (
     Snapshot,
     page,
 )
-from ctxkeep.sessions.records import Append, SessionInfo, dumps, loads, pending_after_pop
+from ctxkeep.sessions.records import (
+    Append,
+    SessionInfo,
+    dumps,
+    loads,
+    pending_after_pop,
+    settle_ids,
+)
 
 
 @dataclass
@@ -49,6 +56,21 @@ class _Session:
     info: SessionInfo
     rows: list[tuple[int, str]] = field(default_factory=list)  # (seq, record JSON)
     folds: dict[str, str] = field(default_factory=dict)  # fold snapshots by key
+    seqs_by_id: dict[str, int] = field(default_factory=dict)
+    """Message id -> seq, for idempotent appends. Added to on append only (trims and pops
+    leave entries behind): an entry counts only if its seq is still held with that id."""
+
+    def rows_with_ids(self, rows: list[tuple[int, str]], ids: Collection[str]) -> list[Row]:
+        """The rows among ``rows`` (oldest first) whose message has one of ``ids``, decoded."""
+        out: list[Row] = []
+        for message_id in ids:
+            seq = self.seqs_by_id.get(message_id)
+            i = -1 if seq is None else bisect_left(rows, seq, key=itemgetter(0))
+            if 0 <= i < len(rows) and rows[i][0] == seq:
+                record = loads(rows[i][1])
+                if record.get("id") == message_id:
+                    out.append((rows[i][0], record))
+        return out
 
 
 class MemoryBackend(Backend):
@@ -100,11 +122,13 @@ class MemoryBackend(Backend):
                     revision=info.revision + 1,
                 )
                 rows = rows[:-1]
+            settle_ids(session_id, batch.records, s.rows_with_ids(rows, batch.message_ids))
             pending = batch.check(info)  # raises before anything changed
             start = info.next_seq
             seqs = list(range(start, start + len(texts)))
             s.rows = rows
             s.rows.extend(zip(seqs, texts, strict=True))
+            s.seqs_by_id.update(zip(batch.message_ids, seqs, strict=True))
             s.info = replace(
                 info,
                 next_seq=start + len(texts),
@@ -165,6 +189,7 @@ class MemoryBackend(Backend):
             if s is None or s.info.generation != generation:
                 return
             s.rows = [r for r in s.rows if r[0] > upto_seq]
+            s.seqs_by_id = {k: seq for k, seq in s.seqs_by_id.items() if seq > upto_seq}
             s.info = replace(
                 s.info,
                 message_count=len(s.rows),

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ctxkeep._pg import PgClient
+from ctxkeep.errors import StorageError
 from ctxkeep.sessions.base import KnownStates, Written, cas_append
 from ctxkeep.sessions.records import Append, SessionInfo, dumps
 from ctxkeep.sessions.sql import COLUMNS, POSTGRES, SQLBackend, migrations, row_to_info
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     import psycopg
 
 META_KEY = "sessions"
+_UNIQUE_VIOLATION = "23505"  # SQLSTATE unique_violation
 
 MIGRATIONS = migrations(POSTGRES)
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -52,7 +54,10 @@ SCHEMA_VERSION = len(MIGRATIONS)
 # UPDATE takes the row lock (a concurrent writer waits, and the condition is evaluated again on
 # the row it committed), then the messages go in under the sequence numbers it moved past.
 # Answers (true, the row after) when stored, (false, the row) when not, nothing when there is
-# no session. The records and roles go as binary arrays (%b): in a text array psycopg escapes
+# no session. An id already in the session fails the statement on the unique
+# (session_id, message_id) index (nothing is stored): the append then takes the locked path,
+# which decides a retry or a conflict (ctxkeep.sessions.records.settle_ids). The records,
+# roles and ids go as binary arrays (%b): in a text array psycopg escapes
 # each of a JSON record's double quotes with a regular expression, about 25 us of client CPU
 # per one-message append (more for records with more quotes).
 APPEND_SQL = f"""
@@ -64,9 +69,10 @@ WITH upd AS (
         AND accessed_at >= %(base_accessed)s AND generation = %(base_generation)s
     RETURNING {COLUMNS}
 ), ins AS (
-    INSERT INTO ctxkeep_messages (session_id, seq, record, role)
-    SELECT upd.session_id, upd.next_seq - %(n)s + m.i - 1, m.record, m.role
-    FROM upd, unnest(%(records)b::text[], %(roles)b::text[]) WITH ORDINALITY AS m(record, role, i)
+    INSERT INTO ctxkeep_messages (session_id, seq, record, role, message_id)
+    SELECT upd.session_id, upd.next_seq - %(n)s + m.i - 1, m.record, m.role, m.message_id
+    FROM upd, unnest(%(records)b::text[], %(roles)b::text[], %(ids)b::text[])
+        WITH ORDINALITY AS m(record, role, message_id, i)
 )
 SELECT true, {COLUMNS} FROM upd
 UNION ALL
@@ -105,8 +111,8 @@ class PostgresBackend(SQLBackend):
 
     def append(self, session_id: str, batch: Append) -> list[int]:
         """One statement in one round trip when this process knows the session's state
-        (:data:`APPEND_SQL`); a replacement of the newest message takes the shared path (a
-        transaction that locks the row first).
+        (:data:`APPEND_SQL`); a replacement of the newest message, and an append of an id
+        already stored, take the shared path (a transaction that locks the row first).
         """
         if batch.replaces is not None:
             self._known.forget(session_id)
@@ -131,6 +137,7 @@ class PostgresBackend(SQLBackend):
                     "base_generation": base.generation,
                     "records": texts,
                     "roles": roles,
+                    "ids": list(batch.message_ids),
                 },
             )
             if not rows:
@@ -141,7 +148,15 @@ class PostgresBackend(SQLBackend):
             first = info.next_seq - len(texts)
             return list(range(first, info.next_seq)), info
 
-        return cas_append(session_id, batch, self._known, read, write)
+        try:
+            return cas_append(session_id, batch, self._known, read, write)
+        except StorageError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != _UNIQUE_VIOLATION:
+                raise
+        # An id of the batch is stored (a retry, or a concurrent append of the same message):
+        # the locked transaction decides, after the other one committed.
+        self._known.forget(session_id)
+        return super().append(session_id, batch)
 
     def delete(self, session_id: str, generation: str | None = None) -> bool:
         """Delete the session and its messages in one transaction."""

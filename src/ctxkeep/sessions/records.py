@@ -9,15 +9,17 @@ a record newer than this ctxkeep is refused with :class:`SchemaVersionError`.
 
 The tool-call bookkeeping that keeps stored histories valid also lives here, free of I/O:
 :func:`advance_pending` checks a batch of appended messages against the calls still waiting
-for results, and :func:`trim_point` finds where to cut a history to ``max_history`` in whole
-tool units.
+for results, :func:`trim_point` finds where to cut a history to ``max_history`` in whole
+tool units, and :func:`settle_ids` makes appends idempotent by message id: each backend looks
+up the batch's ids inside its append transaction and lets it decide (a retry, a conflict, or
+a new append).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from operator import itemgetter
@@ -25,6 +27,7 @@ from typing import Any
 
 from ctxkeep.errors import (
     InvalidMessageError,
+    MessageIdConflictError,
     MissingToolResultError,
     OrphanToolResultError,
     SchemaVersionError,
@@ -394,6 +397,78 @@ class Append:
     (``pending`` as :func:`pending_after_pop` says, ``revision`` + 1) before ``check`` runs,
     or raises :class:`~ctxkeep.errors.SessionChangedError` if the newest message is no longer
     that one."""
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for i, message_id in enumerate(self.message_ids):
+            if message_id in seen:
+                raise InvalidMessageError(
+                    f"id {message_id!r} appears twice in one append; give each message its own id",
+                    index=i,
+                )
+            seen.add(message_id)
+
+    @property
+    def message_ids(self) -> tuple[str, ...]:
+        """The batch's message ids, oldest first. Unique within the batch (checked when the
+        batch is made, before any I/O): a batch repeating an id cannot be a retry of anything
+        and would store one id twice, so it is refused as a whole with InvalidMessageError.
+        """
+        return tuple(r["id"] for r in self.records)
+
+
+class AlreadyStored(Exception):
+    """Raised by :func:`settle_ids` inside a backend's append: every message of the batch is
+    in the session already (a retried append). Nothing was written; the manager answers with
+    ``rows``, the stored messages in the batch's order.
+    """
+
+    def __init__(self, rows: list[tuple[int, dict[str, Any]]]) -> None:
+        super().__init__("append already stored")
+        self.rows = rows
+
+
+def _same_message(new: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Whether two records are one message: equal in every field but ``created_at``, which a
+    retry stamps anew when the caller gave none.
+    """
+    old = upgrade_record(dict(stored))
+    return {k: v for k, v in new.items() if k != "created_at"} == {
+        k: v for k, v in old.items() if k != "created_at"
+    }
+
+
+def settle_ids(
+    session_id: str,
+    records: Sequence[dict[str, Any]],
+    stored: Collection[tuple[int, dict[str, Any]]],
+) -> None:
+    """Decide an append by message id: the one rule every backend runs inside its append
+    transaction, before the batch's check, on ``stored``: the session's messages (seq,
+    record) whose ids are among the batch's (a backend may pass more; any order).
+
+    Returns (None) when no id of the batch is stored: a new append, to go on with.
+
+    Raises:
+        AlreadyStored: every message of the batch is stored under its id, each the same
+            message (but for ``created_at``): a retry of an append that was stored. The
+            backend stores nothing and the stored rows are the answer.
+        MessageIdConflictError: an id is stored with another message, or only some of the
+            batch's ids are stored. An append is all or nothing, so a retry finds all its
+            messages stored or none; a batch that finds some is another batch reusing ids.
+
+    """
+    by_id = {r.get("id"): (seq, r) for seq, r in stored}
+    found = [by_id.get(r["id"]) for r in records]
+    if not any(found):
+        return
+    for new, old in zip(records, found, strict=True):
+        if old is not None and not _same_message(new, old[1]):
+            raise MessageIdConflictError(session_id, new["id"])
+    rows = [old for old in found if old is not None]
+    if len(rows) < len(records):  # some stored, some not: not a retry
+        raise MessageIdConflictError(session_id, rows[0][1]["id"])
+    raise AlreadyStored(rows)
 
 
 def advance_pending(pending: Sequence[str], messages: Sequence[Message]) -> tuple[str, ...]:

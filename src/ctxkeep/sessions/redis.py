@@ -11,6 +11,8 @@ key                       type    holds
 ``messages:{id}``         zset    ``"{seq}:{record JSON}"`` scored by seq
 ``roles:{id}``            zset    ``"{role}:{seq, 20 digits}"`` for each message held, all
                                   scored 0: a lexicographic index of the messages by role
+``ids:{id}``              hash    message id -> seq, for idempotent appends (an entry counts
+                                  only while that seq holds a message with that id)
 ``agent:{agent_id}``      zset    the agent's session ids by created_at
 ``task:{task_id}``        zset    the task's session ids by created_at
 ``created``               zset    every session id by created_at (listing)
@@ -24,7 +26,8 @@ key                       type    holds
 ``meta``                  hash    every store's schema version (field ``sessions``)
 ========================  ======  ==============================================================
 
-TTL. With a ``session_ttl``, a session's own keys (``session:``, ``messages:``, ``roles:``) get
+TTL. With a ``session_ttl``, a session's own keys (``session:``, ``messages:``, ``roles:``,
+``ids:``) get
 a deadline ``ttl + grace`` seconds after their last access (``PEXPIREAT``), set on create and
 moved on every touch and append, so Redis reclaims idle sessions by itself even if no ctxkeep
 process runs. Redis deletes expired keys silently: unlike the manager's :meth:`sweep`, native
@@ -125,6 +128,7 @@ from ctxkeep.sessions.records import (
     new_generation,
     pending_after_pop,
     record_to_message,
+    settle_ids,
 )
 
 if TYPE_CHECKING:
@@ -173,6 +177,10 @@ class RedisKeys:
         """The session's messages by role: ``"{role}:{seq, 20 digits}"``, scored 0."""
         return f"{self.prefix}roles:{session_id}"
 
+    def ids(self, session_id: str) -> str:
+        """The session's message ids: id -> seq."""
+        return f"{self.prefix}ids:{session_id}"
+
     def folds(self, session_id: str) -> str:
         """The session's fold snapshots, a hash by key."""
         return f"{self.prefix}folds:{session_id}"
@@ -197,9 +205,14 @@ class RedisKeys:
         """Session id -> ``[agent_id, task_id]``."""
         return f"{self.prefix}owners"
 
-    def own(self, session_id: str) -> tuple[str, str, str]:
+    def own(self, session_id: str) -> tuple[str, str, str, str]:
         """The keys that belong to one session and expire with it."""
-        return self.session(session_id), self.messages(session_id), self.roles(session_id)
+        return (
+            self.session(session_id),
+            self.messages(session_id),
+            self.roles(session_id),
+            self.ids(session_id),
+        )
 
 
 def session_fields(info: SessionInfo) -> dict[FieldT, EncodableT]:
@@ -295,17 +308,32 @@ def parse_member(member: str) -> tuple[int, dict[str, Any]]:
 # (ARGV[2] pending, ARGV[3] accessed_at, ARGV[7] generation); the script stores the messages
 # only if the hash still has that pending, no earlier accessed_at and that generation (a session
 # deleted and made again under the same id is another session), else it answers the hash as it
-# is, to check again.
-# KEYS: session hash, messages zset, roles index, accessed index, expires index.
+# is, to check again. First of all, idempotency by id: if any of the batch's ids is held (the
+# ids hash names a seq whose message has that id), nothing is written and the script answers
+# those messages, for the client to decide a retry or a conflict
+# (ctxkeep.sessions.records.settle_ids).
+# KEYS: session hash, messages zset, roles index, ids hash, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now,
 #       deadline in Unix ms ("" for no TTL), base generation, then the records (JSON), oldest
-#       first, then their roles, in the same order.
+#       first, then their roles, then their ids, in the same order.
 # Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
-# the client takes without parsing), {'stale', the hash's fields and values} or {'missing'}.
+# the client takes without parsing), {'stale', the hash's fields and values}, {'found', the
+# members held under the batch's ids} or {'missing'}.
 APPEND_SCRIPT = """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation')
 if not h[1] then return {'missing'} end
+local n = (#ARGV - 7) / 3
+local held = {}
+for i = 1, n do
+  local id = ARGV[7 + 2 * n + i]
+  local seq = redis.call('HGET', KEYS[4], id)
+  if seq then
+    local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
+    if m and cjson.decode(string.sub(m, #seq + 2)).id == id then held[#held + 1] = m end
+  end
+end
+if #held > 0 then return {'found', held} end
 local stored, base = cjson.decode(h[3]), cjson.decode(ARGV[2])
 local same = #stored == #base and tonumber(h[4]) >= tonumber(ARGV[3]) and h[5] == ARGV[7]
 if same then
@@ -314,32 +342,35 @@ if same then
   end
 end
 if not same then return {'stale', redis.call('HGETALL', KEYS[1])} end
-local first, n = tonumber(h[1]), (#ARGV - 7) / 2
+local first = tonumber(h[1])
 local count = string.format('%d', tonumber(h[2]) + n)
-local batch, roles = {}, {}
+local batch, roles, ids = {}, {}, {}
 for i = 1, n do
   local seq = string.format('%d', first + i - 1)
   batch[#batch + 1] = seq
   batch[#batch + 1] = seq .. ':' .. ARGV[7 + i]
   roles[#roles + 1] = 0
   roles[#roles + 1] = ARGV[7 + n + i] .. ':' .. string.format('%020d', first + i - 1)
+  ids[#ids + 1] = ARGV[7 + 2 * n + i]
+  ids[#ids + 1] = seq
   if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
     redis.call('ZADD', KEYS[2], unpack(batch))
     redis.call('ZADD', KEYS[3], unpack(roles))
-    batch, roles = {}, {}
+    redis.call('HSET', KEYS[4], unpack(ids))
+    batch, roles, ids = {}, {}, {}
   end
 end
 local accessed = h[4]
 if tonumber(ARGV[5]) > tonumber(h[4]) then accessed = ARGV[5] end
 redis.call('HSET', KEYS[1], 'next_seq', string.format('%d', first + n),
   'message_count', count, 'pending', ARGV[4], 'accessed_at', accessed)
-redis.call('ZADD', KEYS[4], accessed, ARGV[1])
+redis.call('ZADD', KEYS[5], accessed, ARGV[1])
 if ARGV[6] == '' then
-  for k = 1, 3 do redis.call('PERSIST', KEYS[k]) end
-  redis.call('ZREM', KEYS[5], ARGV[1])
+  for k = 1, 4 do redis.call('PERSIST', KEYS[k]) end
+  redis.call('ZREM', KEYS[6], ARGV[1])
 else
-  for k = 1, 3 do redis.call('PEXPIREAT', KEYS[k], ARGV[6]) end
-  redis.call('ZADD', KEYS[5], ARGV[6], ARGV[1])
+  for k = 1, 4 do redis.call('PEXPIREAT', KEYS[k], ARGV[6]) end
+  redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
 end
 return {'ok', first, accessed, tonumber(count)}
 """
@@ -691,9 +722,15 @@ class RedisBackend(Backend):
                 base.generation,
                 *records,
                 *roles,
+                *batch.message_ids,
             )
             if out[0] == "missing":
                 return None
+            if out[0] == "found":
+                settle_ids(session_id, batch.records, [parse_member(m) for m in out[1]])
+                raise StorageError(  # settle_ids raises on any held id, as the script found
+                    f"Redis ids index of session {session_id!r} disagrees with its messages"
+                )
             if out[0] == "stale":
                 flat = out[1]
                 fields = dict(zip(flat[::2], flat[1::2], strict=True))
@@ -736,6 +773,7 @@ class RedisBackend(Backend):
                     pending=pending_after_pop(info.pending, parse_member(taken)[1]),
                     revision=info.revision + 1,
                 )
+            settle_ids(session_id, records, self._held(pipe, session_id, batch, taken))
             pending = check(info)
             seqs = list(range(info.next_seq, info.next_seq + len(records)))
             accessed = max(info.accessed_at, now)
@@ -744,7 +782,12 @@ class RedisBackend(Backend):
                 pipe.zrem(keys.messages(session_id), taken)
                 seq, record = parse_member(taken)
                 pipe.zrem(keys.roles(session_id), role_member(role_of(record), seq))
+                pipe.hdel(keys.ids(session_id), str(record.get("id")))
             if records:
+                pipe.hset(
+                    keys.ids(session_id),
+                    mapping={r["id"]: s for s, r in zip(seqs, records, strict=True)},
+                )
                 pipe.zadd(
                     keys.messages(session_id),
                     {message_member(s, r): s for s, r in zip(seqs, records, strict=True)},
@@ -771,6 +814,20 @@ class RedisBackend(Backend):
         if replaces is not None:
             watched.append(keys.messages(session_id))
         return self._atomic(watched, body)
+
+    def _held(self, pipe: Pipeline, session_id: str, batch: Append, taken: str | None) -> list[Row]:
+        """The session's messages under the batch's ids (by the ``ids:`` hash, each checked
+        against the message its seq holds), but for ``taken``, the member being replaced.
+        """
+        if not batch.records:
+            return []
+        keys = self.keys
+        seqs = cast("list[str | None]", pipe.hmget(keys.ids(session_id), batch.message_ids))
+        held: list[Row] = []
+        for seq in {s for s in seqs if s is not None}:
+            members = cast("list[str]", pipe.zrangebyscore(keys.messages(session_id), seq, seq))
+            held += [parse_member(m) for m in members if m != taken]
+        return held
 
     @translated
     def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
@@ -893,9 +950,14 @@ class RedisBackend(Backend):
             if not fields or fields.get("generation") != generation:
                 return
             info = session_from_fields(session_id, fields)
-            gone = int(pipe.zcount(keys.messages(session_id), "-inf", upto_seq))
+            trimmed = cast(
+                "list[str]", pipe.zrangebyscore(keys.messages(session_id), "-inf", upto_seq)
+            )
             pipe.multi()
             pipe.zremrangebyscore(keys.messages(session_id), "-inf", upto_seq)
+            trimmed_ids = [i for m in trimmed if isinstance(i := parse_member(m)[1].get("id"), str)]
+            if trimmed_ids:
+                pipe.hdel(keys.ids(session_id), *trimmed_ids)
             for role in INDEXED_ROLES:  # each role's entries up to upto_seq
                 pipe.zremrangebylex(
                     keys.roles(session_id), f"[{role}:", f"[{role_member(role, upto_seq)}"
@@ -903,7 +965,7 @@ class RedisBackend(Backend):
             pipe.hset(
                 keys.session(session_id),
                 mapping={
-                    "message_count": str(max(info.message_count - gone, 0)),
+                    "message_count": str(max(info.message_count - len(trimmed), 0)),
                     "first_seq": str(max(info.first_seq, upto_seq + 1)),
                 },
             )
@@ -929,6 +991,7 @@ class RedisBackend(Backend):
             pipe.multi()
             pipe.zrem(keys.messages(session_id), newest[0])
             pipe.zrem(keys.roles(session_id), role_member(role_of(record), seq))
+            pipe.hdel(keys.ids(session_id), str(record.get("id")))
             pipe.hset(
                 keys.session(session_id),
                 mapping={

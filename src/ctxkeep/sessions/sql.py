@@ -9,7 +9,8 @@ placeholders; PostgreSQL's ``%s`` are substituted once per statement.
 Tables (created by each backend's migrations): ``ctxkeep_sessions`` (one row per session),
 ``ctxkeep_messages`` (``session_id, seq, record``: a message's JSON text, never rewritten, and
 ``role``, indexed, so that :meth:`SQLBackend.read_tail` reads the newest messages and the older
-system ones without parsing the rest) and
+system ones without parsing the rest; ``message_id``, unique per session, for idempotent
+appends) and
 ``ctxkeep_archive`` (trimmed and evicted messages, once per message id) and ``ctxkeep_folds``
 (``session_id, fold_key, body``: a cache-stable pruner's fold snapshot per setting, deleted
 with the session; :mod:`ctxkeep.prune.snapshots`).
@@ -40,9 +41,11 @@ from ctxkeep.sessions.records import (
     loads,
     pending_after_pop,
     record_to_message,
+    settle_ids,
 )
 
 _NO_SEQ = 2**62  # above every sequence number
+_IDS_PER_STATEMENT = 500  # well under SQLite's 32,766 parameters a statement
 
 COLUMNS = (
     "session_id, agent_id, task_id, metadata, created_at, accessed_at, message_count, "
@@ -79,6 +82,9 @@ class Dialect:
     by_role: str
     """What makes a query by role use the ``(session_id, role, seq)`` index (SQLite's planner,
     without statistics, prefers the primary key's range on ``seq``)."""
+    id_backfill: str
+    """Fill ``ctxkeep_messages.message_id`` from the records stored before it existed (NULL
+    where a record cannot be read; duplicates are cleared after it, see :func:`migrations`)."""
     role_backfill: str
     """Fill ``ctxkeep_messages.role`` from the records stored before it existed (NULL where a
     record cannot be read: such rows are read as if of any role)."""
@@ -102,6 +108,11 @@ SQLITE = Dialect(
         " CASE WHEN json_type(record, '$.role') = 'text' THEN json_extract(record, '$.role')"
         " END END"
     ),
+    id_backfill=(
+        "UPDATE ctxkeep_messages SET message_id = CASE WHEN json_valid(record) THEN"
+        " CASE WHEN json_type(record, '$.id') = 'text' THEN json_extract(record, '$.id')"
+        " END END"
+    ),
 )
 
 POSTGRES = Dialect(
@@ -120,6 +131,10 @@ POSTGRES = Dialect(
     # All or nothing: one unreadable record leaves every role NULL (read as any role).
     role_backfill=(
         "DO $$ BEGIN UPDATE ctxkeep_messages SET role = record::jsonb ->> 'role'; "
+        "EXCEPTION WHEN others THEN NULL; END $$"
+    ),
+    id_backfill=(
+        "DO $$ BEGIN UPDATE ctxkeep_messages SET message_id = record::jsonb ->> 'id'; "
         "EXCEPTION WHEN others THEN NULL; END $$"
     ),
 )
@@ -191,6 +206,19 @@ def migrations(d: Dialect) -> list[str]:
             body TEXT NOT NULL,
             PRIMARY KEY (session_id, fold_key)
         ){d.messages_options}
+        """,
+        # 6: each message's id beside its record, unique per session, so that an append is
+        # idempotent by id (a retry finds its messages; two concurrent ones cannot both
+        # insert). Sessions written before may hold an id twice (a retried append): the
+        # oldest keeps it, the later copies none (NULLs never collide).
+        f"""
+        ALTER TABLE ctxkeep_messages ADD COLUMN message_id TEXT;
+        {d.id_backfill};
+        UPDATE ctxkeep_messages SET message_id = NULL WHERE EXISTS (
+            SELECT 1 FROM ctxkeep_messages o WHERE o.session_id = ctxkeep_messages.session_id
+            AND o.message_id = ctxkeep_messages.message_id AND o.seq < ctxkeep_messages.seq);
+        CREATE UNIQUE INDEX IF NOT EXISTS ctxkeep_messages_id
+            ON ctxkeep_messages (session_id, message_id);
         """,
     ]
 
@@ -298,16 +326,17 @@ class SQLBackend(Backend):
             info = row_to_info(row)
             if batch.replaces is not None:
                 info = self._take_newest(conn, info, batch.replaces)
+            settle_ids(session_id, batch.records, self._rows_with_ids(conn, session_id, batch))
             pending = batch.check(info)
             seqs = list(range(info.next_seq, info.next_seq + len(texts)))
             executemany(
                 conn,
                 self._sql(
-                    "INSERT INTO ctxkeep_messages (session_id, seq, record, role) "
-                    "VALUES (?, ?, ?, ?)"
+                    "INSERT INTO ctxkeep_messages (session_id, seq, record, role, message_id) "
+                    "VALUES (?, ?, ?, ?, ?)"
                 ),
                 [
-                    (session_id, s, t, r["role"])
+                    (session_id, s, t, r["role"], r["id"])
                     for s, t, r in zip(seqs, texts, batch.records, strict=True)
                 ],
             )
@@ -327,6 +356,25 @@ class SQLBackend(Backend):
                 ),
             )
             return seqs
+
+    def _rows_with_ids(self, conn: Any, session_id: str, batch: Append) -> list[Row]:
+        """The session's messages under the batch's ids, inside ``conn``'s transaction (by
+        the ``(session_id, message_id)`` index, some hundred ids a statement).
+        """
+        ids = batch.message_ids
+        out: list[Row] = []
+        for start in range(0, len(ids), _IDS_PER_STATEMENT):
+            chunk = ids[start : start + _IDS_PER_STATEMENT]
+            marks = ", ".join("?" * len(chunk))
+            rows = conn.execute(
+                self._sql(
+                    "SELECT seq, record FROM ctxkeep_messages"
+                    f" WHERE session_id = ? AND message_id IN ({marks})"
+                ),
+                (session_id, *chunk),
+            ).fetchall()
+            out += [(seq, loads(text)) for seq, text in rows]
+        return out
 
     def _take_newest(self, conn: Any, info: SessionInfo, seq: int) -> SessionInfo:
         """Inside an append's transaction: delete the newest message, which must be ``seq``;

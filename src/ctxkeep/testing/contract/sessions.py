@@ -12,6 +12,7 @@ import pytest
 
 from ctxkeep.errors import (
     InvalidMessageError,
+    MessageIdConflictError,
     MissingToolResultError,
     OrphanToolResultError,
     SessionChangedError,
@@ -768,6 +769,86 @@ class SessionContract:
             mine = [c for c in contents if c.startswith(f"{w}:")]
             assert mine == [f"{w}:{i}" for i in range(50)]
         assert memory.get_session(sid).next_seq == 201
+
+    # -- idempotent appends by message id ------------------------------------------------
+
+    def test_an_append_sent_again_returns_the_stored_message_and_stores_nothing(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-retry")
+        first = memory.add_message(sid, "user", "once", id="m-1")
+        again = memory.add_structured_message(sid, Message("user", "once", id="m-1"))
+        assert again == first and again.created_at == first.created_at
+        assert [m.id for m in memory.get_messages(sid)] == ["m-1"]
+        assert memory.get_session(sid).next_seq == 2
+
+    def test_a_batch_sent_again_stores_nothing_even_after_its_tool_calls_were_answered(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-retry-batch")
+        unit = memory.add_messages(sid, tool_unit(1, n=2))
+        memory.add_message(sid, "user", "next")
+        assert memory.add_messages(sid, unit) == unit  # its results would now be orphans
+        assert memory.add_messages(sid, unit[:1]) == unit[:1]
+        assert len(memory.get_messages(sid)) == 4
+
+    def test_another_message_under_a_stored_id_is_a_conflict_and_stores_nothing(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-conflict")
+        memory.add_message(sid, "user", "first", id="m-1")
+        with pytest.raises(MessageIdConflictError) as caught:
+            memory.add_message(sid, "user", "second", id="m-1")
+        assert (caught.value.session_id, caught.value.message_id) == (sid, "m-1")
+        with pytest.raises(MessageIdConflictError):  # a stored id beside a new one
+            memory.add_messages(sid, [Message("user", "first", id="m-1"), Message("user", "x")])
+        assert _texts(memory.get_messages(sid)) == ["first"]
+
+    def test_a_batch_repeating_an_id_is_refused_whole(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-twice")
+        with pytest.raises(InvalidMessageError) as caught:
+            memory.add_messages(sid, [Message("user", "a", id="m"), Message("user", "a", id="m")])
+        assert caught.value.index == 1
+        assert memory.get_messages(sid) == []
+
+    def test_an_id_trimmed_or_popped_away_may_be_appended_again(
+        self, make_memory: MakeMemory
+    ) -> None:
+        mem = make_memory(MemoryConfig(max_history=2, session_ttl=None, max_sessions=None))
+        try:
+            sid = mem.create_session("agent-reuse")
+            for i in range(4):
+                mem.add_message(sid, "user", f"m{i}", id=f"m{i}")
+            mem.add_message(sid, "user", "m0 again", id="m0")  # m0 was trimmed away
+            popped = mem.pop_message(sid)
+            assert popped is not None and popped.id == "m0"
+            mem.add_message(sid, "user", "m0 once more", id="m0")
+            assert _texts(mem.get_messages(sid)) == ["m3", "m0 once more"]
+        finally:
+            mem.close()
+
+    def test_concurrent_retries_of_one_append_store_it_once(self, memory: MemoryManager) -> None:
+        sid = memory.create_session("agent-racing-retries")
+        results: list[Message] = []
+        errors: list[BaseException] = []
+
+        def sender() -> None:
+            try:
+                for i in range(20):
+                    results.append(memory.add_message(sid, "user", f"m{i}", id=f"m{i}"))
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=sender) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        stored = memory.get_messages(sid)
+        assert sorted(str(m.id) for m in stored) == sorted(f"m{i}" for i in range(20))
+        by_id = {m.id: m for m in stored}
+        assert all(by_id[r.id] == r for r in results)
 
     # -- async twin ----------------------------------------------------------------------
 
