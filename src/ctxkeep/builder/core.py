@@ -37,15 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from ctxkeep import _check
 from ctxkeep.builder.compose import prompt_budget
-from ctxkeep.builder.config import (
-    DEFAULT_MAX_FABRIC_TOKENS,
-    DEFAULT_MAX_PRIOR_TOKENS,
-    DEFAULT_MAX_PROMPT_TOKENS,
-    DEFAULT_RESERVE_OUTPUT_TOKENS,
-    SECTION_SHARE,
-    BuilderConfig,
-    RecallScope,
-)
+from ctxkeep.builder.config import DEFAULT_MAX_FABRIC_TOKENS as DEFAULT_MAX_FABRIC_TOKENS
+from ctxkeep.builder.config import DEFAULT_MAX_PRIOR_TOKENS as DEFAULT_MAX_PRIOR_TOKENS
+from ctxkeep.builder.config import DEFAULT_MAX_PROMPT_TOKENS as DEFAULT_MAX_PROMPT_TOKENS
+from ctxkeep.builder.config import DEFAULT_RESERVE_OUTPUT_TOKENS as DEFAULT_RESERVE_OUTPUT_TOKENS
+from ctxkeep.builder.config import SECTION_SHARE as SECTION_SHARE
+from ctxkeep.builder.config import BuilderConfig
+from ctxkeep.builder.config import RecallScope as RecallScope
 from ctxkeep.builder.report import SECTIONS, BuildReport, BuiltPrompt, EpisodeDecision, _decision
 from ctxkeep.builder.sections import _history_section, _insertion_point, fabric_section, fit_hits
 from ctxkeep.config import setting_int
@@ -613,12 +611,4 @@ def _system_message(system: Any) -> list[Message]:
     return [system.copy()]
 
 
-__all__ = [
-    "DEFAULT_MAX_FABRIC_TOKENS",
-    "DEFAULT_MAX_PRIOR_TOKENS",
-    "DEFAULT_MAX_PROMPT_TOKENS",
-    "DEFAULT_RESERVE_OUTPUT_TOKENS",
-    "SECTION_SHARE",
-    "ContextBuilder",
-    "RecallScope",
-]
+__all__ = ["ContextBuilder"]
