@@ -219,9 +219,9 @@ def test_a_paged_prompt_of_a_long_session_reads_a_few_pages(
     parsed: list[str] = []
     parse = redis_sessions.parse_member
 
-    def counting(member: str) -> Any:
+    def counting(session_id: str, member: str) -> Any:
         parsed.append(member)
-        return parse(member)
+        return parse(session_id, member)
 
     with open_memory(url, config) as cold:  # a new process: no cache of the session
         monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", sending)

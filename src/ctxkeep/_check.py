@@ -37,12 +37,23 @@ def optional_text(name: str, value: Any, *, empty: bool = False) -> str | None:
     return None if value is None else text(name, value, empty=empty)
 
 
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+"""The range of every integer argument: a signed 64-bit integer is what SQLite and
+PostgreSQL store (``INTEGER``, ``bigint``), so a larger offset, limit or sequence number
+would fail in the driver (an ``OverflowError``, "bigint out of range") instead of here."""
+
+
 def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
-    """``value`` if it is an int (not a bool) of at least ``minimum``."""
+    """``value`` if it is an int (not a bool) of at least ``minimum`` and within
+    :data:`INT64_MIN` .. :data:`INT64_MAX`.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ConfigError(f"{name} must fit in 64 bits (at most {INT64_MAX}), got {_show(value)}")
     return value
 
 
@@ -119,6 +130,22 @@ def deep_copy(name: str, value: Any) -> Any:
         return copy.deepcopy(value)
     except (TypeError, copy.Error, RecursionError) as exc:
         raise InvalidTypeError(f"{name} cannot be copied ({exc}); pass plain data") from None
+
+
+def identifier(name: str, value: Any, *, empty: bool = False) -> str:
+    """``value`` if it is a :func:`text` without NUL: an id or a filter value. PostgreSQL's
+    text cannot hold NUL (the driver fails, which reads as a storage outage) and SQLite and
+    Redis would store it, so every backend refuses it here, the same way.
+    """
+    text(name, value, empty=empty)
+    if "\x00" in value:
+        raise ConfigError(f"{name} must not contain NUL (\\x00): {_show(value)}")
+    return str(value)
+
+
+def optional_identifier(name: str, value: Any) -> str | None:
+    """``None`` or :func:`identifier`."""
+    return None if value is None else identifier(name, value)
 
 
 def url(name: str, value: Any) -> str:

@@ -527,9 +527,26 @@ def _normalise(state: dict[str, Any], *, owned: bool) -> None:
         state["extra"] = extra or {}
         return
     if isinstance(content, list):
-        state["content"] = copy.deepcopy(content)
-    state["metadata"] = copy.deepcopy(dict(metadata)) if metadata else {}
-    state["extra"] = copy.deepcopy(dict(extra)) if extra else {}
+        state["content"] = _copied("content", content)
+    state["metadata"] = _copied("metadata", dict(metadata)) if metadata else {}
+    state["extra"] = _copied("extra", dict(extra)) if extra else {}
+
+
+def _copied(name: str, value: Any) -> Any:
+    """A deep copy of a caller's ``value`` for a new message, or InvalidMessageError naming
+    the field. A value nested too deep to copy (Python's recursion limit is met near 500
+    levels; a record deeper than 254 is refused by the JSON encoder anyway) or one that cannot
+    be copied (a lock, a socket) could never be stored, and a bare RecursionError or TypeError
+    would reach the caller (a 500 in the service). Session metadata goes through the same
+    check (``create_session`` builds a message of it).
+    """
+    try:
+        return copy.deepcopy(value)
+    except (TypeError, copy.Error, RecursionError) as exc:
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidMessageError(
+            f"{name} cannot be stored ({reason}); pass plain JSON data"
+        ) from None
 
 
 def _in_block_order(

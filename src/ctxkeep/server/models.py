@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from ctxkeep._check import INT64_MAX
 from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RESERVE_OUTPUT_TOKENS
 from ctxkeep.messages import Message
 
@@ -308,12 +309,17 @@ class PromptIn(_Strict):
     """How to build a prompt from a session."""
 
     max_prompt_tokens: int = Field(
-        DEFAULT_MAX_PROMPT_TOKENS, ge=2, description="The model's context window."
+        DEFAULT_MAX_PROMPT_TOKENS, ge=2, le=INT64_MAX, description="The model's context window."
     )
     reserve_output_tokens: int = Field(
-        DEFAULT_RESERVE_OUTPUT_TOKENS, ge=0, description="Tokens kept free for the reply."
+        DEFAULT_RESERVE_OUTPUT_TOKENS,
+        ge=0,
+        le=INT64_MAX,
+        description="Tokens kept free for the reply.",
     )
-    preserve_last_n: int = Field(6, ge=0, description="Recent messages the pruner prefers.")
+    preserve_last_n: int = Field(
+        6, ge=0, le=INT64_MAX, description="Recent messages the pruner prefers."
+    )
     system: str | None = Field(None, description="The system prompt, first.")
     format: Literal["openai", "anthropic", "responses"] = Field(
         "openai", description="The provider format of the messages returned."

@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ctxkeep._check import INT64_MAX
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -208,7 +210,9 @@ class TaskUpdateIn(_Strict):
     """A compare-and-set change of the task's shared state."""
 
     changes: dict[str, Any] = Field(description="Keys to set (merged into the state).")
-    expected_version: int = Field(ge=0, description="The version the change is based on.")
+    expected_version: int = Field(
+        ge=0, le=INT64_MAX, description="The version the change is based on."
+    )
 
 
 class SubscribeIn(_Strict):

@@ -27,6 +27,7 @@ from ctxkeep.errors import (
     CheckpointNotFoundError,
     CognitiveStateSchemaVersionError,
     ConfigError,
+    CorruptRecordError,
     CtxkeepError,
     EpisodeNotFoundError,
     InvalidFilterError,
@@ -109,6 +110,11 @@ PROBLEMS: tuple[ProblemKind, ...] = (
         "Cognitive state of an unknown version",
     ),
     ProblemKind(SchemaVersionError, 500, "schema-version", "Stored data of an unknown version"),
+    # A stored record that cannot be read (a message row, a task state): the store's fault, so
+    # no 4xx, and not 503 storage-unavailable, which says "retry later": a retry reads the
+    # same damaged record. 500 under its own type, so an operator can tell it from a bug and
+    # repair or delete the record the log names.
+    ProblemKind(CorruptRecordError, 500, "corrupt-record", "Stored record is corrupt"),
     ProblemKind(NotAvailableError, 501, "not-available", "Not available on this storage"),
     ProblemKind(StorageError, 503, "storage-unavailable", "Storage failed"),
     ProblemKind(CtxkeepError, 500, "internal-error", "Internal error"),

@@ -36,6 +36,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from ctxkeep._check import INT64_MAX
 from ctxkeep.artifacts import ArtifactStore
 from ctxkeep.builder import BuiltPrompt, ContextBuilder
 from ctxkeep.builder.compose import prompt_budget
@@ -142,7 +143,7 @@ def list_sessions(
     agent_id: Annotated[str | None, Query(min_length=1)] = None,
     task_id: Annotated[str | None, Query(min_length=1)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> SessionPage:
     """Live sessions, newest first, filtered by agent and/or task, one page at a time."""
     with tenant.memory() as mem:
@@ -262,9 +263,11 @@ def append_messages(session_id: str, body: AppendIn, tenant: TenantDep) -> Messa
 def list_messages(
     session_id: str,
     tenant: TenantDep,
-    last: Annotated[int | None, Query(ge=0, description="Only the newest N.")] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int | None, Query(ge=1, description="At most N (default: all).")] = None,
+    last: Annotated[int | None, Query(ge=0, le=INT64_MAX, description="Only the newest N.")] = None,
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    limit: Annotated[
+        int | None, Query(ge=1, le=INT64_MAX, description="At most N (default: all).")
+    ] = None,
 ) -> MessagePage:
     """The session's messages, oldest first (``last`` first narrows to the newest N, then
     ``offset`` and ``limit`` page through them).

@@ -45,6 +45,7 @@ from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
     dumps,
+    load_record,
     loads,
     pending_after_pop,
     settle_ids,
@@ -67,7 +68,7 @@ class _Session:
             seq = self.seqs_by_id.get(message_id)
             i = -1 if seq is None else bisect_left(rows, seq, key=itemgetter(0))
             if 0 <= i < len(rows) and rows[i][0] == seq:
-                record = loads(rows[i][1])
+                record = load_record(self.info.session_id, *rows[i])
                 if record.get("id") == message_id:
                     out.append((rows[i][0], record))
         return out
@@ -118,7 +119,7 @@ class MemoryBackend(Backend):
                     raise SessionChangedError(session_id)
                 info = replace(
                     info,
-                    pending=pending_after_pop(info.pending, loads(rows[-1][1])),
+                    pending=pending_after_pop(info.pending, load_record(session_id, *rows[-1])),
                     revision=info.revision + 1,
                 )
                 rows = rows[:-1]
@@ -146,7 +147,7 @@ class MemoryBackend(Backend):
                 return None
             info = _copy(s.info)
             rows = s.rows if after_seq < info.first_seq else [r for r in s.rows if r[0] > after_seq]
-        out: list[Row] = [(seq, loads(text)) for seq, text in rows]
+        out: list[Row] = [(seq, load_record(session_id, seq, text)) for seq, text in rows]
         return info, out
 
     def read_rows(
@@ -167,7 +168,7 @@ class MemoryBackend(Backend):
                 if i < start and s.rows[i][0] == seq:
                     picked.append(s.rows[i])
             picked += s.rows[start:]
-        return info, [(seq, loads(text)) for seq, text in picked]
+        return info, [(seq, load_record(session_id, seq, text)) for seq, text in picked]
 
     def get_fold(self, session_id: str, key: str) -> str | None:
         """The snapshot under ``key``."""
@@ -202,8 +203,9 @@ class MemoryBackend(Backend):
             s = self._sessions.get(session_id)
             if s is None or s.info.generation != generation or not s.rows:
                 return None
-            seq, text = s.rows.pop()
-            record = loads(text)
+            seq, text = s.rows[-1]
+            record = load_record(session_id, seq, text)  # before the pop: a corrupt row stays
+            s.rows.pop()
             s.info = replace(
                 s.info,
                 message_count=len(s.rows),

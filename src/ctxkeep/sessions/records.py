@@ -26,6 +26,7 @@ from operator import itemgetter
 from typing import Any
 
 from ctxkeep.errors import (
+    CorruptRecordError,
     InvalidMessageError,
     MessageIdConflictError,
     MissingToolResultError,
@@ -130,6 +131,32 @@ def message_to_record(m: Message) -> dict[str, Any]:
                     "JSON does not round-trip (tuples, non-string keys); use lists and string keys"
                 )
             break
+    return record
+
+
+def load_record(session_id: str, seq: int, text: str | bytes) -> dict[str, Any]:
+    """The record stored as ``text`` for message ``seq`` of ``session_id``: every backend
+    reads its message rows through this, so a damaged row fails the same way everywhere.
+
+    Raises:
+        CorruptRecordError: ``text`` is not a JSON object (a damaged row, a hand edit). It
+            names the session and seq so an operator can find the row; it is a storage
+            error, not the caller's (the service answers 500 ``corrupt-record``, and retrying
+            does not help).
+
+    """
+    try:
+        record = loads(text)
+    except (ValueError, RecursionError) as exc:  # orjson's and json's JSONDecodeError
+        raise CorruptRecordError(
+            f"session {session_id!r}: the stored message at seq {seq} is not JSON ({exc}); "
+            "repair or delete that row"
+        ) from None
+    if type(record) is not dict:
+        raise CorruptRecordError(
+            f"session {session_id!r}: the stored message at seq {seq} is not a JSON object "
+            f"({str(text)[:40]!r}); repair or delete that row"
+        )
     return record
 
 

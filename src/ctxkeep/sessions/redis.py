@@ -124,6 +124,7 @@ from ctxkeep.sessions.records import (
     SessionInfo,
     dumps,
     dumps_record,
+    load_record,
     loads,
     new_generation,
     pending_after_pop,
@@ -294,11 +295,16 @@ def _pending_json(pending: tuple[str, ...]) -> str:
     return dumps(list(pending)) if pending else "[]"
 
 
-def parse_member(member: str) -> tuple[int, dict[str, Any]]:
-    """``(seq, record)`` from a zset member."""
-    seq, _, text = member.partition(":")
-    record: dict[str, Any] = loads(text)
-    return int(seq), record
+def parse_member(session_id: str, member: str) -> tuple[int, dict[str, Any]]:
+    """``(seq, record)`` from a zset member of ``session_id``'s messages.
+
+    Raises:
+        CorruptRecordError: a member that is not ``{seq}:{record JSON}``.
+
+    """
+    head, _, text = member.partition(":")
+    seq = int(head) if head.isdigit() else -1
+    return seq, load_record(session_id, seq, text)
 
 
 # -- the append script ------------------------------------------------------------------------
@@ -474,7 +480,7 @@ def _index_roles(db: RedisClient) -> None:
     for key in db.conn.scan_iter(match=keys.session("*"), count=_SCAN_CHUNK):
         sid = cast(str, key)[len(keys.session("")) :]
         members = cast("list[str]", db.conn.zrange(keys.messages(sid), 0, -1))
-        rows = [parse_member(m) for m in members]
+        rows = [parse_member(sid, m) for m in members]
         pipe = db.conn.pipeline(transaction=True)
         pipe.delete(keys.roles(sid))
         if rows:
@@ -727,7 +733,7 @@ class RedisBackend(Backend):
             if out[0] == "missing":
                 return None
             if out[0] == "found":
-                settle_ids(session_id, batch.records, [parse_member(m) for m in out[1]])
+                settle_ids(session_id, batch.records, [parse_member(session_id, m) for m in out[1]])
                 raise StorageError(  # settle_ids raises on any held id, as the script found
                     f"Redis ids index of session {session_id!r} disagrees with its messages"
                 )
@@ -764,13 +770,13 @@ class RedisBackend(Backend):
             taken: str | None = None
             if replaces is not None:
                 newest = cast("list[str]", pipe.zrange(keys.messages(session_id), -1, -1))
-                if not newest or parse_member(newest[0])[0] != replaces:
+                if not newest or parse_member(session_id, newest[0])[0] != replaces:
                     raise SessionChangedError(session_id)
                 taken = newest[0]
                 info = replace(
                     info,
                     message_count=max(info.message_count - 1, 0),
-                    pending=pending_after_pop(info.pending, parse_member(taken)[1]),
+                    pending=pending_after_pop(info.pending, parse_member(session_id, taken)[1]),
                     revision=info.revision + 1,
                 )
             settle_ids(session_id, records, self._held(pipe, session_id, batch, taken))
@@ -780,7 +786,7 @@ class RedisBackend(Backend):
             pipe.multi()
             if taken is not None:
                 pipe.zrem(keys.messages(session_id), taken)
-                seq, record = parse_member(taken)
+                seq, record = parse_member(session_id, taken)
                 pipe.zrem(keys.roles(session_id), role_member(role_of(record), seq))
                 pipe.hdel(keys.ids(session_id), str(record.get("id")))
             if records:
@@ -826,7 +832,7 @@ class RedisBackend(Backend):
         held: list[Row] = []
         for seq in {s for s in seqs if s is not None}:
             members = cast("list[str]", pipe.zrangebyscore(keys.messages(session_id), seq, seq))
-            held += [parse_member(m) for m in members if m != taken]
+            held += [parse_member(session_id, m) for m in members if m != taken]
         return held
 
     @translated
@@ -838,7 +844,7 @@ class RedisBackend(Backend):
         fields, members = pipe.execute()
         if not fields:
             return None
-        rows: list[Row] = [parse_member(m) for m in members]
+        rows: list[Row] = [parse_member(session_id, m) for m in members]
         return session_from_fields(session_id, fields), rows
 
     @translated
@@ -857,7 +863,7 @@ class RedisBackend(Backend):
         fields, *found = pipe.execute()
         if not fields:
             return None
-        rows: list[Row] = [parse_member(m) for members in found for m in members]
+        rows: list[Row] = [parse_member(session_id, m) for members in found for m in members]
         return session_from_fields(session_id, fields), rows
 
     @translated
@@ -896,8 +902,8 @@ class RedisBackend(Backend):
         info = session_from_fields(session_id, dict(zip(flat[::2], flat[1::2], strict=True)))
         return Tail(
             info,
-            [parse_member(m) for m in reversed(page)],
-            sorted((parse_member(m) for m in marks), key=lambda row: row[0]),
+            [parse_member(session_id, m) for m in reversed(page)],
+            sorted((parse_member(session_id, m) for m in marks), key=lambda row: row[0]),
         )
 
     def _reindex(self, session_id: str) -> Snapshot | None:
@@ -913,7 +919,7 @@ class RedisBackend(Backend):
                 return None
             members = cast("list[str]", pipe.zrange(keys.messages(session_id), 0, -1))
             ttl = int(pipe.pttl(keys.session(session_id)))
-            rows: list[Row] = [parse_member(m) for m in members]
+            rows: list[Row] = [parse_member(session_id, m) for m in members]
             pipe.multi()
             pipe.delete(keys.roles(session_id))
             if rows:
@@ -955,7 +961,9 @@ class RedisBackend(Backend):
             )
             pipe.multi()
             pipe.zremrangebyscore(keys.messages(session_id), "-inf", upto_seq)
-            trimmed_ids = [i for m in trimmed if isinstance(i := parse_member(m)[1].get("id"), str)]
+            trimmed_ids = [
+                i for m in trimmed if isinstance(i := parse_member(session_id, m)[1].get("id"), str)
+            ]
             if trimmed_ids:
                 pipe.hdel(keys.ids(session_id), *trimmed_ids)
             for role in INDEXED_ROLES:  # each role's entries up to upto_seq
@@ -987,7 +995,7 @@ class RedisBackend(Backend):
             if not newest:
                 return None
             info = session_from_fields(session_id, fields)
-            seq, record = parse_member(newest[0])
+            seq, record = parse_member(session_id, newest[0])
             pipe.multi()
             pipe.zrem(keys.messages(session_id), newest[0])
             pipe.zrem(keys.roles(session_id), role_member(role_of(record), seq))

@@ -38,6 +38,7 @@ from ctxkeep.sessions.records import (
     SessionInfo,
     dumps,
     dumps_record,
+    load_record,
     loads,
     pending_after_pop,
     record_to_message,
@@ -373,7 +374,7 @@ class SQLBackend(Backend):
                 ),
                 (session_id, *chunk),
             ).fetchall()
-            out += [(seq, loads(text)) for seq, text in rows]
+            out += [(seq, load_record(session_id, seq, text)) for seq, text in rows]
         return out
 
     def _take_newest(self, conn: Any, info: SessionInfo, seq: int) -> SessionInfo:
@@ -396,7 +397,7 @@ class SQLBackend(Backend):
         return replace(
             info,
             message_count=info.message_count - 1,
-            pending=pending_after_pop(info.pending, loads(newest[1])),
+            pending=pending_after_pop(info.pending, load_record(info.session_id, *newest)),
             revision=info.revision + 1,
         )
 
@@ -413,7 +414,7 @@ class SQLBackend(Backend):
                 ),
                 (session_id, after_seq),
             ).fetchall()
-        out: list[Row] = [(seq, loads(rec)) for seq, rec in rows]
+        out: list[Row] = [(seq, load_record(session_id, seq, rec)) for seq, rec in rows]
         return row_to_info(row), out
 
     def read_tail(
@@ -472,8 +473,8 @@ class SQLBackend(Backend):
                 marks = sorted(dict(found.fetchall()).items())
         return Tail(
             row_to_info(row),
-            [(seq, loads(rec)) for seq, rec in page],
-            [(seq, loads(rec)) for seq, rec in marks],
+            [(seq, load_record(session_id, seq, rec)) for seq, rec in page],
+            [(seq, load_record(session_id, seq, rec)) for seq, rec in marks],
         )
 
     def read_rows(
@@ -496,7 +497,7 @@ class SQLBackend(Backend):
             if row is None:
                 return None
             found = conn.execute(self._sql(sql + " ORDER BY seq"), tuple(params)).fetchall()
-        return row_to_info(row), [(seq, loads(rec)) for seq, rec in found]
+        return row_to_info(row), [(seq, load_record(session_id, seq, rec)) for seq, rec in found]
 
     def get_fold(self, session_id: str, key: str) -> str | None:
         """The snapshot under ``key``."""
@@ -563,7 +564,7 @@ class SQLBackend(Backend):
             ).fetchone()
             if newest is None:
                 return None
-            seq, record = newest[0], loads(newest[1])
+            seq, record = newest[0], load_record(session_id, *newest)
             conn.execute(
                 self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = ?"),
                 (session_id, seq),

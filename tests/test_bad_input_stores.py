@@ -1,0 +1,258 @@
+"""Bad input that once reached a store and came back as a 5xx (issue 25, item 5), on every
+backend (memory, SQLite, Redis, PostgreSQL), through the library and through the service:
+
+* metadata nested 900 deep (a ``RecursionError`` while copying it) is an InvalidMessageError
+  (422), and nothing is stored;
+* an integer beyond 64 bits (an ``OverflowError`` in SQLite, "bigint out of range" in
+  PostgreSQL) is a ConfigError (422);
+* a NUL in an id or a filter (which PostgreSQL cannot store: 503) is a ConfigError (422) on
+  every backend, and nothing is stored;
+* a stored message row that is not JSON is a CorruptRecordError naming the session and seq,
+  and the service answers the ``corrupt-record`` problem (500, not a 503 that says "retry").
+
+These are the stores' half of the hostile-input suite; ``test_bad_input_api.py`` feeds bad
+values to every public callable in process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
+from ctxkeep import open_memory
+from ctxkeep.errors import ConfigError, CorruptRecordError, InvalidMessageError
+from ctxkeep.messages import Message
+from ctxkeep.server import create_app
+from ctxkeep.sessions.base import MemoryManager
+from ctxkeep.sessions.memory import MemoryBackend
+from ctxkeep.sessions.redis import RedisBackend
+from ctxkeep.sessions.sql import SQLBackend
+
+__all__ = ["postgres_schema_factory", "postgres_url", "redis_prefix_factory", "redis_url"]
+
+PROBLEM = "application/problem+json"
+BEYOND_64_BITS = [2**63, 10**20]
+BROKEN = "{not json"
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """``{"a": {"a": ... {}}}``, ``depth`` levels deep."""
+    out: dict[str, Any] = {}
+    for _ in range(depth):
+        out = {"a": out}
+    return out
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store of each backend."""
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/bad.db"
+    if request.param == "redis":
+        base = request.getfixturevalue("redis_url")
+        return f"{base}?prefix={request.getfixturevalue('redis_prefix_factory')()}"
+    make: Callable[[], str] = request.getfixturevalue("postgres_schema_factory")
+    return make()
+
+
+@pytest.fixture
+def mem(url: str) -> Iterator[MemoryManager]:
+    with open_memory(url) as store:
+        yield store
+
+
+def corrupt(mem: MemoryManager, session_id: str, seq: int) -> None:
+    """Overwrite the stored record of message ``seq`` with text that is not JSON, as a
+    damaged disk or a hand edit would (through the backend's own connection).
+    """
+    backend = mem.backend
+    if isinstance(backend, MemoryBackend):
+        rows = backend._sessions[session_id].rows
+        rows[[s for s, _ in rows].index(seq)] = (seq, BROKEN)
+    elif isinstance(backend, SQLBackend):
+        with backend.db.tx("corrupt a row") as conn:
+            conn.execute(
+                backend._sql(
+                    "UPDATE ctxkeep_messages SET record = ? WHERE session_id = ? AND seq = ?"
+                ),
+                (BROKEN, session_id, seq),
+            )
+    else:
+        assert isinstance(backend, RedisBackend)
+        key = backend.keys.messages(session_id)
+        backend._client.zremrangebyscore(key, seq, seq)
+        backend._client.zadd(key, {f"{seq}:{BROKEN}": seq})
+
+
+# -- the library --------------------------------------------------------------------------------
+
+
+def test_session_metadata_nested_too_deep_is_refused_and_no_session_stored(
+    mem: MemoryManager,
+) -> None:
+    with pytest.raises(InvalidMessageError, match="metadata"):
+        mem.create_session("agent", session_id="deep", metadata=nested(900))
+    assert not mem.has_session("deep")
+    assert mem.list_sessions() == []
+
+
+def test_message_metadata_nested_too_deep_is_refused_and_nothing_stored(
+    mem: MemoryManager,
+) -> None:
+    sid = mem.create_session("agent")
+    with pytest.raises(InvalidMessageError, match="metadata"):
+        mem.add_messages(sid, [Message("user", "hi", metadata=nested(900))])
+    assert mem.get_messages(sid) == []
+
+
+@pytest.mark.parametrize("big", BEYOND_64_BITS)
+@pytest.mark.parametrize("arg", ["offset", "limit"])
+def test_a_session_page_beyond_64_bits_is_a_config_error(
+    mem: MemoryManager, arg: str, big: int
+) -> None:
+    mem.create_session("agent")
+    page: dict[str, Any] = {arg: big}
+    with pytest.raises(ConfigError, match=arg):
+        mem.list_sessions(**page)
+
+
+@pytest.mark.parametrize("big", BEYOND_64_BITS)
+def test_a_message_limit_beyond_64_bits_is_a_config_error(mem: MemoryManager, big: int) -> None:
+    sid = mem.create_session("agent")
+    mem.add_message(sid, "user", "hi")
+    with pytest.raises(ConfigError, match="limit"):
+        mem.get_messages(sid, limit=big)
+
+
+def test_a_corrupt_message_row_is_a_corrupt_record_error_naming_session_and_seq(
+    mem: MemoryManager,
+) -> None:
+    sid = mem.create_session("agent", session_id="s1")
+    mem.add_messages(sid, [Message("user", "one"), Message("assistant", "two")])
+    corrupt(mem, sid, 2)
+    for read in (mem.get_messages, mem.build_prompt_messages):
+        with pytest.raises(CorruptRecordError, match=r"session 's1'.*seq 2"):
+            read(sid)
+
+
+# -- the service --------------------------------------------------------------------------------
+
+
+class Api:
+    """One tenant of a service on ``url``."""
+
+    def __init__(self, client: TestClient, key: str) -> None:
+        self.client = client
+        self.headers = {"Authorization": f"Bearer {key}"}
+
+    def __call__(self, method: str, path: str, **kw: Any) -> Any:
+        return self.client.request(method, path, headers=self.headers, **kw)
+
+    def session(self, **body: Any) -> str:
+        r = self("POST", "/v1/sessions", json={"agent_id": "agent", **body})
+        assert r.status_code == 201, r.text
+        return str(r.json()["session"]["session_id"])
+
+    def sessions(self) -> list[dict[str, Any]]:
+        r = self("GET", "/v1/sessions")
+        assert r.status_code == 200, r.text
+        return list(r.json()["sessions"])
+
+    def messages(self, sid: str) -> list[dict[str, Any]]:
+        r = self("GET", f"/v1/sessions/{sid}/messages")
+        assert r.status_code == 200, r.text
+        return list(r.json()["messages"])
+
+
+TENANT = "acme"
+
+
+@pytest.fixture
+def service(url: str) -> Iterator[tuple[Api, Any]]:
+    """The tenant's view of a service on a store of each backend, and the app."""
+    app = create_app(url)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        key = app.state.ctxkeep.keys.create(TENANT)[1]
+        yield Api(client, key), app
+
+
+@pytest.fixture
+def api(service: tuple[Api, Any]) -> Api:
+    return service[0]
+
+
+def problem(r: Any, status: int, slug: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    body: dict[str, Any] = r.json()
+    assert body["type"] == f"urn:ctxkeep:problem:{slug}", body
+    return body
+
+
+def test_service_refuses_session_metadata_nested_too_deep_and_stores_nothing(api: Api) -> None:
+    r = api("POST", "/v1/sessions", json={"agent_id": "agent", "metadata": nested(900)})
+    problem(r, 422, "invalid-message")
+    assert api.sessions() == []
+
+
+def test_service_refuses_message_metadata_nested_too_deep_and_stores_nothing(api: Api) -> None:
+    sid = api.session()
+    message = {"role": "user", "content": "hi", "metadata": nested(900)}
+    r = api("POST", f"/v1/sessions/{sid}/messages", json={"messages": [message]})
+    problem(r, 422, "invalid-message")
+    assert api.messages(sid) == []
+
+
+@pytest.mark.parametrize("big", BEYOND_64_BITS)
+def test_service_refuses_integers_beyond_64_bits(api: Api, big: int) -> None:
+    sid = api.session()
+    for path in (
+        f"/v1/sessions?offset={big}",
+        f"/v1/sessions/{sid}/messages?last={big}",
+        f"/v1/sessions/{sid}/messages?offset={big}",
+        f"/v1/sessions/{sid}/messages?limit={big}",
+    ):
+        problem(api("GET", path), 422, "invalid-request")
+    for field in ("max_prompt_tokens", "reserve_output_tokens", "preserve_last_n"):
+        r = api("POST", f"/v1/sessions/{sid}/prompt", json={field: big})
+        problem(r, 422, "invalid-request")
+    assert api.messages(sid) == []
+
+
+def test_service_answers_a_corrupt_message_row_with_the_corrupt_record_problem(
+    service: tuple[Api, Any],
+) -> None:
+    api, app = service
+    sid = api.session()
+    r = api(
+        "POST",
+        f"/v1/sessions/{sid}/messages",
+        json={"messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert r.status_code == 201, r.text
+    with app.state.ctxkeep.stores.lease(TENANT) as mem:
+        corrupt(mem, sid, 1)
+        mem.reads.forget_cached(sid)  # the service's cache would answer without a read
+    for method, path in (
+        ("GET", f"/v1/sessions/{sid}/messages"),
+        ("GET", f"/v1/sessions/{sid}/prompt"),
+        ("POST", f"/v1/sessions/{sid}/prompt"),
+    ):
+        body = problem(
+            api(method, path, **({"json": {}} if method == "POST" else {})), 500, "corrupt-record"
+        )
+        assert sid not in body["detail"]  # a 5xx names no stored data; the log does
