@@ -129,7 +129,9 @@ class MemoryBackend(Backend):
             seqs = list(range(start, start + len(texts)))
             s.rows = rows
             s.rows.extend(zip(seqs, texts, strict=True))
-            s.seqs_by_id.update(zip(batch.message_ids, seqs, strict=True))
+            s.seqs_by_id.update(
+                (r["id"], seq) for r, seq in zip(batch.records, seqs, strict=True) if r.get("id")
+            )
             s.info = replace(
                 info,
                 next_seq=start + len(texts),

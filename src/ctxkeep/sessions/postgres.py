@@ -137,7 +137,7 @@ class PostgresBackend(SQLBackend):
                     "base_generation": base.generation,
                     "records": texts,
                     "roles": roles,
-                    "ids": list(batch.message_ids),
+                    "ids": [r.get("id") for r in batch.records],
                 },
             )
             if not rows:

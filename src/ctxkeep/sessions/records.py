@@ -437,11 +437,13 @@ class Append:
 
     @property
     def message_ids(self) -> tuple[str, ...]:
-        """The batch's message ids, oldest first. Unique within the batch (checked when the
-        batch is made, before any I/O): a batch repeating an id cannot be a retry of anything
-        and would store one id twice, so it is refused as a whole with InvalidMessageError.
+        """The ids of the batch's messages that have one, oldest first (the manager gives
+        every message one; a record without is stored, never matched). Unique within the
+        batch (checked when the batch is made, before any I/O): a batch repeating an id cannot
+        be a retry of anything and would store one id twice, so it is refused as a whole with
+        InvalidMessageError.
         """
-        return tuple(r["id"] for r in self.records)
+        return tuple(i for r in self.records if isinstance(i := r.get("id"), str))
 
 
 class AlreadyStored(Exception):
@@ -486,7 +488,7 @@ def settle_ids(
 
     """
     by_id = {r.get("id"): (seq, r) for seq, r in stored}
-    found = [by_id.get(r["id"]) for r in records]
+    found = [by_id.get(r.get("id")) for r in records]
     if not any(found):
         return
     for new, old in zip(records, found, strict=True):

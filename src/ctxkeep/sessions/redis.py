@@ -333,7 +333,7 @@ local n = (#ARGV - 7) / 3
 local held = {}
 for i = 1, n do
   local id = ARGV[7 + 2 * n + i]
-  local seq = redis.call('HGET', KEYS[4], id)
+  local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
   if seq then
     local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
     if m and cjson.decode(string.sub(m, #seq + 2)).id == id then held[#held + 1] = m end
@@ -357,12 +357,14 @@ for i = 1, n do
   batch[#batch + 1] = seq .. ':' .. ARGV[7 + i]
   roles[#roles + 1] = 0
   roles[#roles + 1] = ARGV[7 + n + i] .. ':' .. string.format('%020d', first + i - 1)
-  ids[#ids + 1] = ARGV[7 + 2 * n + i]
-  ids[#ids + 1] = seq
+  if ARGV[7 + 2 * n + i] ~= '' then  -- a record without an id is stored, never matched
+    ids[#ids + 1] = ARGV[7 + 2 * n + i]
+    ids[#ids + 1] = seq
+  end
   if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
     redis.call('ZADD', KEYS[2], unpack(batch))
     redis.call('ZADD', KEYS[3], unpack(roles))
-    redis.call('HSET', KEYS[4], unpack(ids))
+    if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) end
     batch, roles, ids = {}, {}, {}
   end
 end
@@ -728,7 +730,7 @@ class RedisBackend(Backend):
                 base.generation,
                 *records,
                 *roles,
-                *batch.message_ids,
+                *(r.get("id") or "" for r in batch.records),
             )
             if out[0] == "missing":
                 return None
@@ -789,11 +791,9 @@ class RedisBackend(Backend):
                 seq, record = parse_member(session_id, taken)
                 pipe.zrem(keys.roles(session_id), role_member(role_of(record), seq))
                 pipe.hdel(keys.ids(session_id), str(record.get("id")))
-            if records:
-                pipe.hset(
-                    keys.ids(session_id),
-                    mapping={r["id"]: s for s, r in zip(seqs, records, strict=True)},
-                )
+            held_ids = {r["id"]: s for s, r in zip(seqs, records, strict=True) if r.get("id")}
+            if held_ids:
+                pipe.hset(keys.ids(session_id), mapping=held_ids)
                 pipe.zadd(
                     keys.messages(session_id),
                     {message_member(s, r): s for s, r in zip(seqs, records, strict=True)},
@@ -825,7 +825,7 @@ class RedisBackend(Backend):
         """The session's messages under the batch's ids (by the ``ids:`` hash, each checked
         against the message its seq holds), but for ``taken``, the member being replaced.
         """
-        if not batch.records:
+        if not batch.message_ids:
             return []
         keys = self.keys
         seqs = cast("list[str | None]", pipe.hmget(keys.ids(session_id), batch.message_ids))
