@@ -24,8 +24,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
-from ctxkeep import open_memory
-from ctxkeep.errors import ConfigError, CorruptRecordError, InvalidMessageError
+from ctxkeep import CognitiveState, open_checkpoints, open_episodic, open_memory
+from ctxkeep.errors import (
+    ConfigError,
+    CorruptRecordError,
+    InvalidFilterError,
+    InvalidMessageError,
+)
 from ctxkeep.messages import Message
 from ctxkeep.server import create_app
 from ctxkeep.sessions.base import MemoryManager
@@ -149,6 +154,90 @@ def test_a_corrupt_message_row_is_a_corrupt_record_error_naming_session_and_seq(
             read(sid)
 
 
+NUL = "a\x00b"
+
+
+def _nul_session_calls(mem: MemoryManager, sid: str) -> list[Callable[[], Any]]:
+    """Every session entry point given a NUL in an id or a filter."""
+    return [
+        lambda: mem.create_session(NUL),
+        lambda: mem.create_session("agent", task_id=NUL),
+        lambda: mem.create_session("agent", session_id=NUL),
+        lambda: mem.list_sessions(agent_id=NUL),
+        lambda: mem.list_sessions(task_id=NUL),
+        lambda: mem.get_latest_session_for_agent(NUL),
+        lambda: mem.get_session(sid + "\x00"),
+        lambda: mem.get_messages(NUL),
+        lambda: mem.add_message(NUL, "user", "hi"),
+    ]
+
+
+def test_a_nul_in_a_session_id_or_filter_is_a_config_error_and_nothing_stored(
+    mem: MemoryManager,
+) -> None:
+    sid = mem.create_session("agent", session_id="s")
+    for call in _nul_session_calls(mem, sid):
+        with pytest.raises(ConfigError, match="NUL"):
+            call()
+    assert [s.session_id for s in mem.list_sessions()] == ["s"]
+    assert mem.get_messages("s") == []
+
+
+def test_a_nul_in_a_checkpoint_id_is_a_config_error_and_nothing_stored(url: str) -> None:
+    with open_checkpoints(url) as store:
+        state = CognitiveState(context={"k": 1})
+        for call in (
+            lambda: store.save(NUL, state),
+            lambda: store.save("agent", state, task_id=NUL),
+            lambda: store.save("agent", state, session_id=NUL),
+            lambda: store.latest(NUL),
+            lambda: store.history(NUL),
+            lambda: store.load(NUL),
+        ):
+            with pytest.raises(ConfigError, match="NUL"):
+                call()
+        assert store.latest("agent") is None
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def episodes_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh episode store of each backend that keeps episodes (Redis does not)."""
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/episodes.db"
+    make: Callable[[], str] = request.getfixturevalue("postgres_schema_factory")
+    return make()
+
+
+EPISODE: dict[str, Any] = {"session_id": "s", "task_goal": "goal", "summary": "what happened"}
+
+
+@pytest.mark.parametrize("field", ["session_id", "task_goal", "summary", "agent_id", "task_id"])
+def test_a_nul_in_an_episode_field_is_refused_and_nothing_stored(
+    episodes_url: str, field: str
+) -> None:
+    with open_episodic(episodes_url, embedder="hash") as store:
+        with pytest.raises(InvalidMessageError, match="NUL"):
+            store.save_episodes([{**EPISODE, field: NUL}])
+        assert store.count() == 0
+
+
+def test_a_nul_in_an_episode_id_or_filter_is_refused(episodes_url: str) -> None:
+    with open_episodic(episodes_url, embedder="hash") as store:
+        store.save_episode(**EPISODE)
+        for call in (
+            lambda: store.search("goal", filters={"agent_id": NUL}),
+            lambda: store.search("goal", filters={"session_id": [NUL]}),
+            lambda: store.forget(agent_id=NUL),
+        ):
+            with pytest.raises(InvalidFilterError, match="NUL"):
+                call()
+        with pytest.raises(ConfigError, match="NUL"):
+            store.get(NUL)
+        assert store.count() == 1
+
+
 # -- the service --------------------------------------------------------------------------------
 
 
@@ -256,3 +345,55 @@ def test_service_answers_a_corrupt_message_row_with_the_corrupt_record_problem(
             api(method, path, **({"json": {}} if method == "POST" else {})), 500, "corrupt-record"
         )
         assert sid not in body["detail"]  # a 5xx names no stored data; the log does
+
+
+def test_service_refuses_a_nul_in_an_id_or_filter_and_stores_nothing(api: Api) -> None:
+    sid = api.session()
+    body: dict[str, Any] = {"state": {"context": {}}}
+    for method, path, payload in (
+        ("POST", "/v1/sessions", {"agent_id": NUL}),
+        ("POST", "/v1/sessions", {"agent_id": "agent", "task_id": NUL}),
+        ("POST", "/v1/sessions", {"agent_id": "agent", "session_id": NUL}),
+        ("GET", "/v1/sessions?agent_id=a%00b", None),
+        ("GET", "/v1/sessions?task_id=a%00b", None),
+        ("GET", "/v1/sessions/a%00b", None),
+        ("GET", "/v1/sessions/a%00b/messages", None),
+        ("POST", "/v1/sessions/a%00b/messages", {"messages": [{"role": "user", "content": "x"}]}),
+        ("GET", "/v1/agents/a%00b/latest", None),
+        ("POST", "/v1/agents/a%00b/checkpoints", body),
+        ("POST", "/v1/agents/agent/checkpoints", {**body, "task_id": NUL}),
+        ("POST", "/v1/agents/agent/checkpoints", {**body, "session_id": NUL}),
+        ("GET", "/v1/agents/a%00b/checkpoints", None),
+        ("GET", "/v1/agents/a%00b/checkpoints/latest", None),
+        ("GET", "/v1/checkpoints/a%00b", None),
+    ):
+        r = api(method, path, **({} if payload is None else {"json": payload}))
+        problem(r, 422, "invalid-parameter")
+    assert [s["session_id"] for s in api.sessions()] == [sid]
+    assert api.messages(sid) == []
+    assert api("GET", "/v1/agents/agent/checkpoints").json()["checkpoints"] == []
+
+
+def test_service_refuses_a_nul_in_an_episode_field_id_or_filter_and_stores_nothing(
+    url: str, api: Api
+) -> None:
+    if url.startswith("redis"):
+        pytest.skip("the service keeps no episodes on Redis (501)")
+    for method, path, payload, slug in (
+        *(("POST", "/v1/episodes", {**EPISODE, f: NUL}, "invalid-message") for f in EPISODE),
+        ("POST", "/v1/episodes", {**EPISODE, "agent_id": NUL}, "invalid-message"),
+        (
+            "POST",
+            "/v1/episodes/search",
+            {"query": "q", "filters": {"agent_id": NUL}},
+            "invalid-filter",
+        ),
+        ("GET", "/v1/episodes/a%00b", None, "invalid-parameter"),
+        ("DELETE", "/v1/episodes/a%00b", None, "invalid-filter"),
+        ("DELETE", "/v1/episodes?agent_id=a%00b", None, "invalid-filter"),
+    ):
+        r = api(method, path, **({} if payload is None else {"json": payload}))
+        problem(r, 422, slug)
+    r = api("POST", "/v1/episodes/search", json={"query": "goal"})
+    assert r.status_code == 200, r.text
+    assert r.json()["hits"] == []

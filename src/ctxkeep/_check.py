@@ -133,9 +133,10 @@ def deep_copy(name: str, value: Any) -> Any:
 
 
 def identifier(name: str, value: Any, *, empty: bool = False) -> str:
-    """``value`` if it is a :func:`text` without NUL: an id or a filter value. PostgreSQL's
-    text cannot hold NUL (the driver fails, which reads as a storage outage) and SQLite and
-    Redis would store it, so every backend refuses it here, the same way.
+    """``value`` if it is a :func:`text` without NUL: an id, a filter value, or any text a
+    store keeps in a column of its own (an episode's goal). PostgreSQL's text cannot hold NUL
+    (the driver fails, which reads as a storage outage: 503) while SQLite and Redis store it;
+    one rule for every backend, checked before any I/O: NUL is refused everywhere.
     """
     text(name, value, empty=empty)
     if "\x00" in value:

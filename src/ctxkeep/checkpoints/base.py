@@ -167,10 +167,10 @@ class CheckpointStore(ABC):
         )
         cp = Checkpoint(
             checkpoint_id=uuid.uuid4().hex,
-            agent_id=_check.text("agent_id", agent_id),
+            agent_id=_check.identifier("agent_id", agent_id),
             state=decode_cognitive_state(state),
-            task_id=_check.optional_text("task_id", task_id),
-            session_id=_check.optional_text("session_id", session_id),
+            task_id=_check.optional_identifier("task_id", task_id),
+            session_id=_check.optional_identifier("session_id", session_id),
             private=_check.mapping("private", private),
             metadata=_check.mapping("metadata", metadata),
             created_at=time.time(),
@@ -180,12 +180,12 @@ class CheckpointStore(ABC):
 
     def latest(self, agent_id: str) -> Checkpoint | None:
         """The agent's newest checkpoint, or None."""
-        text = self._latest(_check.text("agent_id", agent_id))
+        text = self._latest(_check.identifier("agent_id", agent_id))
         return decode_checkpoint(text) if text is not None else None
 
     def history(self, agent_id: str, *, limit: int = 50) -> list[Checkpoint]:
         """The agent's checkpoints, newest first: at most ``limit`` (0 gives none)."""
-        _check.text("agent_id", agent_id)
+        _check.identifier("agent_id", agent_id)
         if _check.integer("limit", limit, minimum=0) == 0:
             return []
         return [decode_checkpoint(t) for t in self._history(agent_id, min(limit, MAX_LIMIT))]
@@ -198,14 +198,14 @@ class CheckpointStore(ABC):
             InvalidTypeError: ``checkpoint_id`` is not a string.
 
         """
-        text = self._get(_check.text("checkpoint_id", checkpoint_id))
+        text = self._get(_check.identifier("checkpoint_id", checkpoint_id))
         if text is None:
             raise CheckpointNotFoundError(f"no checkpoint {checkpoint_id!r}")
         return decode_checkpoint(text)
 
     def latest_session_for_agent(self, agent_id: str) -> str | None:
         """The session of the agent's newest checkpoint that has one."""
-        _check.text("agent_id", agent_id)
+        _check.identifier("agent_id", agent_id)
         for cp in self.history(agent_id, limit=20):
             if cp.session_id:
                 return cp.session_id

@@ -159,11 +159,11 @@ def _new_episode(i: int, item: Any, now: float) -> Episode:
         v = item.get(name)
         if not isinstance(v, str) and (v is not None or name not in ("agent_id", "task_id")):
             raise bad(f"{name} must be a string" + (" or None" if name.endswith("_id") else ""))
-        if isinstance(v, str) and not v.isascii():
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                raise bad(f"{name} is not valid Unicode (a lone surrogate?)") from None
+        if isinstance(v, str):
+            try:  # each is a column of its own (PostgreSQL's text holds no NUL)
+                _check.identifier(name, v, empty=True)
+            except ConfigError as exc:
+                raise bad(str(exc)) from None
     meta = item.get("metadata")
     if meta is not None and not isinstance(meta, Mapping):
         raise bad(f"metadata must be a mapping, got {type(meta).__name__}")
@@ -617,7 +617,7 @@ class EpisodicMemoryStore(ABC):
             EpisodeNotFoundError: unknown id (a ``LookupError``).
 
         """
-        episode_id = _check.text("episode_id", episode_id, empty=True)
+        episode_id = _check.identifier("episode_id", episode_id, empty=True)
         rows = self._rows(EpisodeFilter(episode_id=(episode_id,)))
         if rows.size == 0:
             raise EpisodeNotFoundError(f"no episode {episode_id!r}")

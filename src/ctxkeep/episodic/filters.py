@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ctxkeep.errors import InvalidFilterError
+from ctxkeep import _check
+from ctxkeep.errors import ConfigError, InvalidFilterError
 
 if TYPE_CHECKING:
     from ctxkeep.episodic.base import Episode
@@ -52,11 +53,9 @@ def _ids(key: str, value: Any) -> tuple[str, ...]:
         value = (value,)
     if isinstance(value, list | tuple | Set) and all(isinstance(v, str) for v in value):
         try:
-            "".join(value).encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidFilterError(
-                f"filter {key!r} is not valid Unicode: {value!r:.60}"
-            ) from None
+            _check.identifier(f"filter {key!r}", "".join(value), empty=True)
+        except ConfigError as exc:
+            raise InvalidFilterError(str(exc)) from None
         return tuple(sorted(value)) if isinstance(value, Set) else tuple(value)
     raise InvalidFilterError(
         f"filter {key!r} takes a string or a list of strings, got {value!r} "

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
+from ctxkeep import _check
 from ctxkeep.errors import SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.sessions.records import Append, SessionInfo
@@ -341,10 +342,12 @@ def cas_append(
 
 
 def check_session_id(session_id: Any) -> str:
-    """``session_id`` if it is a non-empty string, else SessionNotFoundError."""
+    """``session_id`` if it is a non-empty string (else SessionNotFoundError: no session has
+    it) that is a valid id (else ConfigError, as when a session is created under it).
+    """
     if not isinstance(session_id, str) or not session_id:
         raise SessionNotFoundError(f"no session {session_id!r}")
-    return session_id
+    return _check.identifier("session_id", session_id)
 
 
 def page(items: Sequence[SessionInfo], limit: int, offset: int) -> list[SessionInfo]:

@@ -281,6 +281,9 @@ class MemoryManager:
             raise InvalidMessageError(f"task_id must be a string, got {task_id!r}")
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
             raise InvalidMessageError(f"session_id must be a non-empty string, got {session_id!r}")
+        _check.identifier("agent_id", agent_id)
+        _check.optional_identifier("task_id", task_id)
+        _check.optional_identifier("session_id", session_id)
         meta = _check.mapping("metadata", metadata)
         message_to_record(Message("user", "", metadata=meta))  # JSON check
         if session_id is not None:
@@ -328,8 +331,8 @@ class MemoryManager:
         """Live sessions, newest first, filtered by agent and/or task, one page at a time."""
         _check.integer("limit", limit, minimum=1)
         _check.integer("offset", offset, minimum=0)
-        _check.optional_text("agent_id", agent_id)
-        _check.optional_text("task_id", task_id)
+        _check.optional_identifier("agent_id", agent_id)
+        _check.optional_identifier("task_id", task_id)
         self.sweep()
         return self.backend.list_sessions(
             agent_id=agent_id, task_id=task_id, limit=limit, offset=offset
@@ -346,7 +349,7 @@ class MemoryManager:
 
     def get_latest_session_for_agent(self, agent_id: str) -> str | None:
         """The agent's most recently created live session, or None."""
-        sid = self.backend.latest_for_agent(_check.text("agent_id", agent_id))
+        sid = self.backend.latest_for_agent(_check.identifier("agent_id", agent_id))
         if sid is not None and not self.has_session(sid):
             return None
         return sid
