@@ -213,6 +213,16 @@ CALLS: list[Call] = [
     ),
     Call("TokenPruner.prune", lambda: ctxkeep.TokenPruner(1000).prune, {"messages": CALL_MSGS}),
     Call(
+        "PrunerConfig",
+        lambda: ctxkeep.PrunerConfig,
+        {"max_token_budget": 1000, "preserve_last_n": 2, "low_water": 0.5, "keep_first": 1},
+    ),
+    Call(
+        "BuilderConfig",
+        lambda: ctxkeep.BuilderConfig,
+        {"max_prompt_tokens": 4000, "reserve_output_tokens": 500, "recall_scope": "agent"},
+    ),
+    Call(
         "TokenPruner.prune_with_report",
         lambda: ctxkeep.TokenPruner(1000).prune_with_report,
         {"messages": CALL_MSGS},
