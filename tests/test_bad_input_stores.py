@@ -397,3 +397,25 @@ def test_service_refuses_a_nul_in_an_episode_field_id_or_filter_and_stores_nothi
     r = api("POST", "/v1/episodes/search", json={"query": "goal"})
     assert r.status_code == 200, r.text
     assert r.json()["hits"] == []
+
+
+@pytest.mark.redis
+def test_service_answers_a_corrupt_task_state_with_the_corrupt_record_problem(
+    redis_url: str, redis_prefix_factory: Callable[[], str]
+) -> None:
+    import redis
+
+    prefix = redis_prefix_factory()
+    app = create_app(f"{redis_url}?prefix={prefix}")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        api = Api(client, app.state.ctxkeep.keys.create(TENANT)[1])
+        r = api("PUT", "/v1/fabric/agents/a/task", json={"task_id": "t", "state": {"k": 1}})
+        assert r.status_code == 200, r.text
+        conn = redis.Redis.from_url(redis_url)
+        try:
+            hashes = [k for k in conn.scan_iter(match=f"{prefix}*") if conn.type(k) == b"hash"]
+            (key,) = [k for k in hashes if conn.hexists(k, "data:k")]
+            conn.hset(key, "data:k", BROKEN)
+        finally:
+            conn.close()
+        problem(api("GET", "/v1/fabric/agents/a/task"), 500, "corrupt-record")
