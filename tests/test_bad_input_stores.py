@@ -43,6 +43,8 @@ __all__ = ["postgres_schema_factory", "postgres_url", "redis_prefix_factory", "r
 PROBLEM = "application/problem+json"
 BEYOND_64_BITS = [2**63, 10**20]
 BROKEN = "{not json"
+DAMAGED = [BROKEN, '{"v": 1, "role": "nobody"}', "[1, 2]"]
+"""Stored message texts no reader can use: not JSON, JSON of no message, not an object."""
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -80,27 +82,27 @@ def mem(url: str) -> Iterator[MemoryManager]:
         yield store
 
 
-def corrupt(mem: MemoryManager, session_id: str, seq: int) -> None:
-    """Overwrite the stored record of message ``seq`` with text that is not JSON, as a
-    damaged disk or a hand edit would (through the backend's own connection).
+def corrupt(mem: MemoryManager, session_id: str, seq: int, text: str = BROKEN) -> None:
+    """Overwrite the stored record of message ``seq`` with ``text``, as a damaged disk or a
+    hand edit would (through the backend's own connection).
     """
     backend = mem.backend
     if isinstance(backend, MemoryBackend):
         rows = backend._sessions[session_id].rows
-        rows[[s for s, _ in rows].index(seq)] = (seq, BROKEN)
+        rows[[s for s, _ in rows].index(seq)] = (seq, text)
     elif isinstance(backend, SQLBackend):
         with backend.db.tx("corrupt a row") as conn:
             conn.execute(
                 backend._sql(
                     "UPDATE ctxkeep_messages SET record = ? WHERE session_id = ? AND seq = ?"
                 ),
-                (BROKEN, session_id, seq),
+                (text, session_id, seq),
             )
     else:
         assert isinstance(backend, RedisBackend)
         key = backend.keys.messages(session_id)
         backend._client.zremrangebyscore(key, seq, seq)
-        backend._client.zadd(key, {f"{seq}:{BROKEN}": seq})
+        backend._client.zadd(key, {f"{seq}:{text}": seq})
 
 
 # -- the library --------------------------------------------------------------------------------
@@ -143,12 +145,13 @@ def test_a_message_limit_beyond_64_bits_is_a_config_error(mem: MemoryManager, bi
         mem.get_messages(sid, limit=big)
 
 
+@pytest.mark.parametrize("damaged", DAMAGED)
 def test_a_corrupt_message_row_is_a_corrupt_record_error_naming_session_and_seq(
-    mem: MemoryManager,
+    mem: MemoryManager, damaged: str
 ) -> None:
     sid = mem.create_session("agent", session_id="s1")
     mem.add_messages(sid, [Message("user", "one"), Message("assistant", "two")])
-    corrupt(mem, sid, 2)
+    corrupt(mem, sid, 2, damaged)
     for read in (mem.get_messages, mem.build_prompt_messages):
         with pytest.raises(CorruptRecordError, match=r"session 's1'.*seq 2"):
             read(sid)
@@ -322,8 +325,9 @@ def test_service_refuses_integers_beyond_64_bits(api: Api, big: int) -> None:
     assert api.messages(sid) == []
 
 
+@pytest.mark.parametrize("damaged", DAMAGED)
 def test_service_answers_a_corrupt_message_row_with_the_corrupt_record_problem(
-    service: tuple[Api, Any],
+    service: tuple[Api, Any], damaged: str
 ) -> None:
     api, app = service
     sid = api.session()
@@ -334,7 +338,7 @@ def test_service_answers_a_corrupt_message_row_with_the_corrupt_record_problem(
     )
     assert r.status_code == 201, r.text
     with app.state.ctxkeep.stores.lease(TENANT) as mem:
-        corrupt(mem, sid, 1)
+        corrupt(mem, sid, 1, damaged)
         mem.reads.forget_cached(sid)  # the service's cache would answer without a read
     for method, path in (
         ("GET", f"/v1/sessions/{sid}/messages"),

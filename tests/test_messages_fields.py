@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ctxkeep.errors import InvalidMessageError
+from ctxkeep.errors import CorruptRecordError
 from ctxkeep.messages import FIELDS, Message, ToolCall
 from ctxkeep.server.models import MessageIn, MessageOut
 from ctxkeep.server.wire import MESSAGE_FIELDS, message_from_wire, message_to_wire
@@ -179,10 +179,10 @@ def test_the_fast_record_decoder_accepts_what_the_checked_one_accepts(
         record[name] = value
         try:
             expected: Message | None = record_to_message(dumps({**record, "unknown": 0}))
-        except InvalidMessageError:
+        except CorruptRecordError:
             expected = None
         if expected is None:
-            with pytest.raises(InvalidMessageError):
+            with pytest.raises(CorruptRecordError):
                 record_to_message(dumps(record))
         else:
             assert record_to_message(dumps(record)) == expected

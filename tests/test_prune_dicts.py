@@ -25,7 +25,7 @@ from ctxkeep import (
     get_counter,
     validate_sequence,
 )
-from ctxkeep.errors import UnknownRoleError
+from ctxkeep.errors import CorruptRecordError, UnknownRoleError
 from ctxkeep.sessions.records import dumps_record, message_to_record, record_to_message
 
 COUNTER = get_counter("o200k_base")
@@ -350,7 +350,7 @@ def test_a_corrupt_record_raises_and_never_makes_an_invalid_message(
     corrupt: dict[str, Any],
 ) -> None:
     record = {**message_to_record(Message("user", "hi")), **corrupt}
-    with pytest.raises(InvalidMessageError):
+    with pytest.raises(CorruptRecordError):
         record_to_message(json.dumps(record))
 
 

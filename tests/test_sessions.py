@@ -14,7 +14,7 @@ import pytest
 
 from ctxkeep import MemoryConfig, Message, SessionMemory, default_memory_config, open_memory
 from ctxkeep.cli import main
-from ctxkeep.errors import ConfigError, InvalidMessageError, SchemaVersionError
+from ctxkeep.errors import ConfigError, CorruptRecordError, InvalidMessageError, SchemaVersionError
 from ctxkeep.sessions.records import (
     RECORD_VERSION,
     message_to_record,
@@ -127,7 +127,7 @@ def test_version_0_record_is_upgraded() -> None:
     "corrupt", ['{"role": "user"', '{"v": 1}', '{"v": 1, "role": "x"}', "[1, 2]"]
 )
 def test_corrupt_record_is_a_typed_error(corrupt: str) -> None:
-    with pytest.raises(InvalidMessageError):
+    with pytest.raises(CorruptRecordError):
         record_to_message(corrupt)
 
 

@@ -522,7 +522,7 @@ class MemoryManager:
         """
         info = self._live(session_id, touch=True)
         row = self.backend.pop_newest(session_id, info.generation)
-        return None if row is None else record_to_message(row[1])
+        return None if row is None else record_to_message(row[1], session_id=session_id, seq=row[0])
 
     def replace_newest(
         self, session_id: str, messages: Iterable[Any], *, newest_id: str
@@ -679,7 +679,9 @@ class MemoryManager:
         # Trimmed since: drop what the session no longer holds.
         keep = bisect_left(cached.seqs, info.first_seq)
         seqs = cached.seqs[keep:] + [seq for seq, _ in rows]
-        msgs = cached.messages[keep:] + [record_to_message(r) for _, r in rows]
+        msgs = cached.messages[keep:] + [
+            record_to_message(r, session_id=session_id, seq=seq) for seq, r in rows
+        ]
         fold = None
         if (
             prior is not None
@@ -774,7 +776,7 @@ class MemoryManager:
         info, rows = snap
         if idle_before is not None and info.accessed_at >= idle_before:
             return False  # touched meanwhile
-        msgs = [record_to_message(r) for _, r in rows]
+        msgs = [record_to_message(r, session_id=session_id, seq=seq) for seq, r in rows]
         self._emit(Evicted(session_id, info.agent_id, reason, msgs))  # stored before deleted
         return self.backend.delete(session_id, info.generation)
 
@@ -828,7 +830,10 @@ class MemoryManager:
         # Archive first, then remove: nothing is deleted before it is stored elsewhere.
         self._emit(
             Evicted(
-                session_id, info.agent_id, "max_history", [record_to_message(r) for _, r in gone]
+                session_id,
+                info.agent_id,
+                "max_history",
+                [record_to_message(r, session_id=session_id, seq=seq) for seq, r in gone],
             )
         )
         self.backend.remove_oldest(session_id, gone[-1][0], info.generation)

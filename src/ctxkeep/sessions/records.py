@@ -134,30 +134,31 @@ def message_to_record(m: Message) -> dict[str, Any]:
     return record
 
 
-def load_record(session_id: str, seq: int, text: str | bytes) -> dict[str, Any]:
+def load_record(session_id: str | None, seq: int | None, text: str | bytes) -> dict[str, Any]:
     """The record stored as ``text`` for message ``seq`` of ``session_id``: every backend
     reads its message rows through this, so a damaged row fails the same way everywhere.
 
     Raises:
-        CorruptRecordError: ``text`` is not a JSON object (a damaged row, a hand edit). It
-            names the session and seq so an operator can find the row; it is a storage
-            error, not the caller's (the service answers 500 ``corrupt-record``, and retrying
-            does not help).
+        CorruptRecordError: ``text`` is not a JSON object (a damaged row, a hand edit).
 
     """
     try:
         record = loads(text)
     except (ValueError, RecursionError) as exc:  # orjson's and json's JSONDecodeError
-        raise CorruptRecordError(
-            f"session {session_id!r}: the stored message at seq {seq} is not JSON ({exc}); "
-            "repair or delete that row"
-        ) from None
+        raise corrupt_record(session_id, seq, f"not JSON: {exc}") from None
     if type(record) is not dict:
-        raise CorruptRecordError(
-            f"session {session_id!r}: the stored message at seq {seq} is not a JSON object "
-            f"({str(text)[:40]!r}); repair or delete that row"
-        )
+        raise corrupt_record(session_id, seq, f"not a JSON object: {str(text)[:40]!r}")
     return record
+
+
+def corrupt_record(session_id: str | None, seq: int | None, detail: str) -> CorruptRecordError:
+    """The error for a stored message that cannot be read, naming the session and seq (when
+    the reader knows them) so an operator can find the row. A storage error, not the
+    caller's: the service answers 500 ``corrupt-record``, and retrying does not help.
+    """
+    where = "a stored message" if seq is None else f"the stored message at seq {seq}"
+    of = "" if session_id is None else f"session {session_id!r}: "
+    return CorruptRecordError(f"{of}{where} is corrupt ({detail}); repair or delete that row")
 
 
 def dumps_record(m: Message) -> str:
@@ -186,8 +187,11 @@ def upgrade_record(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def record_to_message(record: dict[str, Any] | str) -> Message:
-    """The message a stored record describes (upgraded first if old).
+def record_to_message(
+    record: dict[str, Any] | str, *, session_id: str | None = None, seq: int | None = None
+) -> Message:
+    """The message a stored record describes (upgraded first if old); ``session_id`` and
+    ``seq``, where the caller knows them, name the record in an error.
 
     A record of the current version in the exact shape :func:`message_to_record` writes is
     decoded on a fast path (:func:`_decode_current`): its values were validated when the
@@ -197,16 +201,14 @@ def record_to_message(record: dict[str, Any] | str) -> Message:
 
     Raises:
         SchemaVersionError: a record newer than this ctxkeep.
-        InvalidMessageError: a corrupt record.
+        CorruptRecordError: a record that describes no valid message (stored records were
+            valid when written: this one was damaged since).
 
     """
     if isinstance(record, (str, bytes)):
-        try:
-            record = loads(record)
-        except ValueError as exc:
-            raise InvalidMessageError(f"corrupt stored message: {exc}") from exc
-    if not isinstance(record, dict):
-        raise InvalidMessageError(f"corrupt stored message: {record!r:.80}")
+        record = load_record(session_id, seq, record)
+    elif not isinstance(record, dict):
+        raise corrupt_record(session_id, seq, f"not a JSON object: {record!r:.40}")
     if len(record) == _FAST_LEN and record.get("v") == RECORD_VERSION:
         try:
             fast = _decode_current(record)
@@ -214,13 +216,14 @@ def record_to_message(record: dict[str, Any] | str) -> Message:
             fast = None
         if fast is not None:
             return fast
-    r = upgrade_record(record) if record.get("v") != RECORD_VERSION else record
     try:
+        r = upgrade_record(record) if record.get("v") != RECORD_VERSION else record
         return Message._from_owned(_state_from_record(r))
     except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, InvalidMessageError):
-            raise InvalidMessageError(f"corrupt stored message: {exc}") from exc
-        raise InvalidMessageError(f"corrupt stored message: {type(exc).__name__}: {exc}") from exc
+        detail = (
+            str(exc) if isinstance(exc, InvalidMessageError) else f"{type(exc).__name__}: {exc}"
+        )
+        raise corrupt_record(session_id, seq, detail) from exc
 
 
 def _tool_calls_from_record(value: Any) -> tuple[ToolCall, ...]:
