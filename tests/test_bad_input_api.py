@@ -3,9 +3,10 @@
 Each entry of :data:`CALLS` is a valid call of a public function, constructor or method (built
 fresh for each case); the test first checks it succeeds, then replaces one argument at a time
 with each value of :data:`BAD` (wrong types, ``None``, empty, huge, NaN, lone surrogates,
-unknown keys...). The call may succeed (a value can be acceptable) or raise, but what it
-raises must be a :class:`~ctxkeep.errors.CtxkeepError` (which is also the builtin a Python
-user expects, such as ``ValueError`` or ``TypeError``): no bare builtin error escapes.
+NUL, integers beyond 64 bits, data nested 900 deep, unknown keys...). The call may succeed
+(a value can be acceptable) or raise, but what it raises must be a
+:class:`~ctxkeep.errors.CtxkeepError` (which is also the builtin a Python user expects, such
+as ``ValueError`` or ``TypeError``): no bare builtin error escapes.
 
 A test checks that every callable name in ``ctxkeep.__all__`` has at least one entry here.
 """
@@ -31,6 +32,14 @@ def _in_a_scratch_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.chdir(tmp_path)
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    """``{"a": {"a": ... {}}}``, ``depth`` levels deep: deeper than a copy can recurse."""
+    out: dict[str, Any] = {}
+    for _ in range(depth):
+        out = {"a": out}
+    return out
+
+
 BAD: dict[str, Any] = {
     "object": object(),
     "none": None,
@@ -49,6 +58,9 @@ BAD: dict[str, Any] = {
     "nested-junk": {"role": "user", "content": {"no": object()}},
     "bytes": b"\xff\xfe",
     "huge-str": "x" * 200_000,
+    "nul": "a\x00b",
+    "int64-overflow": 2**63,
+    "deep": _nested(900),
 }
 
 MSG = {"role": "user", "content": "hello"}
