@@ -105,6 +105,24 @@ def corrupt(mem: MemoryManager, session_id: str, seq: int, text: str = BROKEN) -
         backend._client.zadd(key, {f"{seq}:{text}": seq})
 
 
+def corrupt_session(mem: MemoryManager, session_id: str) -> None:
+    """Overwrite a stored session's metadata with text that is not JSON (the in-process
+    store keeps sessions as objects, with nothing to decode: the test is skipped there).
+    """
+    backend = mem.backend
+    if isinstance(backend, MemoryBackend):
+        pytest.skip("the in-process store decodes no session")
+    if isinstance(backend, SQLBackend):
+        with backend.db.tx("corrupt a row") as conn:
+            conn.execute(
+                backend._sql("UPDATE ctxkeep_sessions SET metadata = ? WHERE session_id = ?"),
+                (BROKEN, session_id),
+            )
+    else:
+        assert isinstance(backend, RedisBackend)
+        backend._client.hset(backend.keys.session(session_id), "metadata", BROKEN)
+
+
 # -- the library --------------------------------------------------------------------------------
 
 
@@ -155,6 +173,16 @@ def test_a_corrupt_message_row_is_a_corrupt_record_error_naming_session_and_seq(
     for read in (mem.get_messages, mem.build_prompt_messages):
         with pytest.raises(CorruptRecordError, match=r"session 's1'.*seq 2"):
             read(sid)
+
+
+def test_a_corrupt_session_row_is_a_corrupt_record_error_naming_the_session(
+    mem: MemoryManager,
+) -> None:
+    sid = mem.create_session("agent", session_id="s1")
+    corrupt_session(mem, sid)
+    for read in (lambda: mem.get_session(sid), lambda: mem.get_messages(sid)):
+        with pytest.raises(CorruptRecordError, match="session 's1'"):
+            read()
 
 
 NUL = "a\x00b"
@@ -423,3 +451,14 @@ def test_service_answers_a_corrupt_task_state_with_the_corrupt_record_problem(
         finally:
             conn.close()
         problem(api("GET", "/v1/fabric/agents/a/task"), 500, "corrupt-record")
+
+
+def test_service_answers_a_corrupt_session_row_with_the_corrupt_record_problem(
+    service: tuple[Api, Any],
+) -> None:
+    api, app = service
+    sid = api.session()
+    with app.state.ctxkeep.stores.lease(TENANT) as mem:
+        corrupt_session(mem, sid)
+    for path in (f"/v1/sessions/{sid}", f"/v1/sessions/{sid}/messages", "/v1/sessions"):
+        problem(api("GET", path), 500, "corrupt-record")

@@ -187,6 +187,15 @@ def upgrade_record(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def corrupt_session(session_id: str, detail: str) -> CorruptRecordError:
+    """The error for a stored session (its row or hash, not a message) that cannot be read:
+    like :func:`corrupt_record`, the store's fault, named for an operator to repair.
+    """
+    return CorruptRecordError(
+        f"session {session_id!r}: the stored session is corrupt ({detail}); repair or delete it"
+    )
+
+
 def record_to_message(
     record: dict[str, Any] | str, *, session_id: str | None = None, seq: int | None = None
 ) -> Message:

@@ -122,6 +122,7 @@ from ctxkeep.sessions.base import (
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
+    corrupt_session,
     dumps,
     dumps_record,
     load_record,
@@ -239,7 +240,7 @@ def session_from_fields(session_id: str, fields: dict[str, str]) -> SessionInfo:
     """The session a hash describes.
 
     Raises:
-        StorageError: a hash missing fields or holding garbage.
+        CorruptRecordError: a hash missing fields or holding garbage.
 
     """
     try:
@@ -257,8 +258,8 @@ def session_from_fields(session_id: str, fields: dict[str, str]) -> SessionInfo:
             first_seq=int(fields["first_seq"]),
             revision=int(fields.get("revision", "0")),  # absent before pops existed
         )
-    except (KeyError, ValueError, TypeError) as exc:
-        raise StorageError(f"corrupt Redis session hash for {session_id!r}: {exc!r}") from exc
+    except (KeyError, ValueError, TypeError, RecursionError) as exc:
+        raise corrupt_session(session_id, f"Redis hash: {exc!r}") from exc
 
 
 def message_member(seq: int, record: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from ctxkeep.sessions.base import Backend, Evicted, Row, Snapshot, Tail
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
+    corrupt_session,
     dumps,
     dumps_record,
     load_record,
@@ -230,17 +231,26 @@ def migrations(d: Dialect) -> list[str]:
 
 
 def row_to_info(row: Sequence[Any]) -> SessionInfo:
-    """The session a ``SELECT {COLUMNS}`` row describes."""
+    """The session a ``SELECT {COLUMNS}`` row describes.
+
+    Raises:
+        CorruptRecordError: metadata or pending calls that are not JSON.
+
+    """
+    try:
+        metadata, pending = loads(row[3]), tuple(loads(row[8]))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise corrupt_session(row[0], f"{type(exc).__name__}: {exc}") from None
     return SessionInfo(
         session_id=row[0],
         agent_id=row[1],
         task_id=row[2],
-        metadata=loads(row[3]),
+        metadata=metadata,
         created_at=row[4],
         accessed_at=row[5],
         message_count=row[6],
         next_seq=row[7],
-        pending=tuple(loads(row[8])),
+        pending=pending,
         generation=row[9],
         first_seq=row[10],
         revision=row[11],
