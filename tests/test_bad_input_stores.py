@@ -269,6 +269,14 @@ def test_a_nul_in_an_episode_id_or_filter_is_refused(episodes_url: str) -> None:
         assert store.count() == 1
 
 
+def test_a_nul_in_a_search_query_is_searched_like_any_text(episodes_url: str) -> None:
+    # A query is free text that no store keeps: a NUL in it is no reason to refuse it.
+    with open_episodic(episodes_url, embedder="hash") as store:
+        store.save_episode(**EPISODE)
+        (hit,) = store.search("goal\x00", top_k=1)
+        assert hit.episode.task_goal == "goal"
+
+
 # -- the service --------------------------------------------------------------------------------
 
 

@@ -1,9 +1,13 @@
 """Stored forms of messages and sessions, with their schema versions and migrations.
 
-Every backend stores a message as the JSON of :func:`message_to_record` and reads it back
-with :func:`record_to_message`; a record carries ``v`` (its schema version), then every field
-of :class:`~ctxkeep.Message` in order (derived from its dataclass fields; the few whose type
-JSON lacks are converted by :data:`_TO_RECORD` and :data:`_FROM_RECORD`). Old records are
+Every backend stores a message as the JSON of :func:`message_to_record`, parses a stored
+row with :func:`load_record` and the manager decodes it with :func:`record_to_message`: a row
+that is not a message's record is a :class:`~ctxkeep.errors.CorruptRecordError` naming the
+session and seq (:func:`corrupt_record`; a session's own row, :func:`corrupt_session`), never
+a driver's or a parser's error, nor a 4xx that would blame the caller. A record carries ``v``
+(its schema version), then every field of :class:`~ctxkeep.Message` in order (derived from
+its dataclass fields; the few whose type JSON lacks are converted by :data:`_TO_RECORD` and
+:data:`_FROM_RECORD`). Old records are
 upgraded by :data:`RECORD_MIGRATIONS` (position ``i`` upgrades version ``i`` to ``i + 1``);
 a record newer than this ctxkeep is refused with :class:`SchemaVersionError`.
 
