@@ -44,21 +44,22 @@ PostgreSQL store (``INTEGER``, ``bigint``), so a larger offset, limit or sequenc
 would fail in the driver (an ``OverflowError``, "bigint out of range") instead of here."""
 
 
-def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
-    """``value`` if it is an int (not a bool) of at least ``minimum`` and within
+def integer(name: str, value: Any, *, minimum: int | None = None, fits_64_bits: bool = True) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum`` and, unless the caller
+    clamps it before any store sees it (``fits_64_bits=False``: a huge limit means all), within
     :data:`INT64_MIN` .. :data:`INT64_MAX`.
     """
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
-    if not INT64_MIN <= value <= INT64_MAX:
+    if fits_64_bits and not INT64_MIN <= value <= INT64_MAX:
         raise ConfigError(f"{name} must fit in 64 bits (at most {INT64_MAX}), got {_show(value)}")
     return value
 
 
 def optional_integer(name: str, value: Any, *, minimum: int | None = None) -> int | None:
-    """``None`` or :func:`integer`."""
+    """``None`` or :func:`integer` (within 64 bits)."""
     return None if value is None else integer(name, value, minimum=minimum)
 
 

@@ -186,8 +186,8 @@ class CheckpointStore(ABC):
     def history(self, agent_id: str, *, limit: int = 50) -> list[Checkpoint]:
         """The agent's checkpoints, newest first: at most ``limit`` (0 gives none)."""
         _check.identifier("agent_id", agent_id)
-        if _check.integer("limit", limit, minimum=0) == 0:
-            return []
+        if _check.integer("limit", limit, minimum=0, fits_64_bits=False) == 0:
+            return []  # a huge limit means all: clamped to MAX_LIMIT before the store sees it
         return [decode_checkpoint(t) for t in self._history(agent_id, min(limit, MAX_LIMIT))]
 
     def load(self, checkpoint_id: str) -> Checkpoint:
