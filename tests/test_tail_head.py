@@ -131,3 +131,36 @@ def test_a_head_the_suffix_cuts_is_read_on() -> None:
     marks = [*history[:4]]  # the whole head
     got = prompt_from_tail(pruner, [], marks, history[60:])
     assert got is not None and got[0] == pruner.prune(history)
+
+
+def test_a_head_dropped_at_the_pages_oldest_unit_reads_on() -> None:
+    """Found by the paged-read property: the head (the first user message) is the oldest unit
+    of the pages read and too long to keep even compressed, so the head rule drops it; the
+    walk goes on past it, and the older tool-call unit fits. The pages must not take the head's
+    fate for the walk's stop."""
+    from ctxkeep import MemoryConfig, open_memory
+
+    call = ToolCall("c0", "run", "{}")
+    history = [
+        Message("system", " ".join(["alpha"] * 100)),
+        Message("assistant", None, tool_calls=[call]),
+        Message("tool", "ok", tool_call_id="c0"),
+        Message("user", " ".join(["alpha"] * 78)),
+        Message("user", "ok"),
+        Message("user", "ok"),
+    ]
+    config = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
+    pruner_args: dict[str, Any] = {"max_token_budget": 200, "preserve_last_n": 0}
+    for page in (1, 2, 4):
+        with open_memory("memory://", config) as mem:
+            mem.prompt_page = page
+            sid = mem.create_session("agent")
+            mem.add_messages(sid, history)
+            got = mem.build_prompt_messages(
+                sid, system="Be brief.", pruner=TokenPruner(**pruner_args, cache_stable=False)
+            )
+            whole = TokenPruner(**pruner_args, cache_stable=False).prune(
+                [Message("system", "Be brief."), *mem.get_messages(sid)]
+            )
+        assert any(m.tool_calls for m in whole)  # the unit older than the dropped head
+        assert got == whole

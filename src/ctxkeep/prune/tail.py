@@ -106,6 +106,12 @@ def prompt_from_tail(
     head = _head(rest, pruner.keep_first)
     if head is None:
         return None  # a head cut by the suffix (or by a call whose results are in it)
+    oldest = suffix[lo]
+    if pruner.keep_first and not head and oldest.role == "user" and not missing_content(oldest):
+        # No head among the marks, so no older user message has content: the suffix's
+        # oldest unit is the head, which the walk never takes (the head rule keeps,
+        # compresses or drops it), so its fate cannot show where the walk stopped.
+        return None
     extra = rest[len(head) :]
     if len(extra) > 1 or any(m.role != "user" for m in extra):
         return None  # not marks this proof knows
