@@ -498,8 +498,9 @@ def _warm_prompt_path() -> None:
     """Build the default encoding and one prompt through the prompt route's steps (the
     builder, the pruner's read, every output format, the report's model) on a ``memory://``
     store, so what a process does once (imports, first calls, the route's models) is done
-    at startup: measured, the first ``POST /v1/sessions/{id}/prompt`` of a new server fell
-    from 41.7 to 29.2 ms median, 10,000 messages, SQLite (BENCHMARKS.md, issue 24).
+    at startup: the first ``POST /v1/sessions/{id}/prompt`` of a new server, 10,000 messages
+    on SQLite, took 29.2 ms median against 41.7 ms without it on a loaded machine, 29.1
+    against 30.4 ms on a quiet one (BENCHMARKS.md, issue 24, session 9).
     """
     from ctxkeep.artifacts import MemoryArtifactStore
     from ctxkeep.messages import Message, ToolCall
