@@ -313,9 +313,26 @@ TENANT = "acme"
 def service(url: str) -> Iterator[tuple[Api, Any]]:
     """The tenant's view of a service on a store of each backend, and the app."""
     app = create_app(url)
-    with TestClient(app, raise_server_exceptions=False) as client:
-        key = app.state.ctxkeep.keys.create(TENANT)[1]
-        yield Api(client, key), app
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            key = app.state.ctxkeep.keys.create(TENANT)[1]
+            yield Api(client, key), app
+    finally:
+        if url.startswith("postgresql"):
+            _drop_tenant_schemas(url)
+
+
+def _drop_tenant_schemas(url: str) -> None:
+    """Drop what a service on ``url`` made beside its own schema: the tenant's schema, and
+    the schema it installed pgvector in (an extension lives in one schema of a database: left
+    there, a later episodic store on another schema of this server would not see its type).
+    """
+    import psycopg
+
+    base = url.rsplit("search_path%3D", 1)[1]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{base}_tenant_{TENANT}" CASCADE')
+        conn.execute("DROP SCHEMA IF EXISTS ctxkeep_extensions CASCADE")
 
 
 @pytest.fixture
