@@ -111,14 +111,20 @@ def _crash_while_appending(db: str) -> None:
         for t in threads:
             t.join(120)
         with RemoteMemory(server.url, key) as mem:
-            stored = [m.id for m in mem.get_messages(sid)]
+            # The server keeps 1,000 messages a session (max_history): the older ones are in
+            # the archive, in the order trimmed (not always the session's with concurrent
+            # writers: issue 25, item 7), so each writer's order is checked in the live part.
+            live = [m.id for m in mem.get_messages(sid)]
+            stored = [m.id for m in mem.archived_messages(sid)] + live
     finally:
         server.stop()
     assert len(stored) == len(set(stored)), "a message was stored twice"
     for w in range(WRITERS):
         mine = [i for i in stored if i is not None and i.startswith(f"w{w}-")]
-        assert mine[: len(acked[w])] == acked[w]  # every acknowledged one, in order
+        assert set(acked[w]) <= set(mine)  # every acknowledged one
         assert len(mine) - len(acked[w]) <= 1  # at most the one in flight at the end
+        order = [int(i.split("-")[1]) for i in live if i is not None and i.startswith(f"w{w}-")]
+        assert order == sorted(order)
     assert sum(len(a) for a in acked) > KILLS  # appends went on between the kills
 
 
