@@ -399,7 +399,7 @@ class _Fitter(_Walk):
         budget = self.max_token_budget
         must = self._compress_recent(
             msgs,
-            list(kept),
+            kept,
             compressed,
             must,
             budget,
@@ -407,7 +407,7 @@ class _Fitter(_Walk):
             notes,
             "compressed recent tool output to fit the budget",
         )
-        for u in reversed(list(kept)):
+        for u in reversed(list(kept)):  # a copy: units are removed from kept on the way
             if must <= budget:
                 break
             if u.pinned:
