@@ -340,14 +340,111 @@ class AuthenticationError(RemoteError):
 
 
 class MissingDependencyError(CtxkeepError, ImportError):
-    """An optional dependency is not installed; the message names the extra."""
+    """An optional dependency is not installed; the message names the extra, and the pip
+    command that installs it where this ctxkeep came from (:func:`install_command`).
+    """
 
     def __init__(self, package: str, extra: str) -> None:
         self.package = package
         self.extra = extra
         super().__init__(
-            f"{package} is not installed; install it with: pip install 'ctxkeep[{extra}]'"
+            f"{package} is not installed; it comes with the extra ctxkeep[{extra}]: "
+            f"{install_command(extra)}"
         )
+
+
+def install_command(extra: str | None = None) -> str:
+    """The pip command that installs ctxkeep's ``extra`` (or ctxkeep itself) the way this
+    ctxkeep was installed, so that it works where the user stands.
+
+    ``pip install 'ctxkeep[server]'`` works only for a ctxkeep installed from a package index;
+    a clone answers ``Could not find a version that satisfies the requirement``. pip records
+    where a distribution came from in its ``direct_url.json`` (PEP 610), read here:
+
+    ================================  ==================================================
+    installed from                    command
+    ================================  ==================================================
+    a package index (no record)       ``pip install 'ctxkeep[server]'``
+    a clone, editable (``-e .``)      ``pip install -e '.[server]'`` (the clone's path
+                                      when the current directory is elsewhere)
+    a clone (``pip install .``)       ``pip install '.[server]'`` (or the path)
+    a wheel or sdist file             ``pip install 'ctxkeep[server] @ file:///...whl'``;
+                                      the extra's own requirements once the file is gone
+    a VCS URL (``git+https://...``)   ``pip install 'ctxkeep[server] @ git+https://...@REV'``
+    a source tree on ``sys.path``     ``pip install -e '.[server]'`` (or the path)
+    ================================  ==================================================
+    """
+    import json
+    import shlex
+    from importlib import metadata
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    suffix = f"[{extra}]" if extra else ""
+    try:
+        dist = metadata.distribution("ctxkeep")
+    except metadata.PackageNotFoundError:
+        root = Path(__file__).resolve().parents[2]  # src/ctxkeep/errors.py -> the tree
+        if (root / "pyproject.toml").is_file():
+            return f"pip install -e {shlex.quote(_here_or(root) + suffix)}"
+        return f"pip install {shlex.quote('ctxkeep' + suffix)}"
+    try:
+        origin = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        origin = None
+    if not isinstance(origin, dict) or not isinstance(origin.get("url"), str):
+        return f"pip install {shlex.quote('ctxkeep' + suffix)}"
+    url: str = origin["url"]
+    parsed = urlparse(url)
+    local = Path(unquote(parsed.path)) if parsed.scheme == "file" else None
+    if isinstance(origin.get("dir_info"), dict) and local is not None:
+        editable = "-e " if origin["dir_info"].get("editable") else ""
+        return f"pip install {editable}{shlex.quote(_here_or(local) + suffix)}"
+    if isinstance(origin.get("vcs_info"), dict):
+        vcs = origin["vcs_info"]
+        rev = vcs.get("requested_revision") or vcs.get("commit_id")
+        url = f"{vcs.get('vcs', 'git')}+{url}" + (f"@{rev}" if rev else "")
+    elif local is not None and not local.exists():  # a wheel since deleted
+        wanted = _extra_requirements(dist.requires or [], extra) if extra else ["ctxkeep"]
+        return "pip install " + " ".join(shlex.quote(r) for r in wanted)
+    return f"pip install {shlex.quote(f'ctxkeep{suffix} @ {url}')}"
+
+
+def _here_or(path: Any) -> str:
+    """``.`` when ``path`` is the current directory, else ``path`` itself."""
+    from pathlib import Path
+
+    try:
+        return "." if Path(path).resolve() == Path.cwd().resolve() else str(path)
+    except OSError:  # the current directory was removed
+        return str(path)
+
+
+def _extra_requirements(requires: list[str], extra: str) -> list[str]:
+    """The requirements an extra adds (``Requires-Dist: x; extra == "name"``), ctxkeep's own
+    extras it names (``ctxkeep[static]``) expanded.
+    """
+    import re
+
+    out: list[str] = []
+    todo, seen = [extra], set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        marker = re.compile(rf"""extra\s*==\s*["']{re.escape(name)}["']""")
+        for line in requires:
+            spec, _, condition = line.partition(";")
+            if not marker.search(condition):
+                continue
+            spec = spec.strip()
+            own = re.fullmatch(r"ctxkeep\s*\[([^\]]+)\]", spec)
+            if own:
+                todo.extend(e.strip() for e in own.group(1).split(","))
+            elif spec not in out:
+                out.append(spec)
+    return out
 
 
 def describe(value: Any, limit: int = 60) -> str:

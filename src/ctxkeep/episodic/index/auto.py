@@ -28,7 +28,7 @@ from ctxkeep.episodic.index._base import (
 )
 from ctxkeep.episodic.index.exact import ExactIndex
 from ctxkeep.episodic.index.hnsw import HNSWIndex, HNSWParams, hnsw_available
-from ctxkeep.errors import ConfigError, MissingDependencyError, StorageError
+from ctxkeep.errors import ConfigError, MissingDependencyError, StorageError, install_command
 
 log = logging.getLogger("ctxkeep.episodic.index")
 
@@ -91,8 +91,10 @@ class AutoIndex(VectorIndex):
         except MissingDependencyError:
             if not self._warned:
                 log.warning(
-                    "%d vectors are searched exactly: install 'ctxkeep[hnsw]' for faster search",
+                    "%d vectors are searched exactly: install the extra ctxkeep[hnsw] for "
+                    "faster search (%s)",
                     len(inner),
+                    install_command("hnsw"),
                 )
                 self._warned = True
             return
