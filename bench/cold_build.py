@@ -2,6 +2,7 @@
 
     python bench/cold_build.py [--messages 10000] [--rounds 3] [--backends sqlite,postgres,redis]
                                [--after 10] [--server-messages 10000] [--json FILE]
+                               [--states built,never] [--paths builder,anchor] [--compare SRC]
 
 Every figure is taken in a NEW PROCESS (one subprocess per measurement), as a user's process
 meets a stored session: the child imports ctxkeep, loads the tokenizer (``get_counter()``,
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -114,11 +116,15 @@ def digest(payload: Any) -> str:
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement in a new Python process."""
     t0 = time.perf_counter()
+    env = dict(os.environ)
+    if spec.get("src"):
+        env["PYTHONPATH"] = spec["src"]  # another tree's ctxkeep (--compare)
     proc = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(spec)],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -432,6 +438,7 @@ class Row:
     state: str
     path: str  # builder, anchor, serve, serve+warm
     stable: bool
+    code: str = "this"  # "this" checkout, or "before": the tree of --compare
 
 
 def ms(seconds: float) -> str:
@@ -458,6 +465,14 @@ def main() -> None:
     )
     ap.add_argument("--postgres", default="postgresql://root@127.0.0.1:5432/test")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    ap.add_argument("--states", default="built,never", help="session states (comma-separated)")
+    ap.add_argument("--paths", default="builder,anchor", help="library paths (comma-separated)")
+    ap.add_argument(
+        "--compare",
+        metavar="SRC",
+        help="also run every library row with the ctxkeep of this tree (PYTHONPATH=SRC), "
+        "interleaved: the 'before' rows",
+    )
     ap.add_argument("--json", help="also write the raw figures to this file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -475,6 +490,8 @@ def main() -> None:
     sizes = [int(s) for s in args.messages.split(",")]
     server_sizes = {int(s) for s in args.server_messages.split(",") if s}
     backends = args.backends.split(",")
+    states = args.states.split(",")
+    paths = args.paths.split(",")
     results: dict[Row, list[dict[str, Any]]] = {}
     specs: list[tuple[Row, Any]] = []  # (row, how to measure it once)
     folds_after_setup: dict[tuple[str, int], dict[str, int]] = {}
@@ -492,22 +509,24 @@ def main() -> None:
                     f"turns built in {time.perf_counter() - t0:.1f} s"
                 )
                 folds_after_setup[(backend, n)] = {sid: len(s) for sid, s in saved.items()}
-                for state, sid in SESSION_IDS.items():
-                    for path in ("builder", "anchor"):
-                        for stable in (True, False):
-                            row = Row(backend, len(msgs), state, path, stable)
-                            spec = {"url": store.url, "sid": sid, "path": path, "stable": stable}
+                codes = {"this": None, **({"before": args.compare} if args.compare else {})}
+                combos = itertools.product(states, paths, (True, False), codes.items())
+                for state, path, stable, (code, src) in combos:
+                    sid = SESSION_IDS[state]
+                    row = Row(backend, len(msgs), state, path, stable, code)
+                    spec = {"url": store.url, "sid": sid, "path": path, "stable": stable}
+                    spec["src"] = src
 
-                            def once(
-                                spec: dict[str, Any] = spec,
-                                store: Store = store,
-                                sid: str = sid,
-                                saved: Any = saved[sid],
-                            ) -> dict[str, Any]:
-                                store.restore_folds(sid, saved)
-                                return run_child(spec)
+                    def once(
+                        spec: dict[str, Any] = spec,
+                        store: Store = store,
+                        sid: str = sid,
+                        saved: Any = saved[sid],
+                    ) -> dict[str, Any]:
+                        store.restore_folds(sid, saved)
+                        return run_child(spec)
 
-                            specs.append((row, once))
+                    specs.append((row, once))
             if n in server_sizes:
                 template, key = prepare_server(tmp / f"srv-{n}", msgs, args.after)
                 for state, sid in SESSION_IDS.items():
@@ -579,9 +598,9 @@ def render(
         "= anchor",
     ):
         table.add_column(col, justify="left" if col in ("backend", "session", "path") else "right")
-    anchors = {
+    anchors = {  # this checkout's anchor, else the first of any
         (row.backend, row.messages, row.state, row.stable): runs[0]["digest"]
-        for row, runs in results.items()
+        for row, runs in sorted(results.items(), key=lambda e: e[0].code == "this")
         if row.path == "anchor"
     }
     for row, runs in results.items():
@@ -593,8 +612,10 @@ def render(
             same = "n/a"
         else:
             anchor = anchors.get((row.backend, row.messages, row.state, row.stable))
-            same = "yes" if anchor == runs[0]["digest"] else "NO"
+            same = "n/a" if anchor is None else "yes" if anchor == runs[0]["digest"] else "NO"
         state = "built before" if row.state == "built" else "never built"
+        if row.code != "this":
+            state += f" ({row.code})"
         pruner = "cache-stable" if row.stable else "cache_stable=False"
         table.add_row(
             row.backend,

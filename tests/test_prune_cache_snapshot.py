@@ -294,3 +294,64 @@ def test_a_failed_snapshot_write_is_logged_and_the_prompt_built(
     assert backend.writes and "not stored" in caplog.text and "read-only" in caplog.text
     want = MemoryManager(backend, config).build_prompt_messages(sid, pruner=WholePruner(1500, 4))
     assert got == want
+
+
+def test_a_new_process_does_not_count_again_what_the_snapshot_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ctxkeep.tokens import TiktokenCounter
+
+    config = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
+    with open_memory("memory://", config) as mem:
+        sid = mem.create_session("agent")
+        _long_session(mem, sid, 40)
+        mem.build_prompt_messages(sid, pruner=TokenPruner(1500, 4))  # stores a snapshot
+        key = snapshot_key(TokenPruner(1500, 4), [])
+        assert key is not None
+        snap = FoldSnapshot.from_text(mem.backend.get_fold(sid, key) or "")
+        assert len(snap.counts) >= 4  # the window's messages, as the pruner counted them
+        before = {m.id for m in mem.get_messages(sid)}
+        _long_session(mem, sid, 1)
+        counted: list[Message] = []
+        uncached = TiktokenCounter._uncached_message
+
+        def recording(self: TiktokenCounter, m: Message) -> int:
+            counted.append(m)
+            return uncached(self, m)
+
+        monkeypatch.setattr(TiktokenCounter, "_uncached_message", recording)
+        got = MemoryManager(mem.backend, config).build_prompt_messages(
+            sid, pruner=TokenPruner(1500, 4)
+        )
+        # Counted anew: the messages appended since, and compressed forms (made in this
+        # process); never a message the snapshot holds a count of.
+        again = [m for m in counted if m.id in before and "ctxkeep_compressed" not in m.metadata]
+        assert again == []
+        assert any(m.id not in before for m in counted)
+        monkeypatch.setattr(TiktokenCounter, "_uncached_message", uncached)
+        whole = MemoryManager(mem.backend, config)
+        assert got == whole.build_prompt_messages(sid, pruner=WholePruner(1500, 4))
+
+
+def test_a_snapshot_with_counts_that_do_not_check_out_is_replayed() -> None:
+    config = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
+    with open_memory("memory://", config) as mem:
+        sid = mem.create_session("agent")
+        _long_session(mem, sid, 30)
+        mem.build_prompt_messages(sid, pruner=TokenPruner(1500, 4))
+        key = snapshot_key(TokenPruner(1500, 4), [])
+        assert key is not None
+        snap = FoldSnapshot.from_text(mem.backend.get_fold(sid, key) or "")
+        window = [(i, n) for i, n in snap.counts if i >= snap.read_from]
+        assert window
+        want = MemoryManager(mem.backend, config).build_prompt_messages(
+            sid, pruner=WholePruner(1500, 4)
+        )
+        i, n = window[-1]
+        for wrong in (n + 5, max(n - 5, 0), -1):
+            counts = tuple((j, wrong if j == i else c) for j, c in snap.counts)
+            body = FoldSnapshot(**{**snap.__dict__, "counts": counts}).to_text()
+            mem.backend.put_fold(sid, snap.generation, key, body)
+            cold = MemoryManager(mem.backend, config)
+            assert cold.build_prompt_messages(sid, pruner=TokenPruner(1500, 4)) == want
+            assert cold._prompt_cache[sid].fold.base == 0  # type: ignore[union-attr]

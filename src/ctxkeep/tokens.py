@@ -807,6 +807,13 @@ class CalibratedCounter(_CachingCounter):
         """Estimated tokens of ``text``."""
         return math.ceil(self._base.count_text(text) * self._counting)
 
+    def cached_count(self, message: Message) -> int | None:
+        """None: this counter's counts change as it learns, so none is kept for elsewhere."""
+        return None
+
+    def seed_count(self, message: Message, tokens: int) -> None:
+        """Nothing: a count made earlier may not be this counter's count now."""
+
     def count_message(self, message: Any) -> int:
         """Estimated tokens of a message, cached on it for the current :attr:`version`; the
         o200k_base counts of its texts are cached too, so a new counting ratio costs a few

@@ -256,7 +256,7 @@ def prompt_from_fold(
     info, folded = loaded.info, loaded.folded
     if state is not None:
         folded.seed = state
-        store_fold(reads.backend, session_id, len(prefix), state, loaded)
+        store_fold(reads.backend, session_id, len(prefix), state, loaded, pruner.counter)
     reads.keep_cached(
         session_id,
         CachedHistory(

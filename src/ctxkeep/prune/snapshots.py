@@ -133,6 +133,9 @@ class FoldSnapshot:
     last_id: str | None
     """Its id."""
     state: FoldState
+    counts: tuple[tuple[int, int], ...] = ()
+    """``(history index, tokens)`` of messages the fold reads, as the pruner's counter counted
+    them (the key names the counter): a new process does not count them again."""
 
     def to_text(self) -> str:
         """The stored JSON."""
@@ -148,6 +151,7 @@ class FoldSnapshot:
                 "marks": [list(m) for m in self.marks],
                 "last": [self.last_seq, self.last_id],
                 "state": self.state.to_json(),
+                "counts": [list(c) for c in self.counts],
             }
         )
 
@@ -166,6 +170,9 @@ class FoldSnapshot:
             last_seq, last_id = data["last"]
             ints = [data[k] for k in ("revision", "first_seq", "prefix", "read_from", "after_seq")]
             marks = tuple((int(i), int(s)) for i, s in data["marks"])
+            counts = tuple((int(i), int(n)) for i, n in data.get("counts", ()))
+            if any(n < 0 for _, n in counts):
+                raise ValueError("a negative count")
             if not all(type(v) is int for v in [*ints, last_seq]) or not isinstance(
                 data["generation"], str
             ):
@@ -183,6 +190,7 @@ class FoldSnapshot:
                 last_seq=last_seq,
                 last_id=last_id,
                 state=FoldState.from_json(data["state"]),
+                counts=counts,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FoldMismatch(f"not a fold snapshot: {exc!r}") from None
@@ -236,6 +244,8 @@ class Loaded:
     history: list[Any]
     seqs: list[int]
     folded: Folded
+    counts: tuple[tuple[int, int], ...] = ()
+    """The snapshot's counts of messages read (:attr:`FoldSnapshot.counts`)."""
 
 
 def load(backend: Backend, session_id: str, key: str, prefix: int) -> Loaded | None:
@@ -286,7 +296,7 @@ def load(backend: Backend, session_id: str, key: str, prefix: int) -> Loaded | N
     history += [record_to_message(r) for _, r in tail]
     written = (key, info.generation, info.revision, info.first_seq, snap.state.cut_end)
     folded = Folded(key, info.first_seq, snap.read_from, known, snap.after_seq, snap.state, written)
-    return Loaded(info, history, seqs, folded)
+    return Loaded(info, history, seqs, folded, snap.counts)
 
 
 def snapshot_of(
@@ -295,6 +305,7 @@ def snapshot_of(
     state: FoldState,
     history: list[Any],
     seq_at: Callable[[int], int | None],
+    counter: Any = None,
 ) -> FoldSnapshot | None:
     """The snapshot of ``state`` for the session as ``info`` says, or None where a message it
     needs is not known here (its seq, or the last message's id).
@@ -315,6 +326,13 @@ def snapshot_of(
     first = seq_at(lo) if lo < end else last_seq
     if last_seq is None or first is None:
         return None
+    counts: list[tuple[int, int]] = []
+    if counter is not None:
+        for i in [m for m, _ in marks] + list(range(lo, end)):
+            m = history[i]
+            n = counter.cached_count(m) if type(m) is Message else None
+            if n is not None:
+                counts.append((i, n))
     return FoldSnapshot(
         generation=info.generation,
         revision=info.revision,
@@ -326,6 +344,7 @@ def snapshot_of(
         last_seq=last_seq,
         last_id=history[end - 1].id,
         state=state,
+        counts=tuple(counts),
     )
 
 
@@ -380,6 +399,9 @@ def fold_prompt(
 
     """
     history, base = loaded.history, loaded.folded.base
+    for i, n in loaded.counts:
+        if i < len(history) and type(history[i]) is Message:
+            pruner.counter.seed_count(history[i], n)  # type: ignore[attr-defined]
     if loaded.info.pending:
         # The unit still waiting for results is not part of a prompt.
         cut = next((i for i in range(len(history) - 1, base - 1, -1) if history[i].tool_calls), -1)
@@ -390,7 +412,12 @@ def fold_prompt(
 
 
 def store_fold(
-    backend: Backend, session_id: str, prefix: int, state: FoldState, loaded: Loaded
+    backend: Backend,
+    session_id: str,
+    prefix: int,
+    state: FoldState,
+    loaded: Loaded,
+    counter: Any = None,
 ) -> None:
     """Store ``state`` as the session's snapshot if the fold cut since the one stored or read;
     a failed write is logged and ignored (it costs a later process a replay).
@@ -407,7 +434,7 @@ def store_fold(
             return seqs[i - f.base] if i - f.base < len(seqs) else None
         return f.known.get(i)
 
-    snap = snapshot_of(info, prefix, state, loaded.history, seq_at)
+    snap = snapshot_of(info, prefix, state, loaded.history, seq_at, counter)
     if snap is None:
         return
     try:
