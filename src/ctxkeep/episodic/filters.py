@@ -32,6 +32,18 @@ if TYPE_CHECKING:
 
 _ID_KEYS = ("episode_id", "session_id", "agent_id", "task_id")
 
+MAX_FILTER_IDS = 10_000
+"""Ids one id filter may list: each is a query parameter, and SQLite takes at most 32,766 in
+one statement, PostgreSQL 65,535 (beyond that the store failed: 503, issue 25)."""
+MAX_METADATA_DEPTH = 6
+"""Levels of lists and objects a metadata filter's value may nest (``{"k": [[1]]}``: 2). On
+SQLite each level is a nested ``json_each`` subquery, and 9 overflowed its parser's stack
+(503, issue 25); metadata worth filtering on is flat."""
+MAX_METADATA_VALUES = 100
+"""Values (at every level) a metadata filter may compare: each is a condition, and SQLite's
+expression tree (at most 1,000 deep) overflowed at 500 values side by side, and at 150 in a
+list 5 levels down (503, issue 25); 120 there still passed."""
+
 
 def json_equal(a: Any, b: Any) -> bool:
     """Whether two decoded JSON values are equal as JSON values (see the module docstring)."""
@@ -51,6 +63,11 @@ def json_equal(a: Any, b: Any) -> bool:
 def _ids(key: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = (value,)
+    if isinstance(value, list | tuple | Set) and len(value) > MAX_FILTER_IDS:
+        raise InvalidFilterError(
+            f"filter {key!r} lists {len(value)} ids; at most {MAX_FILTER_IDS} are taken: "
+            "search in parts"
+        )
     if isinstance(value, list | tuple | Set) and all(isinstance(v, str) for v in value):
         try:
             _check.identifier(f"filter {key!r}", "".join(value), empty=True)
@@ -88,7 +105,56 @@ def _metadata(value: Any) -> dict[str, Any]:
         ) from exc
     if not json_equal(out, dict(value)):  # NaN, a tuple key... anything JSON does not keep
         raise InvalidFilterError(f"filter 'metadata' holds a value that is not JSON: {value!r}")
+    _within_bounds(out)
     return out
+
+
+def _no_nul(texts: Any) -> None:
+    r"""Raise InvalidFilterError if a text of ``texts`` (strings, or a mapping's keys) holds
+    NUL, which PostgreSQL cannot compare (jsonb holds no ``\u0000``: a 503 there), so no
+    store is asked to: the NUL rule of ids and filters (:func:`ctxkeep._check.identifier`).
+    """
+    for text in texts:
+        if "\x00" in text:
+            raise InvalidFilterError(
+                f"filter 'metadata' must not contain NUL (\\x00): {text[:40]!r}"
+            )
+
+
+def _within_bounds(metadata: dict[str, Any]) -> None:
+    """Raise InvalidFilterError unless every store can compare ``metadata`` (already JSON):
+    within :data:`MAX_METADATA_DEPTH` and :data:`MAX_METADATA_VALUES`, integers within 64
+    bits (SQLite binds no larger one: ``OverflowError``, a 500), and no NUL in a key or text.
+    """
+    values = 0
+    stack: list[tuple[Any, int]] = [(v, 0) for v in metadata.values()]
+    _no_nul(metadata)
+    while stack:
+        value, depth = stack.pop()
+        values += 1
+        if isinstance(value, str):
+            _no_nul([value])
+        elif isinstance(value, dict):
+            _no_nul(value)
+        if values > MAX_METADATA_VALUES:
+            raise InvalidFilterError(
+                f"filter 'metadata' compares more than {MAX_METADATA_VALUES} values; "
+                "filter on fewer keys or smaller values"
+            )
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not _check.INT64_MIN <= value <= _check.INT64_MAX:
+                raise InvalidFilterError(
+                    f"filter 'metadata' holds an integer beyond 64 bits ({value}); no stored "
+                    "metadata can equal it"
+                )
+        elif isinstance(value, list | dict):
+            if depth >= MAX_METADATA_DEPTH:
+                raise InvalidFilterError(
+                    f"filter 'metadata' nests values more than {MAX_METADATA_DEPTH} levels "
+                    "deep; filter on a flatter value"
+                )
+            items = value if isinstance(value, list) else value.values()
+            stack.extend((v, depth + 1) for v in items)
 
 
 class Dialect(ABC):

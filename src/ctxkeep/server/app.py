@@ -97,9 +97,11 @@ access_log = logging.getLogger(ACCESS_LOGGER)
 def problem_response(
     problem: dict[str, Any], headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    """A problem as an ``application/problem+json`` response."""
+    """A problem as an ``application/problem+json`` response (a lone surrogate quoted from
+    the request escaped: :func:`~ctxkeep.server.problems.utf8_safe`).
+    """
     return JSONResponse(
-        problem,
+        problems.utf8_safe(problem),
         status_code=int(problem["status"]),
         media_type=problems.PROBLEM_CONTENT_TYPE,
         headers=headers,

@@ -205,6 +205,21 @@ def http_problem(kind: ProblemKind, detail: str, **extensions: Any) -> dict[str,
     }
 
 
+def utf8_safe(value: Any) -> Any:
+    r"""``value`` (a problem's JSON) with every string UTF-8 can encode: a lone surrogate (which
+    a detail can quote from the caller's own input, such as a message id of ``"\ud800"``)
+    written as its escape, ``\ud800``. A response body is UTF-8: one surrogate in a detail
+    made the refusal itself fail with 500 (issue 25).
+    """
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {utf8_safe(k): utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [utf8_safe(v) for v in value]
+    return value
+
+
 def kind_for_type(type_uri: Any) -> ProblemKind | None:
     """The kind a ``type`` URI names, or None for a URI ctxkeep does not know."""
     if not isinstance(type_uri, str) or not type_uri.startswith(PROBLEM_TYPE_PREFIX):
