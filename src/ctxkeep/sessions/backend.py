@@ -194,9 +194,17 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
-        """Atomically remove the messages with ``seq <= upto_seq`` and move ``first_seq`` past
-        them, if the session still has ``generation``.
+    def remove_oldest(
+        self, session_id: str, upto_seq: int, generation: str, *, archive: bool = False
+    ) -> list[Row]:
+        """Atomically, if the session still has ``generation``: remove the messages with
+        ``seq <= upto_seq``, move ``first_seq`` past them and, with ``archive``, add them to the
+        session's archive (:meth:`archived`) oldest first, under reason ``"max_history"`` (a
+        message id already archived is not archived again). One step, as one transaction or
+        one script: the rows moved are read inside it, so two concurrent calls never both move
+        a row, no reader sees a message both held and archived, and a process killed during
+        the call leaves the session as it was or as it is after it. Returns the rows removed,
+        oldest first (none that an earlier call removed), for the manager's eviction hooks.
         """
 
     @abstractmethod

@@ -803,7 +803,8 @@ class MemoryManager:
 
     def _trim(self, session_id: str, first_seq: int = 0, newest_seq: int = 0) -> None:
         """Remove the oldest messages over ``max_history``, in whole units, never the call that
-        still waits for results; what goes is archived first (:class:`Evicted`).
+        still waits for results; what goes is archived in the same step
+        (:meth:`Backend.remove_oldest`) and handed to the hooks (:class:`Evicted`).
 
         Given the first seq an append saw (no later than the session's) and the newest it
         wrote, only the oldest messages that can go are read: a session at the limit then
@@ -824,19 +825,27 @@ class MemoryManager:
                 cut = min(cut, last_call)
             found = info, rows[:cut]
         info, gone = found
-        self._saw_first_seq(info, max(info.first_seq, gone[-1][0] + 1 if gone else 0))
         if not gone:
+            self._saw_first_seq(info, info.first_seq)
             return
-        # Archive first, then remove: nothing is deleted before it is stored elsewhere.
-        self._emit(
-            Evicted(
+        # Archive and remove in one step of the backend's, which moves the rows up to the cut
+        # that are still there (a concurrent trim's are gone): no message is ever both held
+        # and archived, or removed unarchived. The first seq is remembered only once moved: a
+        # hint past rows still held would let the next trim cut from there, too far.
+        upto = gone[-1][0]
+        moved = self.backend.remove_oldest(
+            session_id, upto, info.generation, archive=self.config.archive_evicted
+        )
+        self._saw_first_seq(info, upto + 1)
+        if moved and self._hooks:
+            evicted = Evicted(
                 session_id,
                 info.agent_id,
                 "max_history",
-                [record_to_message(r, session_id=session_id, seq=seq) for seq, r in gone],
+                [record_to_message(r, session_id=session_id, seq=seq) for seq, r in moved],
             )
-        )
-        self.backend.remove_oldest(session_id, gone[-1][0], info.generation)
+            for hook in self._hooks:
+                hook(evicted)
 
 
 class HistoryReads:

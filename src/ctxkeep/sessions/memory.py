@@ -48,6 +48,7 @@ from ctxkeep.sessions.records import (
     load_record,
     loads,
     pending_after_pop,
+    record_to_message,
     settle_ids,
 )
 
@@ -83,6 +84,7 @@ class MemoryBackend(Backend):
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
         self._archive: dict[str, list[Message]] = {}
+        self._archived_ids: dict[str, set[str]] = {}
         self._lock = threading.RLock()
 
     def create(self, info: SessionInfo, ttl: float | None) -> None:
@@ -185,19 +187,29 @@ class MemoryBackend(Backend):
             if s is not None and s.info.generation == generation:
                 s.folds[key] = body
 
-    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
-        """Drop rows up to ``upto_seq``."""
+    def remove_oldest(
+        self, session_id: str, upto_seq: int, generation: str, *, archive: bool = False
+    ) -> list[Row]:
+        """Drop rows up to ``upto_seq`` (archived first, with ``archive``), under the lock."""
         with self._lock:
             s = self._sessions.get(session_id)
             if s is None or s.info.generation != generation:
-                return
-            s.rows = [r for r in s.rows if r[0] > upto_seq]
+                return []
+            cut = bisect_right(s.rows, upto_seq, key=itemgetter(0))
+            gone = [(seq, load_record(session_id, seq, text)) for seq, text in s.rows[:cut]]
+            if archive:
+                self._keep(
+                    session_id,
+                    [record_to_message(r, session_id=session_id, seq=seq) for seq, r in gone],
+                )
+            s.rows = s.rows[cut:]
             s.seqs_by_id = {k: seq for k, seq in s.seqs_by_id.items() if seq > upto_seq}
             s.info = replace(
                 s.info,
                 message_count=len(s.rows),
                 first_seq=max(s.info.first_seq, upto_seq + 1),
             )
+            return gone
 
     def pop_newest(self, session_id: str, generation: str) -> Row | None:
         """Take the last row off, under the lock."""
@@ -264,9 +276,20 @@ class MemoryBackend(Backend):
     def archive(self, evicted: Evicted) -> None:
         """Keep evicted messages in memory (once per message id)."""
         with self._lock:
-            kept = self._archive.setdefault(evicted.session_id, [])
-            known = {m.id for m in kept if m.id}
-            kept.extend(m.copy() for m in evicted.messages if not (m.id and m.id in known))
+            self._keep(evicted.session_id, [m.copy() for m in evicted.messages])
+
+    def _keep(self, session_id: str, messages: list[Message]) -> None:
+        """Add ``messages`` (the caller's to give away) to the archive, but for ids in it
+        (under the lock).
+        """
+        kept = self._archive.setdefault(session_id, [])
+        known = self._archived_ids.setdefault(session_id, set())
+        for m in messages:
+            if m.id and m.id in known:
+                continue
+            if m.id:
+                known.add(m.id)
+            kept.append(m)
 
     def archived(self, session_id: str) -> list[Message]:
         """Copies of a session's archived messages."""

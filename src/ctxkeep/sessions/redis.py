@@ -52,6 +52,9 @@ is installed (the ``redis`` extra brings it). Replacing the newest message keeps
 path: ``WATCH`` the hash and the messages, read, check, one ``MULTI``/``EXEC``, retried if
 another client changed the session meanwhile. Sequence numbers stay gapless under any number of
 writers. Multi-key transactions need one Redis node (no Redis Cluster); Redis 6.2 or newer.
+A trim is one script too (:data:`TRIM_SCRIPT`): the messages up to the cut are archived and
+removed in one atomic step, so the archive is in seq order under any number of writers, and
+no reader sees a message both held and archived.
 
 The newest messages by themselves. A prompt of a long session reads it newest first, a page
 at a time (:meth:`RedisBackend.read_tail`), with the older messages of a few roles (the system
@@ -454,6 +457,46 @@ end
 return {'ok', info, page, marks}
 """
 
+# A trim as one step (RedisBackend.remove_oldest): if the session still has the generation, the
+# messages up to a seq are read, added to the archive oldest first (with ARGV[3] = '1'; an id
+# already in archive-ids is not added again) and removed with their roles and ids entries, and
+# the hash's count and first_seq move, all in one script: atomic on the server, so no reader
+# sees a message both held and archived, two trims never move one message twice, and a client
+# killed mid-trim leaves the session as it was or as it is after.
+# KEYS: session hash, messages zset, roles index, ids hash, archive list, archive-ids set.
+# ARGV: generation, upto seq, archive ('1' or '0'), then every indexed role (INDEXED_ROLES).
+# Answer: the members removed, oldest first ({} when the generation differs).
+TRIM_SCRIPT = """
+local h = redis.call('HMGET', KEYS[1], 'generation', 'message_count', 'first_seq')
+if not h[1] or h[1] ~= ARGV[1] then return {} end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[2])
+local records = {}
+for i = 1, #gone do
+  local seq = string.match(gone[i], '^(%d+):') or ''
+  local text = string.sub(gone[i], #seq + 2)
+  local ok, record = pcall(cjson.decode, text)
+  local id = ok and type(record) == 'table' and record.id
+  if type(id) ~= 'string' or id == '' then id = nil end
+  if id and redis.call('HGET', KEYS[4], id) == seq then redis.call('HDEL', KEYS[4], id) end
+  if ARGV[3] == '1' and not (id and redis.call('SADD', KEYS[6], id) == 0) then
+    records[#records + 1] = text
+  end
+end
+if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[2]) end
+local bound = string.rep('0', 20 - #ARGV[2]) .. ARGV[2]
+for i = 4, #ARGV do  -- each role's index entries up to the seq
+  redis.call('ZREMRANGEBYLEX', KEYS[3], '[' .. ARGV[i] .. ':', '[' .. ARGV[i] .. ':' .. bound)
+end
+for i = 1, #records, 1000 do  -- unpack() has a stack limit: RPUSH in chunks
+  redis.call('RPUSH', KEYS[5], unpack(records, i, math.min(i + 999, #records)))
+end
+local count = math.max(tonumber(h[2]) - #gone, 0)
+local first = math.max(tonumber(h[3]), tonumber(ARGV[2]) + 1)
+redis.call('HSET', KEYS[1], 'message_count', string.format('%d', count),
+  'first_seq', string.format('%d', first))
+return gone
+"""
+
 _NO_SEQ_BOUND = "9" * SEQ_DIGITS
 """Above every seq, as the tail script compares them."""
 
@@ -540,6 +583,7 @@ class RedisBackend(Backend):
         self._append_script = LuaScript(self._client, APPEND_SCRIPT)
         self._put_fold_script = LuaScript(self._client, PUT_FOLD_SCRIPT)
         self._tail_script = LuaScript(self._client, TAIL_SCRIPT)
+        self._trim_script = LuaScript(self._client, TRIM_SCRIPT)
         self._known = KnownStates()
 
     def _atomic(self, watch: list[str], body: Callable[[Pipeline], T]) -> T:
@@ -946,40 +990,25 @@ class RedisBackend(Backend):
         )
 
     @translated
-    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
-        """Remove messages up to ``upto_seq``, fix the count and ``first_seq``, in one
-        transaction.
+    def remove_oldest(
+        self, session_id: str, upto_seq: int, generation: str, *, archive: bool = False
+    ) -> list[Row]:
+        """Archive (with ``archive``) and remove the messages up to ``upto_seq``, fix the
+        count and ``first_seq``, in one script call (:data:`TRIM_SCRIPT`).
         """
         keys = self.keys
-
-        def body(pipe: Pipeline) -> None:
-            fields = self._hash(pipe, session_id)
-            if not fields or fields.get("generation") != generation:
-                return
-            info = session_from_fields(session_id, fields)
-            trimmed = cast(
-                "list[str]", pipe.zrangebyscore(keys.messages(session_id), "-inf", upto_seq)
-            )
-            pipe.multi()
-            pipe.zremrangebyscore(keys.messages(session_id), "-inf", upto_seq)
-            trimmed_ids = [
-                i for m in trimmed if isinstance(i := parse_member(session_id, m)[1].get("id"), str)
-            ]
-            if trimmed_ids:
-                pipe.hdel(keys.ids(session_id), *trimmed_ids)
-            for role in INDEXED_ROLES:  # each role's entries up to upto_seq
-                pipe.zremrangebylex(
-                    keys.roles(session_id), f"[{role}:", f"[{role_member(role, upto_seq)}"
-                )
-            pipe.hset(
-                keys.session(session_id),
-                mapping={
-                    "message_count": str(max(info.message_count - len(trimmed), 0)),
-                    "first_seq": str(max(info.first_seq, upto_seq + 1)),
-                },
-            )
-
-        self._atomic([keys.session(session_id)], body)
+        gone = self._trim_script(
+            [
+                *keys.own(session_id)[:4],
+                keys.archive(session_id),
+                keys.archive_ids(session_id),
+            ],
+            generation,
+            str(upto_seq),
+            "1" if archive else "0",
+            *INDEXED_ROLES,
+        )
+        return [parse_member(session_id, m) for m in gone or []]
 
     @translated
     def pop_newest(self, session_id: str, generation: str) -> Row | None:

@@ -20,6 +20,8 @@ locks rows), the manager's tool-call check runs, the messages are inserted under
 sequence numbers and the row is updated; concurrent writers queue, so sequence numbers stay
 gapless. (PostgreSQL appends new messages with one statement instead: see
 :mod:`ctxkeep.sessions.postgres`.) A read of a session and its messages is one snapshot transaction.
+A trim is one write transaction too: the messages up to the cut are copied into the archive (in
+seq order) and deleted under the session row's lock (:meth:`SQLBackend.remove_oldest`).
 """
 
 from __future__ import annotations
@@ -533,29 +535,50 @@ class SQLBackend(Backend):
             (session_id, key, body, session_id, generation),
         )
 
-    def remove_oldest(self, session_id: str, upto_seq: int, generation: str) -> None:
-        """Delete rows up to ``upto_seq`` and move ``first_seq``, in one write transaction."""
+    def remove_oldest(
+        self, session_id: str, upto_seq: int, generation: str, *, archive: bool = False
+    ) -> list[Row]:
+        """Archive (with ``archive``) and delete the rows up to ``upto_seq`` and move
+        ``first_seq``, in one write transaction that holds the session row's lock: the rows
+        moved are the ones still there (another trim's are gone), copied into the archive in
+        seq order by one ``INSERT ... SELECT`` (no record crosses the wire to be archived).
+        """
         with self.db.tx("trim messages") as conn:
             found = conn.execute(
                 self._sql(
-                    "SELECT 1 FROM ctxkeep_sessions WHERE session_id = ? AND generation = ?"
+                    "SELECT agent_id FROM ctxkeep_sessions WHERE session_id = ? AND generation = ?"
                     + self.dialect.for_update
                 ),
                 (session_id, generation),
             ).fetchone()
             if found is None:
-                return
+                return []
+            if archive:
+                conn.execute(
+                    self._sql(
+                        "INSERT INTO ctxkeep_archive (session_id, message_id, agent_id, reason, "
+                        "record) SELECT session_id, coalesce(message_id, ''), ?, 'max_history', "
+                        "record FROM ctxkeep_messages WHERE session_id = ? AND seq <= ? "
+                        "ORDER BY seq ON CONFLICT DO NOTHING"
+                    ),
+                    (found[0], session_id, upto_seq),
+                )
             gone = conn.execute(
-                self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq <= ?"),
+                self._sql(
+                    "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq <= ? "
+                    "RETURNING seq, record"
+                ),
                 (session_id, upto_seq),
-            ).rowcount
+            ).fetchall()
             conn.execute(
                 self._sql(
                     "UPDATE ctxkeep_sessions SET message_count = message_count - ?, "
                     f"first_seq = {self.dialect.greatest}(first_seq, ?) WHERE session_id = ?"
                 ),
-                (gone, upto_seq + 1, session_id),
+                (len(gone), upto_seq + 1, session_id),
             )
+        rows = sorted(gone, key=lambda r: int(r[0]))
+        return [(seq, load_record(session_id, seq, rec)) for seq, rec in rows]
 
     def pop_newest(self, session_id: str, generation: str) -> Row | None:
         """Delete the newest row and update the session, in one write transaction."""

@@ -410,6 +410,69 @@ class SessionContract:
         finally:
             mem.close()
 
+    def test_remove_oldest_archives_and_removes_in_one_step(self, memory: MemoryManager) -> None:
+        backend = memory.backend
+        sid = memory.create_session("agent-move")
+        for i in range(10):
+            memory.add_message(sid, "user", f"m{i}", id=f"m{i}")
+        generation = memory.get_session(sid).generation
+        moved = backend.remove_oldest(sid, 4, generation, archive=True)
+        assert [(seq, r["id"]) for seq, r in moved] == [(i + 1, f"m{i}") for i in range(4)]
+        assert [m.id for m in memory.archived_messages(sid)] == ["m0", "m1", "m2", "m3"]
+        assert [m.id for m in memory.get_messages(sid)] == [f"m{i}" for i in range(4, 10)]
+        info = memory.get_session(sid)
+        assert (info.first_seq, info.message_count) == (5, 6)
+        assert backend.remove_oldest(sid, 4, generation, archive=True) == []  # moved already
+        assert backend.remove_oldest(sid, 8, "another generation", archive=True) == []
+        assert [seq for seq, _ in backend.remove_oldest(sid, 6, generation)] == [5, 6]
+        assert len(memory.archived_messages(sid)) == 4  # without archive: removed only
+        assert [m.id for m in memory.get_messages(sid)] == ["m6", "m7", "m8", "m9"]
+
+    def test_concurrent_trims_archive_each_message_once_in_session_order(
+        self, make_memory: MakeMemory
+    ) -> None:
+        """Writers past ``max_history`` at once: every message ends live or archived, once,
+        the archive in seq order, and the hooks get exactly what was archived (issue 25).
+        """
+        mem = make_memory(MemoryConfig(max_history=20, session_ttl=None, max_sessions=None))
+        hooked: list[str] = []
+        mem.add_evict_hook(lambda e: hooked.extend(str(m.id) for m in e.messages))
+        seq_of: dict[str, int] = {}
+        backend, append = mem.backend, mem.backend.append
+
+        def recording_append(session_id: str, batch: Any) -> list[int]:
+            seqs: list[int] = append(session_id, batch)
+            seq_of.update({r["id"]: s for s, r in zip(seqs, batch.records, strict=True)})
+            return seqs
+
+        backend.append = recording_append  # type: ignore[method-assign]
+        errors: list[BaseException] = []
+        try:
+            sid = mem.create_session("agent-trim-race")
+
+            def writer(w: int) -> None:
+                try:
+                    for i in range(40):
+                        mem.add_message(sid, "user", f"{w}:{i}", id=f"w{w}-{i}")
+                except BaseException as exc:  # pragma: no cover - reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            live = [str(m.id) for m in mem.get_messages(sid)]
+            archived = [str(m.id) for m in mem.archived_messages(sid)]
+        finally:
+            del backend.append
+            mem.close()
+        assert not errors
+        assert sorted(live + archived) == sorted(f"w{w}-{i}" for w in range(4) for i in range(40))
+        assert len(live) <= 20
+        assert archived + live == sorted(archived + live, key=seq_of.__getitem__)
+        assert sorted(hooked) == sorted(archived)
+
     def test_ttl_expires_idle_sessions(self, make_memory: MakeMemory) -> None:
         clock = Clock()
         evicted: list[Evicted] = []
