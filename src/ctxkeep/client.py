@@ -5,9 +5,13 @@ Both speak the service's ``/v1`` API with httpx and offer the methods of
 arguments, results and exceptions: a problem response is turned back into the ctxkeep
 exception it stands for (:func:`ctxkeep.server.problems.error_for`), so
 ``OrphanToolResultError`` or ``SessionNotFoundError`` reach the caller as they would from a
-local manager. What the service does not map to a ctxkeep exception (a missing key, a body over
-the limit, a server failure, an unreachable server) raises :class:`RemoteError` (a
-:class:`~ctxkeep.errors.StorageError`), with the status and the problem.
+local manager. A server failure that stands for a ctxkeep exception (a corrupt stored record,
+stored data of an unknown version, a kind of record the storage does not offer) is raised as
+that exception and a :class:`RemoteError` at once (``RemoteCorruptRecordError`` is both a
+``CorruptRecordError`` and a ``RemoteError``). What the service does not map to a ctxkeep
+exception (a missing key, a body over the limit, a storage outage, a bug, an unreachable
+server) raises :class:`RemoteError` (a :class:`~ctxkeep.errors.StorageError`), with the
+status and the problem.
 
 The work that is not I/O (paths, bodies, decoding) is written once, in :class:`_Calls`; the two
 classes only send. Evict hooks (:meth:`RemoteMemory.add_evict_hook`) are called with the
@@ -42,13 +46,15 @@ from ctxkeep import _check
 from ctxkeep.errors import (
     AuthenticationError,
     ConfigError,
+    CtxkeepError,
     InvalidMessageError,
     InvalidTypeError,
     MissingDependencyError,
     RemoteError,
+    StorageError,
 )
 from ctxkeep.messages import Message, coerce_message
-from ctxkeep.server.problems import PROBLEM_CONTENT_TYPE, error_for, kind_for_type
+from ctxkeep.server.problems import PROBLEM_CONTENT_TYPE, PROBLEMS, error_for, kind_for_type
 from ctxkeep.server.wire import (
     evicted_from_wire,
     message_from_wire,
@@ -67,6 +73,31 @@ T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 30.0
 _PAGE = 1000  # the server's largest page of sessions
+
+
+def _remote(error: type[Exception]) -> type[RemoteError]:
+    """The exception a client raises for a server failure that stands for ``error``: both a
+    :class:`RemoteError` (with the status and the problem) and ``error`` itself, so a caller
+    catches it as it would from a local manager (``except CorruptRecordError``) or as any
+    failure of the service (``except RemoteError``).
+    """
+    return type(
+        f"Remote{error.__name__}",
+        (RemoteError, error),
+        {"__module__": __name__, "__doc__": f"The service failed with {error.__name__}."},
+    )
+
+
+_SERVER_FAILURES: dict[str, type[RemoteError]] = {
+    kind.slug: _remote(kind.error)
+    for kind in PROBLEMS
+    if kind.status >= 500 and kind.error not in (None, CtxkeepError, StorageError)
+}
+"""The server failures (5xx) of :data:`~ctxkeep.server.problems.PROBLEMS` that stand for a
+typed ctxkeep exception (a corrupt record, stored data of an unknown version, a kind of
+record the storage does not offer), by problem slug; derived from the table, so a new one is
+mapped too. ``storage-unavailable`` (503) and ``internal-error`` (500) raise
+:class:`RemoteError` itself, which is a :class:`~ctxkeep.errors.StorageError`."""
 
 
 @dataclass(frozen=True)
@@ -345,6 +376,8 @@ class _Base:
         detail = problem.get("detail") or response.reason_phrase or "no detail"
         message = f"ctxkeep service answered {response.status_code} to {call.method} {call.path}: "
         cls = AuthenticationError if response.status_code == 401 else RemoteError
+        if kind is not None and response.status_code >= 500:
+            cls = _SERVER_FAILURES.get(kind.slug, RemoteError)
         raise cls(message + str(detail), status=response.status_code, problem=problem)
 
     @staticmethod

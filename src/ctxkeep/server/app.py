@@ -86,9 +86,6 @@ DEFAULT_BODY_TIMEOUT = 60
 """Seconds a request's body has to arrive after its head: the default body limit, 4 MiB, at
 70 KB/s; a client that trickles its body (a slow POST) is cut off after that."""
 
-REQUEST_TIMEOUT = problems.ProblemKind(None, 408, "request-timeout", "Request timeout")
-"""A head or body that did not arrive in time (the connection is closed after it)."""
-
 ACCESS_LOGGER = "ctxkeep.server.access"
 log = logging.getLogger("ctxkeep.server")
 access_log = logging.getLogger(ACCESS_LOGGER)
@@ -149,7 +146,7 @@ class RequestLimits:
                 body = await self._read(receive)
         except TimeoutError:
             problem = problems.http_problem(
-                REQUEST_TIMEOUT,
+                problems.REQUEST_TIMEOUT,
                 f"the request body did not arrive within {self.body_timeout:g} s of its "
                 "headers; send it without pauses",
                 timeout=self.body_timeout,
@@ -356,7 +353,7 @@ class HeaderTimeout(H11Protocol):
             "them without pauses"
         )
         # No request was parsed, so h11 cannot frame a response: the bytes are written as is.
-        self.transport.write(_raw_problem(problems.http_problem(REQUEST_TIMEOUT, detail)))
+        self.transport.write(_raw_problem(problems.http_problem(problems.REQUEST_TIMEOUT, detail)))
         self.transport.close()
 
 
@@ -413,15 +410,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    kind = {
-        400: problems.INVALID_REQUEST,  # a body that is not UTF-8 JSON: as invalid JSON
-        404: problems.NOT_FOUND,
-        405: problems.METHOD_NOT_ALLOWED,
-        401: problems.UNAUTHORIZED,
-        413: problems.BODY_TOO_LARGE,
-    }.get(exc.status_code)
-    if kind is None:
-        kind = problems.ProblemKind(None, exc.status_code, "http-error", "HTTP error")
+    kind = problems.kind_for_status(exc.status_code)
     detail = exc.detail if isinstance(exc.detail, str) else kind.title
     if exc.status_code == 404 and detail == "Not Found":
         detail = f"no route {request.method} {request.url.path}; see /openapi.json"

@@ -127,6 +127,8 @@ BODY_TOO_LARGE = ProblemKind(None, 413, "body-too-large", "Request body too larg
 UNAUTHORIZED = ProblemKind(None, 401, "unauthorized", "Missing or invalid API key")
 NOT_FOUND = ProblemKind(None, 404, "not-found", "Not found")
 METHOD_NOT_ALLOWED = ProblemKind(None, 405, "method-not-allowed", "Method not allowed")
+REQUEST_TIMEOUT = ProblemKind(None, 408, "request-timeout", "Request timeout")
+"""A head or body that did not arrive in time (the connection is closed after it)."""
 INTERNAL_ERROR = ProblemKind(None, 500, "internal-error", "Internal error")
 
 HTTP_PROBLEMS: tuple[ProblemKind, ...] = (
@@ -135,8 +137,25 @@ HTTP_PROBLEMS: tuple[ProblemKind, ...] = (
     UNAUTHORIZED,
     NOT_FOUND,
     METHOD_NOT_ALLOWED,
+    REQUEST_TIMEOUT,
     INTERNAL_ERROR,
 )
+"""Every problem of the HTTP layer the server answers (the client reads them back too)."""
+
+_BY_STATUS = {
+    400: INVALID_REQUEST,  # a body that is not UTF-8 JSON: as invalid JSON
+    **{kind.status: kind for kind in HTTP_PROBLEMS},
+}
+
+
+def kind_for_status(status: int) -> ProblemKind:
+    """The problem of the HTTP layer answered for an HTTP error of ``status`` (raised by the
+    framework: an unknown route, a wrong method...); a status with none of its own gets an
+    ``http-error`` of that status.
+    """
+    found = _BY_STATUS.get(status)
+    return found if found is not None else ProblemKind(None, status, "http-error", "HTTP error")
+
 
 _BY_SLUG: dict[str, ProblemKind] = {}
 for _kind in (*PROBLEMS, *HTTP_PROBLEMS):

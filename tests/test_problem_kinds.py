@@ -1,0 +1,40 @@
+"""Every kind of problem the service answers is in :mod:`ctxkeep.server.problems`' tables,
+where the server reads it forwards and the client backwards (issue 25: the 408 of a slow
+request lived in ``app.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from ctxkeep.server import app, inspector, problems, routes, routes_fabric, routes_memory
+
+
+@pytest.mark.parametrize("module", [app, routes, routes_memory, routes_fabric, inspector])
+def test_no_server_module_makes_a_problem_kind_of_its_own(module: object) -> None:
+    assert "ProblemKind(" not in inspect.getsource(module)  # type: ignore[arg-type]
+
+
+def test_the_request_timeout_is_a_problem_of_the_http_layer_in_the_table() -> None:
+    kind = problems.REQUEST_TIMEOUT
+    assert kind in problems.HTTP_PROBLEMS
+    assert (kind.status, kind.slug) == (408, "request-timeout")
+    assert problems.kind_for_type(kind.type) is kind
+    assert problems.kind_for_status(408) is kind
+
+
+@pytest.mark.parametrize("kind", problems.HTTP_PROBLEMS, ids=lambda k: k.slug)
+def test_every_http_problem_is_found_by_its_status_and_its_type(
+    kind: problems.ProblemKind,
+) -> None:
+    assert problems.kind_for_status(kind.status) is kind
+    found = problems.kind_for_type(kind.type)
+    assert found is not None and found.slug == kind.slug
+
+
+def test_a_status_of_no_kind_of_its_own_is_an_http_error_of_that_status() -> None:
+    kind = problems.kind_for_status(418)
+    assert (kind.status, kind.slug) == (418, "http-error")
+    assert problems.kind_for_status(400) is problems.INVALID_REQUEST
