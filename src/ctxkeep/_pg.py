@@ -123,6 +123,8 @@ class PgClient:
             return rows
 
     def _migrate(self, key: str, migrations: Sequence[str]) -> None:
+        if self._version(key) == len(migrations):
+            return  # current: write nothing (a read-only database opens too)
         with self.tx("schema setup") as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(
@@ -143,6 +145,16 @@ class PgClient:
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     (key, str(i + 1)),
                 )
+
+    def _version(self, key: str) -> int | None:
+        """The store's schema version, read without writing (None: no ``ctxkeep_meta`` yet,
+        or no row for ``key``).
+        """
+        with self.errors("read the schema version"), self.connection() as conn:
+            if conn.execute("SELECT to_regclass('ctxkeep_meta')").fetchone()[0] is None:
+                return None
+            row = conn.execute("SELECT value FROM ctxkeep_meta WHERE key = %s", (key,)).fetchone()
+        return int(row[0]) if row and str(row[0]).isdigit() else None
 
     def close(self) -> None:
         """Close the pool."""

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeAlias
+from urllib.parse import quote
 
 from ctxkeep.errors import ConfigError, SchemaVersionError, StorageError
 
@@ -66,6 +67,9 @@ class SQLiteClient:
         legacy_version: reads the version of a file written before ``ctxkeep_meta`` (called
             inside the setup transaction when the store has no row; ``None``: version 0).
         timeout: seconds to wait for another process's write lock.
+        read_only: open the file read-only (SQLite's ``mode=ro``: every write fails with
+            "attempt to write a readonly database", as on a file the process may not write;
+            root included). The store must be at the newest schema version already.
 
     Raises:
         ConfigError: an unknown ``synchronous`` value.
@@ -83,6 +87,7 @@ class SQLiteClient:
         synchronous: str = "normal",
         legacy_version: Callable[[sqlite3.Connection], int] | None = None,
         timeout: float = 60.0,
+        read_only: bool = False,
     ) -> None:
         if synchronous.lower() not in _SYNCHRONOUS:
             raise ConfigError(
@@ -90,11 +95,12 @@ class SQLiteClient:
             )
         self.path = Path(path)
         self.memory = str(path) == ":memory:"
+        self.read_only = read_only and not self.memory
         self.synchronous = synchronous.upper()
         self.timeout = timeout
         self.meta_key = meta_key
         self.version = len(migrations)
-        if not self.memory:
+        if not self.memory and not self.read_only:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -114,10 +120,15 @@ class SQLiteClient:
             conn: sqlite3.Connection = held[1]
             return conn
         try:
+            target = f"file:{quote(str(self.path))}?mode=ro" if self.read_only else self.path
             conn = sqlite3.connect(
-                self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+                target,
+                timeout=self.timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=self.read_only,
             )
-            if not self.memory:
+            if not self.memory and not self.read_only:  # (WAL is the file's, set on writing)
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
@@ -210,6 +221,11 @@ class SQLiteClient:
         current = self.meta(self.meta_key)
         if current is not None and self._checked(current) == newest:
             return  # current: write nothing
+        if self.read_only:
+            raise StorageError(
+                f"{self.path} is opened read-only and holds {self.meta_key} at schema "
+                f"{current or 0}, not {newest}: open it writable once to upgrade it"
+            )
         with self.tx("schema setup") as conn:
             conn.execute(META_TABLE)
             row = conn.execute(

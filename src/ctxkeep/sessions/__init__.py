@@ -62,8 +62,12 @@ def open_backend(url: str | None, config: MemoryConfig | None = None) -> Backend
         path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
         if not path:
             raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
-        sync = parse_qs(parsed.query).get("synchronous", ["normal"])[0]
-        return SQLiteBackend(path, synchronous=sync)
+        query = parse_qs(parsed.query)
+        sync = query.get("synchronous", ["normal"])[0]
+        mode = query.get("mode", ["rw"])[0]
+        if mode not in ("ro", "rw"):
+            raise ConfigError(f"sqlite URL mode must be ro or rw, got {mode!r}")
+        return SQLiteBackend(path, synchronous=sync, read_only=mode == "ro")
     if parsed.scheme in ("redis", "rediss", "unix"):
         from ctxkeep.sessions.redis import RedisBackend
 

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self, cast
 
 from ctxkeep import _check
+from ctxkeep._db import refuses_writes
 from ctxkeep.errors import (
     ConfigError,
     InvalidMessageError,
@@ -45,6 +46,7 @@ from ctxkeep.errors import (
     MessageIdConflictError,
     SessionChangedError,
     SessionNotFoundError,
+    StorageError,
 )
 from ctxkeep.messages import SYSTEM_ROLES, Message, coerce_message
 from ctxkeep.sessions.backend import (
@@ -239,6 +241,7 @@ class MemoryManager:
         # session id -> (generation, a first seq it had): what trims saw, for the next append
         # (a compare-and-set append checks a remembered state, whose first seq can be old).
         self._first_seqs: dict[str, tuple[str, int]] = {}
+        self._read_only_logged = False
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -333,7 +336,11 @@ class MemoryManager:
         _check.integer("offset", offset, minimum=0)
         _check.optional_identifier("agent_id", agent_id)
         _check.optional_identifier("task_id", task_id)
-        self.sweep()
+        try:
+            self.sweep()
+        except StorageError as exc:
+            if not self._refused(exc, "reclaiming idle sessions"):
+                raise
         return self.backend.list_sessions(
             agent_id=agent_id, task_id=task_id, limit=limit, offset=offset
         )
@@ -751,7 +758,11 @@ class MemoryManager:
         info = self.backend.info(session_id, touch=None, ttl=None)
         ttl = self.config.session_ttl
         if info is not None and ttl is not None and info.accessed_at < now - ttl:
-            self._evict(session_id, "ttl", idle_before=now - ttl)
+            try:
+                self._evict(session_id, "ttl", idle_before=now - ttl)
+            except StorageError as exc:  # a read-only store: expired all the same
+                if not self._refused(exc, "reclaiming an expired session"):
+                    raise
             # Gone now, unless it was touched (or created again) meanwhile.
             info = self.backend.info(session_id, touch=None, ttl=None)
             if info is not None and info.accessed_at < now - ttl:
@@ -760,8 +771,30 @@ class MemoryManager:
             self._forget(session_id)
             raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
         if touch:
-            info = self.backend.info(session_id, touch=now, ttl=self._native_ttl) or info
+            try:
+                info = self.backend.info(session_id, touch=now, ttl=self._native_ttl) or info
+            except StorageError as exc:
+                if not self._refused(exc, "the access-time update of a read"):
+                    raise
         return info
+
+    def _refused(self, exc: StorageError, what: str) -> bool:
+        """Whether ``exc`` says the store is read-only (a SQLite file opened with
+        ``mode=ro``, a read-only PostgreSQL role or standby): then a read's writes (the access
+        time, reclaiming what expired) are skipped, and the store is said to be read-only in
+        the log once per manager.
+        """
+        if not refuses_writes(exc):
+            return False
+        if not self._read_only_logged:
+            self._read_only_logged = True
+            log.warning(
+                "%s store is read-only: %s skipped (reads go on; logged once): %s",
+                self.backend.name,
+                what,
+                exc,
+            )
+        return True
 
     def _evict(
         self, session_id: str, reason: EvictReason, idle_before: float | None = None

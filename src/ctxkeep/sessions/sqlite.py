@@ -40,6 +40,9 @@ class SQLiteBackend(SQLBackend):
     Args:
         path: the database file (its folder is created).
         synchronous: ``normal`` (default), ``full`` or ``extra``: see the module docstring.
+        read_only: open the file read-only (``?mode=ro`` in the URL): reads work, a read's
+            access-time update is skipped (:class:`~ctxkeep.sessions.base.MemoryManager`),
+            writes raise StorageError.
 
     Raises:
         ConfigError: a bad ``synchronous``.
@@ -51,7 +54,9 @@ class SQLiteBackend(SQLBackend):
     name = "sqlite"
     dialect = SQLITE
 
-    def __init__(self, path: str | Path, *, synchronous: str = "normal") -> None:
+    def __init__(
+        self, path: str | Path, *, synchronous: str = "normal", read_only: bool = False
+    ) -> None:
         if synchronous.lower() not in ("full", "normal", "extra"):
             raise ConfigError(f"synchronous must be full, normal or extra, got {synchronous!r}")
         self.db = self.client = SQLiteClient(
@@ -60,6 +65,7 @@ class SQLiteBackend(SQLBackend):
             migrations=MIGRATIONS,
             synchronous=synchronous,
             legacy_version=_legacy_version,
+            read_only=read_only,
         )
         self.path = self.db.path
         self.synchronous = self.db.synchronous
