@@ -215,9 +215,18 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def delete(self, session_id: str, generation: str | None = None) -> bool:
+    def delete(
+        self,
+        session_id: str,
+        generation: str | None = None,
+        *,
+        archive: EvictReason | None = None,
+    ) -> bool:
         """Delete a session and its messages (only if it has ``generation``, when given);
-        False if nothing was deleted.
+        False if nothing was deleted. With ``archive``, its messages go into its archive
+        (:meth:`archived`) oldest first under that reason (an id already archived not again)
+        in the same step: no reader sees them both held and archived, and a process killed
+        during the call leaves both or neither.
         """
 
     @abstractmethod

@@ -809,15 +809,19 @@ class MemoryManager:
         info, rows = snap
         if idle_before is not None and info.accessed_at >= idle_before:
             return False  # touched meanwhile
-        msgs = [record_to_message(r, session_id=session_id, seq=seq) for seq, r in rows]
-        self._emit(Evicted(session_id, info.agent_id, reason, msgs))  # stored before deleted
-        return self.backend.delete(session_id, info.generation)
+        # Archived and deleted in one step of the backend's: never both held and archived.
+        archive = reason if self.config.archive_evicted else None
+        if not self.backend.delete(session_id, info.generation, archive=archive):
+            return False
+        self._hook(session_id, info.agent_id, reason, rows)
+        return True
 
-    def _emit(self, evicted: Evicted) -> None:
-        if not evicted.messages:
+    def _hook(self, session_id: str, agent_id: str, reason: EvictReason, rows: list[Row]) -> None:
+        """Hand the messages of ``rows`` (just archived or removed) to the eviction hooks."""
+        if not rows or not self._hooks:
             return
-        if self.config.archive_evicted:
-            self.backend.archive(evicted)
+        msgs = [record_to_message(r, session_id=session_id, seq=seq) for seq, r in rows]
+        evicted = Evicted(session_id, agent_id, reason, msgs)
         for hook in self._hooks:
             hook(evicted)
 
@@ -870,15 +874,7 @@ class MemoryManager:
             session_id, upto, info.generation, archive=self.config.archive_evicted
         )
         self._saw_first_seq(info, upto + 1)
-        if moved and self._hooks:
-            evicted = Evicted(
-                session_id,
-                info.agent_id,
-                "max_history",
-                [record_to_message(r, session_id=session_id, seq=seq) for seq, r in moved],
-            )
-            for hook in self._hooks:
-                hook(evicted)
+        self._hook(session_id, info.agent_id, "max_history", moved)
 
 
 class HistoryReads:

@@ -35,6 +35,7 @@ from ctxkeep.sessions.base import (
     Backend,
     Evicted,
     EvictHook,
+    EvictReason,
     MemoryConfig,
     MemoryManager,
     Row,
@@ -228,12 +229,26 @@ class MemoryBackend(Backend):
             )
             return seq, record
 
-    def delete(self, session_id: str, generation: str | None = None) -> bool:
-        """Forget a session."""
+    def delete(
+        self,
+        session_id: str,
+        generation: str | None = None,
+        *,
+        archive: EvictReason | None = None,
+    ) -> bool:
+        """Forget a session (its messages archived first, with ``archive``), under the lock."""
         with self._lock:
             s = self._sessions.get(session_id)
             if s is None or (generation is not None and s.info.generation != generation):
                 return False
+            if archive is not None:
+                self._keep(
+                    session_id,
+                    [
+                        record_to_message(text, session_id=session_id, seq=seq)
+                        for seq, text in s.rows
+                    ],
+                )
             del self._sessions[session_id]
             return True
 

@@ -114,6 +114,7 @@ from ctxkeep.messages import ROLES, Message
 from ctxkeep.sessions.base import (
     Backend,
     Evicted,
+    EvictReason,
     KnownStates,
     Row,
     Snapshot,
@@ -610,10 +611,18 @@ class RedisBackend(Backend):
     def _hash(self, client: redis.Redis, session_id: str) -> dict[str, str]:
         return cast("dict[str, str]", client.hgetall(self.keys.session(session_id)))
 
-    def _drop(self, session_id: str, *, only_if_gone: bool, generation: str | None = None) -> bool:
+    def _drop(
+        self,
+        session_id: str,
+        *,
+        only_if_gone: bool,
+        generation: str | None = None,
+        archive: bool = False,
+    ) -> bool:
         """Delete a session's keys and index entries (only if it has ``generation``, when
-        given); with ``only_if_gone``, only prune the index entries of a session whose keys
-        are already gone. True if the hash existed (and was deleted, unless only_if_gone).
+        given; with ``archive``, its messages added to its archive in the same transaction);
+        with ``only_if_gone``, only prune the index entries of a session whose keys are
+        already gone. True if the hash existed (and was deleted, unless only_if_gone).
         """
         keys = self.keys
 
@@ -626,7 +635,12 @@ class RedisBackend(Backend):
             ):
                 return False
             owner = cast("str | None", pipe.hget(keys.owners, session_id))
+            fresh = self._unarchived(pipe, session_id) if archive and existed else []
             pipe.multi()
+            if fresh:
+                pipe.rpush(keys.archive(session_id), *[text for _, text in fresh])
+                if ids := [i for i, _ in fresh if i]:
+                    pipe.sadd(keys.archive_ids(session_id), *ids)
             pipe.delete(*keys.own(session_id), keys.folds(session_id))
             for index in (keys.created, keys.accessed, keys.expires):
                 pipe.zrem(index, session_id)
@@ -639,6 +653,28 @@ class RedisBackend(Backend):
             return existed
 
         return self._atomic([keys.session(session_id)], body)
+
+    def _unarchived(self, pipe: Pipeline, session_id: str) -> list[tuple[str | None, str]]:
+        """The session's messages not in its archive yet, oldest first, as ``(id, record
+        JSON)`` (read through ``pipe`` before its ``MULTI``).
+        """
+        keys = self.keys
+        rows: list[tuple[str | None, str]] = []
+        for member in cast("list[str]", pipe.zrange(keys.messages(session_id), 0, -1)):
+            found = parse_member(session_id, member)[1].get("id")
+            text = member.partition(":")[2]
+            rows.append((found if isinstance(found, str) and found else None, text))
+        named = [i for i, _ in rows if i is not None]
+        flags = pipe.smismember(keys.archive_ids(session_id), named) if named else []
+        held = {i for i, f in zip(named, cast("list[int]", flags), strict=True) if f}
+        out: list[tuple[str | None, str]] = []
+        for message_id, text in rows:
+            if message_id is not None:
+                if message_id in held:
+                    continue
+                held.add(message_id)
+            out.append((message_id, text))
+        return out
 
     def _alive(self, ids: list[str]) -> list[bool]:
         """Whether each id's session hash still exists."""
@@ -1043,10 +1079,20 @@ class RedisBackend(Backend):
         return self._atomic([keys.session(session_id), keys.messages(session_id)], body)
 
     @translated
-    def delete(self, session_id: str, generation: str | None = None) -> bool:
-        """Delete the session's keys and index entries."""
+    def delete(
+        self,
+        session_id: str,
+        generation: str | None = None,
+        *,
+        archive: EvictReason | None = None,
+    ) -> bool:
+        """Delete the session's keys and index entries (its messages archived in the same
+        ``MULTI``/``EXEC``, with ``archive``).
+        """
         self._known.forget(session_id)
-        return self._drop(session_id, only_if_gone=False, generation=generation)
+        return self._drop(
+            session_id, only_if_gone=False, generation=generation, archive=archive is not None
+        )
 
     @translated
     def latest_for_agent(self, agent_id: str) -> str | None:

@@ -34,7 +34,7 @@ from typing import Any
 from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.errors import SessionChangedError, SessionExistsError, SessionNotFoundError
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import Backend, Evicted, Row, Snapshot, Tail
+from ctxkeep.sessions.base import Backend, Evicted, EvictReason, Row, Snapshot, Tail
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
@@ -554,15 +554,7 @@ class SQLBackend(Backend):
             if found is None:
                 return []
             if archive:
-                conn.execute(
-                    self._sql(
-                        "INSERT INTO ctxkeep_archive (session_id, message_id, agent_id, reason, "
-                        "record) SELECT session_id, coalesce(message_id, ''), ?, 'max_history', "
-                        "record FROM ctxkeep_messages WHERE session_id = ? AND seq <= ? "
-                        "ORDER BY seq ON CONFLICT DO NOTHING"
-                    ),
-                    (found[0], session_id, upto_seq),
-                )
+                self._archive_rows(conn, session_id, found[0], "max_history", upto_seq)
             gone = conn.execute(
                 self._sql(
                     "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq <= ? "
@@ -616,19 +608,50 @@ class SQLBackend(Backend):
             )
             return seq, record
 
-    def delete(self, session_id: str, generation: str | None = None) -> bool:
-        """Delete the session and its messages in one transaction."""
+    def delete(
+        self,
+        session_id: str,
+        generation: str | None = None,
+        *,
+        archive: EvictReason | None = None,
+    ) -> bool:
+        """Delete the session and its messages (archived first, with ``archive``) in one
+        transaction.
+        """
         with self.db.tx("delete a session") as conn:
             where = "session_id = ?" + (" AND generation = ?" if generation is not None else "")
             params = (session_id,) if generation is None else (session_id, generation)
-            cur = conn.execute(self._sql(f"DELETE FROM ctxkeep_sessions WHERE {where}"), params)
-            if cur.rowcount == 0:
+            found = conn.execute(
+                self._sql(f"SELECT agent_id FROM ctxkeep_sessions WHERE {where}")
+                + self.dialect.for_update,
+                params,
+            ).fetchone()
+            if found is None:
                 return False
+            if archive is not None:
+                self._archive_rows(conn, session_id, found[0], archive, _NO_SEQ)
+            conn.execute(self._sql(f"DELETE FROM ctxkeep_sessions WHERE {where}"), params)
             conn.execute(
                 self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ?"), (session_id,)
             )
             conn.execute(self._sql("DELETE FROM ctxkeep_folds WHERE session_id = ?"), (session_id,))
             return True
+
+    def _archive_rows(
+        self, conn: Any, session_id: str, agent_id: str, reason: str, upto_seq: int
+    ) -> None:
+        """Inside ``conn``'s transaction: copy the session's messages up to ``upto_seq`` into
+        the archive in seq order (one ``INSERT ... SELECT``: no record crosses the wire), but
+        for ids it holds.
+        """
+        conn.execute(
+            self._sql(
+                "INSERT INTO ctxkeep_archive (session_id, message_id, agent_id, reason, record) "
+                "SELECT session_id, coalesce(message_id, ''), ?, ?, record FROM ctxkeep_messages "
+                "WHERE session_id = ? AND seq <= ? ORDER BY seq ON CONFLICT DO NOTHING"
+            ),
+            (agent_id, reason, session_id, upto_seq),
+        )
 
     def list_sessions(
         self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int

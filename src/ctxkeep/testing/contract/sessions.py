@@ -428,6 +428,24 @@ class SessionContract:
         assert len(memory.archived_messages(sid)) == 4  # without archive: removed only
         assert [m.id for m in memory.get_messages(sid)] == ["m6", "m7", "m8", "m9"]
 
+    def test_delete_with_archive_archives_and_deletes_in_one_step(
+        self, memory: MemoryManager
+    ) -> None:
+        backend = memory.backend
+        sid = memory.create_session("agent-evict-step")
+        for i in range(3):
+            memory.add_message(sid, "user", f"m{i}", id=f"m{i}")
+        generation = memory.get_session(sid).generation
+        assert not backend.delete(sid, "another generation", archive="lru")
+        assert memory.archived_messages(sid) == []
+        assert backend.delete(sid, generation, archive="lru")
+        assert not memory.has_session(sid)
+        assert [m.id for m in memory.archived_messages(sid)] == ["m0", "m1", "m2"]
+        kept = memory.create_session("agent-evict-step", session_id="kept")
+        memory.add_message(kept, "user", "x")
+        assert backend.delete(kept)  # without archive: deleted only
+        assert memory.archived_messages(kept) == []
+
     def test_concurrent_trims_archive_each_message_once_in_session_order(
         self, make_memory: MakeMemory
     ) -> None:
