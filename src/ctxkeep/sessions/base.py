@@ -17,6 +17,12 @@ pruner that reads only what it keeps is built from the newest pages of the sessi
 cache-stable pruner, from the fold snapshot stored with the session at its last cut and the
 messages it names (:meth:`Backend.read_rows`, :mod:`ctxkeep.prune.snapshots`).
 
+Trims and evictions archive and remove in one step of the backend's
+(:meth:`Backend.remove_oldest` and :meth:`Backend.delete` with ``archive``): the rows moved
+are read inside that step, so concurrent trims (threads of one manager, other processes)
+archive each message once and in seq order, no reader sees a message both held and archived,
+and a process killed mid-trim leaves no such message. The eviction hooks get what was moved.
+
 Identity: every session gets a random ``generation`` when it is created. The prompt cache is
 keyed by it and every read comes with the session's info from the same instant
 (:meth:`Backend.read`), so a prompt never shows history its session no longer holds, whether

@@ -10,6 +10,10 @@ process being killed at any moment (tested with SIGKILL); after a power loss or 
 newest commits may roll back, but the file is never corrupt. ``?synchronous=full`` in the URL
 fsyncs every commit, surviving power loss too, at about a fifth of the append rate.
 
+``?mode=ro`` opens the file read-only (SQLite's own ``mode=ro``, which binds root too): reads
+work (a read's access-time update is skipped, said once in the log), writes raise
+StorageError. The file must be at the newest schema version already.
+
 The schema version is the ``sessions`` row of ``ctxkeep_meta``; :data:`MIGRATIONS` are applied
 in order, and a file written by a newer ctxkeep is refused. Files of the first release kept
 their version in ``PRAGMA user_version``; it is adopted.
