@@ -165,6 +165,41 @@ def test_search_all_shows_the_top_k_as_ranked(
     assert len(hits) == 3
 
 
+def test_search_all_does_not_title_unrelated_hits_relevant(
+    db: str, stored: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert memory(db, "search", "timezone", "--all", "--top-k", "5") == 0
+    out = capsys.readouterr().out
+    assert "relevant episode(s)" not in out
+    assert "top 5 episode(s) for 'timezone', 2 of them relevant" in out
+    rows = {line.split("│")[5].strip(): line.split("│")[2].strip() for line in out.splitlines()
+            if line.startswith("│")}  # fmt: skip
+    assert rows[EPISODES["ci"]] == "yes" and rows[EPISODES["lunch"]] == "no"
+    hits = search_json(db, capsys, "timezone", "--all", "--top-k", "5")
+    assert sorted(h["relevant"] for h in hits) == [False, False, False, True, True]
+
+
+def test_search_cuts_long_text_at_a_word_boundary(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    words = "the flaky timezone test " + " ".join(f"word{i:03d}" for i in range(60))
+    with open_episodic(db, embedder="hash") as store:
+        store.save_episode("s1", "", words)
+    assert memory(db, "search", "timezone") == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    shown = row.split("│")[4].strip()
+    assert shown.endswith("…") and len(shown) <= 100
+    assert shown[:-1].split()[-1] in words.split()  # whole words only
+
+
+def test_preview_keeps_short_text_and_cuts_long_words() -> None:
+    from ctxkeep.cli.memory import preview
+
+    assert preview("short\ntext") == "short text"
+    assert preview("x" * 150, 20) == "x" * 19 + "…"
+    assert preview("alpha beta gamma delta", 15) == "alpha beta…"
+
+
 def test_search_table_says_how_many_hits_it_hid(
     db: str, stored: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -177,7 +177,40 @@ def test_a_plain_summary_line_and_progress_on_stderr_when_not_a_terminal(
         "imported 20 new episode(s) from e.jsonl; 0 were already stored, "
         "1 repeated line(s) stored once\n"
     )
-    assert err.splitlines()[-1] == "imported 21 of 21 (20 new)"
+    # progress between batches; the result is said once, on stdout
+    assert err.splitlines() == [
+        "importing e.jsonl: 4 of 21 lines done (4 new)",
+        "importing e.jsonl: 8 of 21 lines done (8 new)",
+        "importing e.jsonl: 12 of 21 lines done (12 new)",
+        "importing e.jsonl: 16 of 21 lines done (16 new)",
+        "importing e.jsonl: 20 of 21 lines done (20 new)",
+    ]
+
+
+def test_a_one_batch_import_prints_its_result_once(
+    db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_import(db, str(write_lines(tmp_path / "e.jsonl", [episode(1)]))) == 0
+    out, err = capsys.readouterr()
+    assert out == "imported 1 new episode(s) from e.jsonl; 0 were already stored\n"
+    assert err == ""
+
+
+@pytest.mark.parametrize(
+    ("line", "missing"),
+    [
+        ({"session_id": "s1", "task_goal": "fix CI"}, "no summary"),
+        ({"summary": "a timezone bug"}, "no session_id"),
+        ({"task_goal": "fix CI"}, "no session_id and no summary"),
+    ],
+)
+def test_a_line_missing_a_required_field_names_it_and_not_task_goal(
+    db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], line: dict[str, str], missing: str
+) -> None:
+    assert run_import(db, str(write_lines(tmp_path / "e.jsonl", [line]))) == 2
+    err = capsys.readouterr().err
+    assert_one_line_error(err, f"e.jsonl, line 1: {missing}: a line needs session_id and summary")
+    assert "task_goal and the other fields are optional" in err
 
 
 # -- conversations ------------------------------------------------------------------------------

@@ -71,3 +71,27 @@ def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--steps", "20", "--json"]) == 0
     total = json.loads(capsys.readouterr().out)["total"]
     assert total["prompts"] == 21 and total["over_budget"] == 0 and total["invalid"] == 0
+
+
+def test_replay_plot_without_matplotlib_stops_before_replaying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    import ctxkeep.cli.replay as replay
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("replayed before checking for matplotlib")
+
+    monkeypatch.setattr(replay, "replay_runs", never)
+    png = tmp_path / "tokens.png"
+    for argv in (["replay", str(_write_run(tmp_path))], ["demo", "--db", "memory://"]):
+        assert main([*argv, "--plot", str(png)]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith("ctxkeep: error: matplotlib is not installed")
+        assert "ctxkeep[plot]" in err and "pip install" in err
+    assert not png.exists()

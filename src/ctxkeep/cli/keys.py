@@ -18,7 +18,8 @@ keeps only its SHA-256. List and revoke keys by their id (the 12 hex digits afte
 
 --db takes the storage URL the server uses (sqlite:///path.db, redis://host:port/db,
 postgresql://...); the default is the embedded SQLite file ($CTXKEEP_DB or the user data
-directory). --db and --json go before or after the action.
+directory). list and revoke never create a store: one that does not exist is an error.
+--db and --json go before or after the action.
 
 examples:
   ctxkeep keys create --tenant acme
@@ -66,15 +67,18 @@ def _when(ts: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen action."""
+    from ctxkeep.cli._stores import base_url, require_existing
     from ctxkeep.server.keys import open_key_registry
-    from ctxkeep.sessions import default_url
 
-    url = args.db or default_url()
+    url = base_url(args.db)
     if url == "memory://":
         raise ConfigError(
-            "memory:// keeps keys only inside one process; give --db the server's store "
-            "(sqlite:///path.db, redis://... or postgresql://...)"
+            "memory:// keeps keys only inside one process: `ctxkeep serve --db memory://` "
+            "prints a key it made at startup; for keys that last, give --db the server's "
+            "store (sqlite:///path.db, redis://... or postgresql://...)"
         )
+    if args.action != "create":
+        require_existing(url, given=args.db is not None, maker="ctxkeep keys create --tenant NAME")
     registry = open_key_registry(url)
     try:
         if args.action == "create":

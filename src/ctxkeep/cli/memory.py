@@ -13,6 +13,7 @@ from rich.table import Table
 from ctxkeep.cli import memory_import
 from ctxkeep.cli._args import Option, add_action, add_shared_options, finite_float, positive_int
 from ctxkeep.cli._io import console as make_console
+from ctxkeep.cli._stores import TENANT_OPTION, episodic_url
 from ctxkeep.errors import ConfigError, EpisodeNotFoundError, InvalidMessageError
 
 if TYPE_CHECKING:
@@ -23,16 +24,20 @@ MIN_ID_PREFIX = 4
 
 HELP = """Add, search, forget and import episodes of episodic memory.
 
---db takes a URL (memory://, sqlite:///path.db); the default is the embedded SQLite file.
---embedder: local (the default local model, wordllama; pip install 'ctxkeep[static]'),
-wordllama, e5-small (slower, half a point more recall; pip install 'ctxkeep[embeddings]'),
-openai, or hash (tests). A store made with another local model keeps it.
---db, --embedder and --json go before or after the action.
+--db takes a URL (memory://, sqlite:///path.db, postgresql://...); the default is the
+embedded SQLite file. search and forget never create a store: one that does not exist is an
+error. --tenant NAME works on that tenant's episodes as `ctxkeep serve --db <the same URL>`
+keeps them (what /v1/episodes and the inspector's search show for that tenant's keys).
+--embedder: local (the default local model, wordllama; the extra ctxkeep[static], which
+ctxkeep[server] includes), wordllama, e5-small (slower, half a point more recall; the extra
+ctxkeep[embeddings]), openai, or hash (tests). A store made with another local model keeps it.
+--db, --tenant, --embedder and --json go before or after the action.
 
 examples:
   ctxkeep memory add --session s1 --goal "fix CI" "The flaky test was a timezone bug."
   ctxkeep memory search "why did CI fail?" --top-k 5
   ctxkeep memory search "timezone" --format prompt
+  ctxkeep memory search "timezone" --tenant acme --db sqlite:///srv/ctxkeep.db
   ctxkeep memory forget --id 3f2a9c1b
   ctxkeep memory forget --session s1
   ctxkeep memory import episodes.jsonl --embedder wordllama
@@ -52,8 +57,8 @@ only when it is relevant:
     the average searched episode).
 
 --all shows the top --top-k hits as ranked, relevant or not (meaning-only matches, such as a
-paraphrase or another language, show up there). With no relevant hit, --format prompt prints
-nothing.
+paraphrase or another language, show up there; each says whether it is relevant). With no
+relevant hit, --format prompt prints nothing.
 
 examples:
   ctxkeep memory search "why did CI fail?" --top-k 5
@@ -64,6 +69,7 @@ examples:
 
 OPTIONS = (
     Option(("--db",), {"help": "episodic store URL (default: the embedded SQLite file)"}),
+    TENANT_OPTION,
     Option(
         ("--embedder",),
         {
@@ -218,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
         return memory_import.run(args)
     from ctxkeep.episodic import open_episodic
 
-    with open_episodic(args.db, embedder=args.embedder) as store:
+    url = episodic_url(args.db, args.tenant, create=False)  # search and forget only read
+    with open_episodic(url, embedder=args.embedder) as store:
         if args.action == "search":
             return _search(store, args)
         scope = {k: v for k, v in (("session_id", args.session), ("agent_id", args.agent)) if v}
@@ -239,7 +246,8 @@ def _add(args: argparse.Namespace) -> int:
     if not args.session.strip():
         raise InvalidMessageError("--session is empty: name the session the episode came from")
     meta = parse_metadata(args.meta)
-    with open_episodic(args.db, embedder=args.embedder) as store:
+    url = episodic_url(args.db, args.tenant, create=True)
+    with open_episodic(url, embedder=args.embedder) as store:
         eid = store.save_episode(
             args.session, args.goal, text, metadata=meta, agent_id=args.agent, task_id=args.task
         )
@@ -263,6 +271,7 @@ def _search(store: EpisodicMemoryStore, args: argparse.Namespace) -> int:
                 "score": h.score,
                 "lexical": h.lexical,
                 "dense": h.dense,
+                "relevant": h.is_relevant(args.min_score),
                 "text": h.episode.text,
             }
             for h in hits
@@ -273,7 +282,7 @@ def _search(store: EpisodicMemoryStore, args: argparse.Namespace) -> int:
 
         print(format_prior_context(hits), end="")
     else:
-        _print_table(hits, args.query)
+        _print_table(hits, args.query, ranked_all=args.all, min_score=args.min_score)
         if len(hits) < len(ranked):
             make_console(stderr=True).print(
                 f"[dim]{len(ranked) - len(hits)} less relevant hit(s) not shown; "
@@ -282,14 +291,43 @@ def _search(store: EpisodicMemoryStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table(hits: Sequence[Hit], query: str) -> None:
+def preview(text: str, limit: int = 100) -> str:
+    """``text`` on one line, cut at a word boundary to at most ``limit`` characters (an
+    ellipsis marks the cut; a single word longer than that is cut inside).
+    """
+    one = " ".join(text.split())
+    if len(one) <= limit:
+        return one
+    cut = one[: limit - 1]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.") + "…"
+
+
+def _print_table(
+    hits: Sequence[Hit], query: str, *, ranked_all: bool, min_score: float = DEFAULT_MIN_SCORE
+) -> None:
     if not hits:
-        print(f"no relevant episode for {query!r}")
+        print(f"no {'' if ranked_all else 'relevant '}episode for {query!r}")
         return
-    table = Table(title=f"{len(hits)} relevant episode(s) for {query!r}")
-    for col in ("score", "session", "episode", "text"):
+    if ranked_all:
+        shown = sum(h.is_relevant(min_score) for h in hits)
+        title = f"top {len(hits)} episode(s) for {query!r}, {shown} of them relevant"
+    else:
+        title = f"{len(hits)} relevant episode(s) for {query!r}"
+    table = Table(title=title)
+    columns = (
+        ("score", "relevant", "session", "episode", "text")
+        if ranked_all
+        else ("score", "session", "episode", "text")
+    )
+    for col in columns:
         table.add_column(col)
     for h in hits:
         e = h.episode
-        table.add_row(f"{h.score:.3f}", e.session_id, e.episode_id[:12], e.text[:100])
+        cells = [f"{h.score:.3f}", e.session_id, e.episode_id[:12], preview(e.text)]
+        if ranked_all:
+            cells.insert(1, "yes" if h.is_relevant(min_score) else "no")
+        table.add_row(*cells)
     make_console().print(table)

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 DEFAULT_BATCH = 256
 EXIT_INTERRUPTED = 130  # what a shell reports for a process stopped by Ctrl-C (128 + SIGINT)
 FIELDS = ("session_id", "task_goal", "summary", "metadata", "agent_id", "task_id", "created_at")
+REQUIRED = ("session_id", "summary")
+"""The fields a line must have (task_goal defaults to "", the others to none or now)."""
 MAX_ANSWER = 2000
 
 HELP = f"""Import episodes in bulk: from a JSON lines file, or a conversation's messages.
@@ -59,7 +61,8 @@ or an ISO 8601 date-time, UTC unless it names a zone, and defaults to now; also 
 and task_id).
 
 --messages: FILE holds one conversation's messages instead (a JSON list, {{"messages": [...]}}
-or JSON lines of OpenAI-style messages); --from-session ID reads a session stored in ctxkeep.
+or JSON lines of OpenAI-style messages); --from-session ID reads a session stored in ctxkeep
+(in --sessions-db; with --tenant, in that tenant's store, as for the episodes).
 Each exchange becomes an episode: the user message is its goal, the tools called and the
 final answer until the next user message its summary.
 
@@ -74,6 +77,7 @@ examples:
   ctxkeep memory import episodes.jsonl --db sqlite:///agents.db --embedder wordllama
   ctxkeep memory import chat.json --messages --session support-42
   ctxkeep memory import --from-session 3f2a9c1b --sessions-db sqlite:///agents.db
+  ctxkeep memory import --from-session 3f2a9c1b --tenant acme --db sqlite:///srv/ctxkeep.db
 """
 
 
@@ -89,7 +93,9 @@ def register(actions: Any) -> None:
     p.add_argument("--messages", action="store_true", help="FILE holds one conversation's messages")
     p.add_argument("--from-session", metavar="ID", help="import a stored session's messages")
     p.add_argument(
-        "--sessions-db", help="the session store for --from-session (default: the embedded file)"
+        "--sessions-db",
+        help="the session store for --from-session (default: the embedded file; with --tenant, "
+        "--db)",
     )
     p.add_argument("--session", help="the episodes' session with --messages (default: FILE's name)")
     p.add_argument("--agent", help="agent_id of episodes that name none")
@@ -186,6 +192,12 @@ def parse_episode(
         return InvalidMessageError(
             f"unknown field(s) {', '.join(map(repr, unknown))}; an episode has {', '.join(FIELDS)}"
         )
+    missing = [name for name in REQUIRED if name not in item]
+    if missing:
+        return InvalidMessageError(
+            f"no {' and no '.join(missing)}: a line needs {' and '.join(REQUIRED)} "
+            "(task_goal and the other fields are optional)"
+        )
     item.setdefault("task_goal", "")
     created = item.get("created_at")
     if isinstance(created, str):  # JSON has no dates: ISO 8601 text, UTC unless it says
@@ -263,9 +275,12 @@ def source_of(args: argparse.Namespace) -> Source:
     if args.from_session is not None:
         if args.messages or args.session:
             raise ConfigError("--messages and --session go with FILE, not --from-session")
-        from ctxkeep.sessions import open_memory
+        from ctxkeep.cli._stores import open_sessions
 
-        with open_memory(args.sessions_db) as mem:
+        # With --tenant, the session comes from that tenant's store under --sessions-db (or
+        # else --db): a tenant's records all live at one URL.
+        db = args.sessions_db or (args.db if args.tenant else None)
+        with open_sessions(db, args.tenant, create=False) as mem:
             msgs = mem.get_messages(args.from_session)
         eps = exchanges(msgs, args.from_session, defaults=defaults, source="session")
         return Source(f"session {args.from_session}", lambda: iter(enumerate(eps, 1)))
@@ -375,6 +390,7 @@ class _Progress:
 
     def __init__(self, total: int, name: str) -> None:
         self.total = total
+        self.name = name
         self.console = make_console(stderr=True)
         self.bar: Any = None
         self.next_line = 0
@@ -409,16 +425,20 @@ class _Progress:
             self.bar.stop()
 
     def update(self, t: Tally) -> None:
-        """Show a batch's progress."""
+        """Show a batch's progress (not the last: the command's result line says it)."""
         if self.bar is not None:
             self.bar.update(self.task, completed=t.done, added=t.added)
-        elif t.done >= self.next_line or t.done == self.total:
-            print(f"imported {t.done:,} of {self.total:,} ({t.added:,} new)", file=sys.stderr)
+        elif self.next_line <= t.done < self.total:
+            print(
+                f"importing {self.name}: {t.done:,} of {self.total:,} lines done ({t.added:,} new)",
+                file=sys.stderr,
+            )
             self.next_line = t.done + max(1, self.total // 10)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ctxkeep memory import``."""
+    from ctxkeep.cli._stores import episodic_url
     from ctxkeep.episodic import open_episodic
 
     source = source_of(args)
@@ -430,7 +450,9 @@ def run(args: argparse.Namespace) -> int:
         "invalid": [{"line": n, "error": e} for n, e in found.invalid],
     }
     tally = Tally()
-    with open_episodic(args.db, embedder=args.embedder) as store:
+    with open_episodic(
+        episodic_url(args.db, args.tenant, create=True), embedder=args.embedder
+    ) as store:
         try:
             with _Progress(found.lines, source.name) as progress:
 

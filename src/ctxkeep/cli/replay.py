@@ -14,6 +14,7 @@ from rich.table import Table
 from ctxkeep.cli._args import non_negative_int, positive_int
 from ctxkeep.cli._io import console as make_console
 from ctxkeep.cli._io import parse_messages, read_source
+from ctxkeep.cli._stores import TENANT_OPTION, open_sessions, where_flags
 from ctxkeep.messages import Message
 from ctxkeep.replay import RunStats, ctxkeep_pruner, replay_run, step_prompts
 from ctxkeep.tokens import get_counter
@@ -32,11 +33,17 @@ examples:
 """
 
 DEMO_HELP = """Generate a long agent session (file listings, source files, test logs, JSON
-API responses, parallel tool calls) and replay it through the pruner.
+API responses, parallel tool calls), store it, and replay it through the pruner.
+
+The session is stored in --db (default: the embedded SQLite file), or with --tenant NAME in
+that tenant's store as `ctxkeep serve --db <the same URL>` keeps it, where the API and the
+inspector show it to the tenant's keys. memory:// keeps it only while the command runs.
 
 examples:
   ctxkeep demo
   ctxkeep demo --steps 300 --budget 4000 --json
+  ctxkeep demo --db sqlite:///agents.db
+  ctxkeep demo --tenant acme
 """
 
 
@@ -72,6 +79,7 @@ def register(sub: Any) -> None:
     )
     d.add_argument("--seed", type=int, default=7, help="random seed")
     d.add_argument("--db", help="where to store the session (default: the embedded SQLite file)")
+    d.add_argument(*TENANT_OPTION.flags, **TENANT_OPTION.kwargs)
     _common(d)
     d.set_defaults(func=run_demo)
 
@@ -156,8 +164,14 @@ def print_stats(stats: list[RunStats], total: RunStats, args: argparse.Namespace
     make_console().print(table)
 
 
-def plot(stats: list[RunStats], path: str, budget: int) -> None:
-    """Tokens per step, unpruned vs sent, for every run in one figure."""
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend; checked before a replay that will plot, so a
+    missing matplotlib stops the command at once, not after the whole replay.
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed (the ``plot`` extra).
+
+    """
     try:
         import matplotlib
 
@@ -167,6 +181,12 @@ def plot(stats: list[RunStats], path: str, budget: int) -> None:
         from ctxkeep.errors import MissingDependencyError
 
         raise MissingDependencyError("matplotlib", "plot") from exc
+    return plt
+
+
+def plot(stats: list[RunStats], path: str, budget: int) -> None:
+    """Tokens per step, unpruned vs sent, for every run in one figure."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
     x0 = 0
     for s in stats:
@@ -188,6 +208,8 @@ def plot(stats: list[RunStats], path: str, budget: int) -> None:
 
 def run_replay(args: argparse.Namespace) -> int:
     """Replay files."""
+    if args.plot:
+        pyplot()
     console = Console(stderr=True)
     runs = []
     for f in args.files:
@@ -205,18 +227,35 @@ def run_replay(args: argparse.Namespace) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     """Generate a session and replay it."""
     from ctxkeep.demo import demo_session
-    from ctxkeep.sessions import open_memory
 
+    if args.plot:
+        pyplot()
     console = Console(stderr=True)
-    with open_memory(args.db) as mem:
+    with open_sessions(args.db, args.tenant, create=True) as mem:
         sid = mem.create_session("demo-agent", task_id="demo", metadata={"seed": args.seed})
         mem.add_messages(sid, demo_session(steps=args.steps, seed=args.seed))
         msgs = mem.get_messages(sid)  # replay what was stored
     stats, total = replay_runs([("demo session", msgs)], args, console)
     print_stats(stats, total, args)
     if not args.json:
-        console.print(f"stored as session {sid}; see it with:", soft_wrap=True)
-        console.print(f"  ctxkeep sessions show {sid}", soft_wrap=True)
+        for line in next_step(sid, args.db, args.tenant):
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
     if args.plot:
         plot(stats, args.plot, args.budget)
     return 0
+
+
+def next_step(session_id: str, db: str | None, tenant: str | None) -> list[str]:
+    """What the demo says after its table: the command that shows the stored session, with
+    the same ``--db`` and ``--tenant``; a ``memory://`` session is gone with the process.
+    """
+    if db == "memory://":
+        return [
+            f"session {session_id} was kept in memory:// and is gone with this process; to "
+            "look at it afterwards, store it in a file:",
+            "  ctxkeep demo --db sqlite:///demo.db",
+        ]
+    return [
+        f"stored as session {session_id}; see it with:",
+        f"  ctxkeep sessions show {session_id}{where_flags(db, tenant)}",
+    ]

@@ -17,18 +17,24 @@ from ctxkeep.cli._args import (
     positive_int,
 )
 from ctxkeep.cli._io import console as make_console
+from ctxkeep.cli._stores import TENANT_OPTION, open_sessions
 from ctxkeep.tokens import get_counter
 
 HELP = """List, show and delete stored sessions in any session store.
 
 --db takes a URL (memory://, sqlite:///path.db, redis://host:port/db, postgresql://...);
-the default is the embedded SQLite file ($CTXKEEP_DB or the user data directory).
---db and --json go before or after the action.
+the default is the embedded SQLite file ($CTXKEEP_DB or the user data directory). A store
+that does not exist is an error: these commands never create one.
+
+--tenant NAME works on that tenant's store as `ctxkeep serve --db <the same URL>` keeps it:
+the sessions the API and the inspector show for that tenant's keys.
+--db, --tenant and --json go before or after the action.
 
 examples:
   ctxkeep sessions list
   ctxkeep sessions list --agent demo-agent --limit 10 --json
   ctxkeep sessions list --db sqlite:///agents.db
+  ctxkeep sessions list --tenant acme
   ctxkeep sessions show 3f2a... --last 20
   ctxkeep sessions delete 3f2a...
 """
@@ -36,6 +42,7 @@ examples:
 
 OPTIONS = (
     Option(("--db",), {"help": "session store URL (default: the embedded SQLite file)"}),
+    TENANT_OPTION,
     Option(("--json",), {"action": "store_true", "help": "print JSON instead of tables"}),
 )
 
@@ -55,6 +62,7 @@ def register(sub: Any) -> None:
         "list sessions, newest first",
         "ctxkeep sessions list --agent demo-agent --limit 10",
         "ctxkeep sessions list --db sqlite:///agents.db --json",
+        "ctxkeep sessions list --tenant acme",
     )
     ls.add_argument("--agent", help="only this agent's sessions")
     ls.add_argument("--task", help="only this task's sessions")
@@ -81,11 +89,9 @@ def _preview(text: str, n: int = 90) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen action."""
-    from ctxkeep.sessions import open_memory
-
+    """Run the chosen action (each only reads, or deletes: none creates a store)."""
     out = make_console()
-    with open_memory(args.db) as mem:
+    with open_sessions(args.db, args.tenant, create=False) as mem:
         if args.action == "list":
             infos = mem.list_sessions(
                 agent_id=args.agent, task_id=args.task, limit=args.limit, offset=args.offset
