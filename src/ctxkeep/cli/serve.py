@@ -1,13 +1,25 @@
-"""``ctxkeep serve``: run the HTTP service with uvicorn."""
+"""``ctxkeep serve``: run the HTTP service with uvicorn.
+
+Before uvicorn starts, the command checks that the port is free (a busy port is one line
+naming ``--port``, not uvicorn's ``[Errno 98]`` and exit 3), and prints where the server
+stores and how many tenants and keys it found there; on ``memory://`` (which no other
+command can reach) it makes a key and prints it, so a throwaway server can be logged into.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
-from typing import Any
+import socket
+import sys
+from typing import TYPE_CHECKING, Any
 
 from ctxkeep.cli._args import positive_int
-from ctxkeep.errors import MissingDependencyError
+from ctxkeep.errors import ConfigError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from ctxkeep.server.keys import KeyRegistry
 
 HELP = """Serve session memory, prompt building, artifacts, episodic memory, checkpoints and
 the context fabric over HTTP (JSON under /v1, OpenAPI at /openapi.json, health at /healthz).
@@ -19,7 +31,13 @@ Episodes are kept in SQLite or PostgreSQL: on a redis:// server their routes ans
 
 --db takes a URL (sqlite:///path.db, redis://host:port/db, postgresql://..., or memory:// for a
 throwaway server); the default is the embedded SQLite file ($CTXKEEP_DB or the user data
-directory). Listen on 127.0.0.1 unless you put TLS and a firewall in front.
+directory). Listen on 127.0.0.1 unless you put TLS and a firewall in front. At startup serve
+prints where it stores and how many tenants and keys it found. A memory:// server keeps its
+keys inside its own process, where `ctxkeep keys create` cannot reach them: it makes a key
+for tenant --tenant (default "demo") and prints it, valid until the server stops.
+
+The CLI reads and writes a tenant's store with --tenant and the server's --db:
+`ctxkeep sessions list --tenant acme --db <the same URL>` lists what the API stored for acme.
 
 On redis:// the API keys live in the same Redis as the data (hash <prefix>server:keys): a
 Redis with neither AOF nor RDB persistence loses them all on a restart, and every request then
@@ -35,7 +53,7 @@ examples:
   ctxkeep serve
   ctxkeep serve --db sqlite:///srv/ctxkeep.db --port 8765
   ctxkeep serve --db redis://127.0.0.1:6379/0 --host 0.0.0.0 --port 9000
-  ctxkeep serve --db memory:// --embedder hash
+  ctxkeep serve --db memory:// --embedder hash     # prints a key for tenant demo
   ctxkeep serve --header-timeout 5 --max-connections 200 --max-append-messages 500
 """
 
@@ -122,7 +140,81 @@ def register(sub: Any) -> None:
         "library's local model, on the CPU), openai (text-embedding-3-small, OPENAI_API_KEY) "
         "or hash (tests only: it knows no meaning)",
     )
+    p.add_argument(
+        "--tenant",
+        default=MEMORY_TENANT,
+        metavar="NAME",
+        help=f"with --db memory://: the tenant of the key made at startup (default "
+        f"{MEMORY_TENANT!r})",
+    )
     p.set_defaults(func=run)
+
+
+MEMORY_TENANT = "demo"
+"""The tenant of the key a ``memory://`` server makes at startup."""
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port that something already listens on, before the app is built.
+
+    Binds and releases each address ``host`` resolves to, as uvicorn (asyncio) will bind it
+    (``SO_REUSEADDR``: a port left in TIME_WAIT is free, one with a listener is not).
+
+    Raises:
+        ConfigError: the port is taken, the address is not this machine's, or binding is not
+            allowed (a port below 1024 without privileges); one line naming the option.
+
+    """
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on --host {host!r}: {exc.strerror}") from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(
+                        f"port {port} on {host} is already in use (another server listens "
+                        "there): stop it, or serve on another port with --port"
+                    ) from None
+                if exc.errno == errno.EACCES:
+                    raise ConfigError(
+                        f"not allowed to listen on port {port} of {host} (ports below 1024 "
+                        "need privileges): choose another with --port"
+                    ) from None
+                raise ConfigError(
+                    f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host and "
+                    "--port"
+                ) from None
+
+
+def startup_lines(url: str, keys: KeyRegistry, tenant: str) -> list[str]:
+    """What serve says before uvicorn's lines: where it stores, its tenants and keys, and on
+    ``memory://`` a key it made now (for ``tenant``).
+    """
+    if url == "memory://":
+        _, token = keys.create(tenant)
+        return [
+            "ctxkeep serve: storing in memory:// (nothing outlives this process)",
+            f"a key for tenant {tenant!r}, valid until the server stops "
+            "(`ctxkeep keys create` cannot reach a memory:// server):",
+            f"  {token}",
+        ]
+    active = [k for k in keys.list_keys() if k.revoked_at is None]
+    tenants = sorted({k.tenant for k in active})
+    named = f": {', '.join(tenants[:10])}{', ...' if len(tenants) > 10 else ''}" if tenants else ""
+    lines = [
+        f"ctxkeep serve: storing in {url}",
+        f"{len(tenants)} tenant(s) with {len(active)} active key(s){named}",
+    ]
+    if not active:
+        lines.append(f"create a key with: ctxkeep keys create --tenant NAME --db {url}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,10 +224,16 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise MissingDependencyError("uvicorn", "server") from exc
     from ctxkeep.server import app as server
+    from ctxkeep.server.keys import check_tenant
     from ctxkeep.server.models import DEFAULT_MAX_APPEND_MESSAGES
+    from ctxkeep.sessions import default_url
 
+    url = args.db or default_url()
+    if url == "memory://":
+        check_tenant(args.tenant)
+    check_port(args.host, args.port)
     app = server.create_app(
-        args.db,
+        url,
         max_body_bytes=args.max_body_bytes or server.DEFAULT_MAX_BODY_BYTES,
         body_timeout=args.body_timeout or server.DEFAULT_BODY_TIMEOUT,
         max_append_messages=args.max_append_messages or DEFAULT_MAX_APPEND_MESSAGES,
@@ -148,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
     access.addHandler(handler)
     access.setLevel(logging.INFO)
     access.propagate = False
+    for line in startup_lines(url, app.state.ctxkeep.keys, args.tenant):
+        print(line, file=sys.stderr, flush=True)
     uvicorn.run(
         app,
         host=args.host,

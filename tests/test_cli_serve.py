@@ -1,0 +1,92 @@
+"""``ctxkeep serve`` at startup (issue 27, items 3, 4 and 13): a memory:// server prints a key
+that logs in, every server says where it stores and what tenants and keys it found, and a busy
+port is one line naming ``--port``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _cli import assert_one_line_error, run_script
+from _server import start_serve
+from ctxkeep.cli import main
+from ctxkeep.cli.serve import startup_lines
+from ctxkeep.server.keys import open_key_registry
+
+
+def test_a_memory_server_prints_a_key_that_logs_in() -> None:
+    proc, base = start_serve(
+        "--db", "memory://", "--embedder", "hash", stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        head = [proc.stderr.readline() for _ in range(3)]
+        assert head[0].startswith("ctxkeep serve: storing in memory://")
+        assert "a key for tenant 'demo'" in head[1]
+        key = head[2].strip()
+        assert key.startswith("ck_")
+        answer = httpx.get(f"{base}/v1/sessions", headers={"Authorization": f"Bearer {key}"})
+        assert answer.status_code == 200, answer.text
+        assert httpx.get(f"{base}/v1/sessions").status_code == 401
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def test_the_help_example_on_memory_says_it_prints_a_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "ctxkeep serve --db memory:// --embedder hash" in out
+    assert "prints a key for tenant demo" in out
+
+
+def test_keys_create_on_memory_points_at_the_key_serve_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["keys", "create", "--tenant", "acme", "--db", "memory://"]) == 2
+    assert_one_line_error(capsys.readouterr().err, "`ctxkeep serve --db memory://` prints a key")
+
+
+def test_startup_names_the_store_its_tenants_and_keys(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ctxkeep.db'}"
+    registry = open_key_registry(url)
+    try:
+        assert startup_lines(url, registry, "demo") == [
+            f"ctxkeep serve: storing in {url}",
+            "0 tenant(s) with 0 active key(s)",
+            f"create a key with: ctxkeep keys create --tenant NAME --db {url}",
+        ]
+        registry.create("acme")
+        registry.create("acme")
+        revoked, _ = registry.create("zeta")
+        registry.revoke(revoked.key_id)
+        assert startup_lines(url, registry, "demo") == [
+            f"ctxkeep serve: storing in {url}",
+            "1 tenant(s) with 2 active key(s): acme",
+        ]
+    finally:
+        registry.close()
+
+
+def test_a_busy_port_is_one_line_naming_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_script("serve", "--db", "memory://", "--port", str(port))
+    assert done.returncode == 2
+    assert_one_line_error(done.stderr, f"port {port} on 127.0.0.1 is already in use", "--port")
+    assert "Errno" not in done.stderr and done.stdout == ""
+
+
+def test_an_address_not_of_this_machine_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--db", "memory://", "--host", "nosuchhost.invalid"]) == 2
+    assert_one_line_error(capsys.readouterr().err, "cannot listen on --host 'nosuchhost.invalid'")
