@@ -3,22 +3,35 @@
     python examples/investigate_dir.py PATH "What does this project do?" \\
         --model qwen3 --base-url http://127.0.0.1:8000/v1 --window 32768
 
-(``OPENAI_API_KEY`` is read for api.openai.com; local servers such as vLLM, llama.cpp's
-``llama-server`` or Ollama's ``/v1`` take any key.) The agent lists and reads files with two
-tools; every call and result is stored in a SQLite session, old outputs are compressed out of
-the prompt, every request passes the gate, and the agent's state is checkpointed each step:
-kill it and run the same command again, and it continues where it stopped.
+Without ``--base-url`` (or ``OPENAI_BASE_URL``) it talks to api.openai.com and needs
+``OPENAI_API_KEY``; local servers such as vLLM, llama.cpp's ``llama-server`` or Ollama's
+``/v1`` take any key. The agent lists and reads files with two tools; every call and result is
+stored in a SQLite session (``--db``, default ``investigate.db`` in ctxkeep's user data
+directory), old outputs are compressed out of the prompt, every request passes the gate, and
+the agent's state is checkpointed each step: kill it and run the same command again, and it
+continues where it stopped.
+
+Exit codes: 0 answered (or stopped at --max-steps), 1 the model's server did not answer or
+refused the request (one line naming the URL), 2 a usage error (no key for api.openai.com).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
+
+import platformdirs
 
 from ctxkeep import open_memory
 from ctxkeep.agent import AgentRun, run_agent
+from ctxkeep.errors import install_command
 from ctxkeep.llm import ChatClient
+
+PUBLIC_API = "https://api.openai.com/v1"
+EXIT_UNREACHABLE = 1
+EXIT_USAGE = 2
 
 SYSTEM = (
     "You investigate a directory to answer a question. Use list_files and read_file; read "
@@ -72,28 +85,75 @@ def run(
     )
 
 
-def main() -> None:
+def default_db() -> Path:
+    """``investigate.db`` in ctxkeep's user data directory (not the current directory)."""
+    return Path(platformdirs.user_data_dir("ctxkeep")) / "examples" / "investigate.db"
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("path", type=Path)
     ap.add_argument("question")
     ap.add_argument("--model", default="gpt-4o-mini")
-    ap.add_argument("--base-url", default=None)
-    ap.add_argument("--window", type=int, default=None, help="the model's context window")
-    ap.add_argument("--db", default="investigate.db", help="the SQLite file of sessions")
-    ap.add_argument("--max-steps", type=int, default=40)
-    args = ap.parse_args()
-    client = ChatClient(
-        args.model,
-        base_url=args.base_url,
-        api_key=os.environ.get("OPENAI_API_KEY", "local"),
-        context_window=args.window,
-        memory=open_memory(f"sqlite:///{args.db}"),
+    ap.add_argument(
+        "--base-url",
+        default=os.environ.get("OPENAI_BASE_URL"),
+        help="an OpenAI-compatible server (default: $OPENAI_BASE_URL, else api.openai.com)",
     )
-    result = run(args.path, args.question, client, max_steps=args.max_steps)
+    ap.add_argument("--window", type=int, default=None, help="the model's context window")
+    ap.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help=f"the SQLite file of sessions (default {default_db()})",
+    )
+    ap.add_argument("--max-steps", type=int, default=40)
+    args = ap.parse_args(argv)
+    url = args.base_url or PUBLIC_API
+    key = os.environ.get("OPENAI_API_KEY")
+    if key is None and args.base_url is None:
+        print(
+            "investigate_dir: no OPENAI_API_KEY for api.openai.com; set it, or give the URL of "
+            "your own server with --base-url (e.g. http://127.0.0.1:8000/v1)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        import openai
+    except ImportError:
+        print(
+            f"investigate_dir: needs the openai package: {install_command('openai')}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    db = args.db or default_db()
+    db.parent.mkdir(parents=True, exist_ok=True)
+
+    with open_memory(f"sqlite:///{db}") as memory:
+        client = ChatClient(
+            args.model,
+            base_url=url,
+            api_key=key or "local",  # a server of your own takes any key
+            context_window=args.window,
+            memory=memory,
+        )
+        try:
+            result = run(args.path, args.question, client, max_steps=args.max_steps)
+        except openai.APIConnectionError as exc:
+            print(f"investigate_dir: no answer from {url}: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        except openai.APIStatusError as exc:
+            print(
+                f"investigate_dir: {url} refused the request ({exc.status_code}): {exc.message}",
+                file=sys.stderr,
+            )
+            return EXIT_UNREACHABLE
     print(result.answer.text if result.answer else f"stopped after {result.steps} steps")
     if result.resumed:
         print(f"(resumed session {result.session_id})")
+    print(f"(sessions in {db})", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,19 +8,26 @@ user mentions as memories; the process then "restarts" (a new saver and store on
 file) and turn 2, on the same thread, resumes from the checkpoint and recalls the fact that
 bears on a question by its rare word ("penicillin": BM25 finds it where a dense-only store
 can rank it low), with the embedder's meaning fused in (``--embedder local``: wordllama).
+
+A store keeps the vectors of one embedder, so each embedder gets a file of its own by default
+(``langgraph-<embedder>.db`` in ctxkeep's user data directory); a ``--db`` made with another
+embedder is refused with one line saying how to start over.
 """
 
 from __future__ import annotations
 
 import argparse
 import operator
+import sys
 import uuid
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import platformdirs
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore
 
+from ctxkeep.errors import ConfigError
 from ctxkeep.integrations.langgraph import CtxkeepSaver, CtxkeepStore
 
 
@@ -79,9 +86,30 @@ def main(db: Path, embedder: str = "hash") -> dict[str, Any]:
     return {"said": out["said"], "recalled": out["recalled"], "checkpoints": checkpoints}
 
 
-if __name__ == "__main__":
+def default_db(embedder: str) -> Path:
+    """The example's file for ``embedder``, in ctxkeep's user data directory."""
+    return Path(platformdirs.user_data_dir("ctxkeep")) / "examples" / f"langgraph-{embedder}.db"
+
+
+def cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", type=Path, default=Path("langgraph-example.db"))
+    parser.add_argument(
+        "--db", type=Path, default=None, help="the SQLite file (default: one per embedder)"
+    )
     parser.add_argument("--embedder", default="hash", choices=["hash", "local"])
-    args = parser.parse_args()
-    main(args.db, args.embedder)
+    args = parser.parse_args(argv)
+    db = args.db or default_db(args.embedder)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        main(db, args.embedder)
+    except ConfigError as exc:
+        print(
+            f"langgraph_app: {exc}; to start over, delete {db} or give another --db",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
