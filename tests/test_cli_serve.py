@@ -90,3 +90,18 @@ def test_a_busy_port_is_one_line_naming_port() -> None:
 def test_an_address_not_of_this_machine_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--db", "memory://", "--host", "nosuchhost.invalid"]) == 2
     assert_one_line_error(capsys.readouterr().err, "cannot listen on --host 'nosuchhost.invalid'")
+
+
+def test_keys_create_quiet_prints_only_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ctxkeep.db'}"
+    assert main(["keys", "create", "--tenant", "acme", "--db", url, "--quiet"]) == 0
+    key = capsys.readouterr().out
+    assert key.startswith("ck_") and key.count("\n") == 1
+    registry = open_key_registry(url)
+    try:
+        record = registry.authenticate(key.strip())
+        assert record is not None and record.tenant == "acme"
+    finally:
+        registry.close()

@@ -23,6 +23,7 @@ directory). list and revoke never create a store: one that does not exist is an 
 
 examples:
   ctxkeep keys create --tenant acme
+  export CTXKEEP_API_KEY=$(ctxkeep keys create --tenant acme --quiet)
   ctxkeep keys list
   ctxkeep keys list --tenant acme --json
   ctxkeep keys revoke 3f2a9c01b7de
@@ -51,6 +52,9 @@ def register(sub: Any) -> None:
         "ctxkeep keys create --tenant acme --db sqlite:///srv/ctxkeep.db --json",
     )
     create.add_argument("--tenant", required=True, help="the tenant the key acts for")
+    create.add_argument(
+        "--quiet", "-q", action="store_true", help="print only the key (for scripts)"
+    )
     ls = add_action(actions, "list", "list keys (never the keys themselves)", "ctxkeep keys list")
     ls.add_argument("--tenant", help="only this tenant's keys")
     revoke = add_action(
@@ -85,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
             record, token = registry.create(args.tenant)
             if args.json:
                 print(json.dumps({**record.public(), "key": token}, indent=2))
+            elif args.quiet:
+                print(token)
             else:
                 print(f"key id:  {record.key_id}\ntenant:  {record.tenant}\nkey:     {token}")
                 print("Store the key now: it is not shown again.")
