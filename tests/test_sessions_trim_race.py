@@ -41,6 +41,7 @@ from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 __all__ = ["postgres_schema_factory", "postgres_url", "redis_prefix_factory", "redis_url"]
 
 WRITER = str(Path(__file__).with_name("_trim_writer.py"))
+SWEEPER = str(Path(__file__).with_name("_sweeper.py"))
 LIMIT = 50
 
 
@@ -206,5 +207,38 @@ def test_no_message_is_both_live_and_archived_after_kills_mid_trim(url: str) -> 
             # each kill: a message in flight per thread, and a printed line it cut
             _check(mem, sid, acked, in_flight=3 * (k + 1))
         assert len(acked) > 2 * LIMIT  # the writers got past the limit between the kills
+    finally:
+        mem.close()
+
+
+def test_no_message_is_both_live_and_archived_after_kills_mid_sweep(url: str) -> None:
+    """A process reclaiming idle sessions (each archived, then deleted) is killed (SIGKILL)
+    mid-sweep, again and again: every session is then whole and unarchived, or gone and
+    archived whole.
+    """
+    rng = random.Random(7)
+    mem = open_memory(url, MemoryConfig(max_history=None, session_ttl=None, max_sessions=None))
+    try:
+        for k in range(8):
+            proc = subprocess.Popen(
+                [sys.executable, SWEEPER, url, f"k{k}", "30"], stdout=subprocess.PIPE, text=True
+            )
+            assert proc.stdout is not None
+            stored: dict[str, list[str]] = {}
+            for line in proc.stdout:
+                if line.strip() == "sweeping":
+                    break
+                sid, message_id = line.split()
+                stored.setdefault(sid, []).append(message_id)
+            time.sleep(rng.uniform(0.0, 0.03))
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            proc.stdout.close()
+            assert len(stored) == 30
+            for sid, ids in stored.items():
+                snap = mem.backend.read(sid)
+                live = [] if snap is None else [r["id"] for _, r in snap[1]]
+                archived = [m.id for m in mem.archived_messages(sid)]
+                assert (live, archived) in ((ids, []), ([], ids)), sid
     finally:
         mem.close()
