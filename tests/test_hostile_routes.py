@@ -33,13 +33,19 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+import h11
+import httpx
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from _hostile_requests import MAX_BODY, ROUTES, Route, Variant, body_schema, example, variants
@@ -56,6 +62,7 @@ from _hostile_stores import (
 )
 from conftest_services import delete_prefix, postgres_url, redis_url, with_schema
 from ctxkeep.server import create_app
+from ctxkeep.server.app import HeaderTimeout
 from ctxkeep.server.keys import sqlite_path
 from ctxkeep.sessions.base import MemoryConfig
 
@@ -266,9 +273,11 @@ def server_error(r: Any) -> bool:
     return bool(r.status_code >= 500)
 
 
-def attack(backend: Backend, route: Route) -> Outcome:
-    """The baseline of ``route`` (it must succeed), then every variant, checked; then
-    everything stored, read back.
+def attack(
+    backend: Backend, route: Route, only: Callable[[Variant], bool] | None = None
+) -> Outcome:
+    """The baseline of ``route`` (it must succeed), then every variant (``only``: those it
+    selects), checked; then everything stored, read back.
     """
     world = backend.world
     out = Outcome()
@@ -289,9 +298,14 @@ def attack(backend: Backend, route: Route) -> Outcome:
         )
     known: Any = None  # the storage as the last refusal left it (nothing changes it since)
     for variant in variants(route, make_body):
+        if only is not None and not only(variant):
+            continue
         before = backend.fingerprint() if known is None else known
         known = None
-        r = send(route, world, variant)
+        try:
+            r = send(route, world, variant)
+        except (httpx.LocalProtocolError, h11.LocalProtocolError):
+            continue  # an HTTP client refuses to send it (over a socket): none arrives
         out.sent += 1
         where = f"{route.id} [{variant.what}]"
         if server_error(r):
@@ -388,6 +402,73 @@ def _service(
             return (stored(), local_fabric(world))
 
         yield Backend(name, world, whole)
+
+
+class SocketServer:
+    """``app`` behind uvicorn on 127.0.0.1 with the protocol ``ctxkeep serve`` runs
+    (:class:`~ctxkeep.server.app.HeaderTimeout`), in a thread, until :meth:`stop`.
+    """
+
+    def __init__(self, app: Any) -> None:
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_level="error",
+            access_log=False,
+            ws="none",
+            lifespan="on",
+            http=HeaderTimeout.after(10),
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "no uvicorn"
+            time.sleep(0.005)
+        self.port = int(self.server.servers[0].sockets[0].getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def raw(self, data: bytes) -> bytes:
+        """What the server answers ``data`` sent as is, until it closes the connection."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as conn:
+            conn.sendall(data)
+            chunks = []
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def socket_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SocketServer, Any]]:
+    """A SQLite service behind a real server, and its app."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('hostile-socket')}/server.db"
+    app = create_app(url, config=CONFIG, embedder="hash", max_body_bytes=MAX_BODY)
+    server = SocketServer(app)
+    try:
+        yield server, app
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def socket_backend(socket_server: tuple[SocketServer, Any]) -> Iterator[Backend]:
+    """The service of ``socket_server``, spoken to over a real socket."""
+    server, app = socket_server
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        key = app.state.ctxkeep.keys.create(TENANT)[1]
+        world = World(app, client, {"Authorization": f"Bearer {key}"})  # type: ignore[arg-type]
+        seed(world)
+        stored = sqlite_fingerprint(sqlite_path(app.state.ctxkeep.stores.store_url(TENANT)))
+        try:
+            yield Backend("socket", world, lambda: (stored(), local_fabric(world)))
+        finally:
+            stored.close()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
@@ -529,3 +610,42 @@ def test_the_storage_check_sees_every_kind_of_record(backend: Backend) -> None:
         r = world.client.request(method, url, headers=world.headers, json=body)
         assert r.status_code < 300, r.text
         assert backend.fingerprint() != before, f"{method} {path} did not show"
+
+
+def _about_the_request(variant: Variant) -> bool:
+    """A variant of the request as a whole (its path, query, headers, body), not of one body
+    member: what the HTTP protocol carries differently from the in-process client.
+    """
+    return not variant.what.startswith("body ")
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES, ids=lambda r: r.id)
+def test_over_a_socket_hostile_requests_get_no_server_error_and_store_nothing(
+    socket_backend: Backend, route: Route
+) -> None:
+    outcome = attack(socket_backend, route, only=_about_the_request)
+    failures = "\n".join(outcome.failures[:40])
+    assert not outcome.failures, f"{len(outcome.failures)} of {outcome.sent}:\n{failures}"
+
+
+MALFORMED = {
+    "not ascii in the target": b"GET /v1/sessions/\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n",
+    "not ascii in the query": b"GET /v1/sessions?agent_id=\xff HTTP/1.1\r\nHost: x\r\n\r\n",
+    "nul in a header": b"GET /v1/stats HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\x00b\r\n\r\n",
+    "not http": b"GARBAGE\r\n\r\n",
+    "two content lengths": (
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"
+    ),
+}
+
+
+@pytest.mark.parametrize("data", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_request_http_cannot_parse_is_answered_with_a_problem(
+    socket_server: tuple[SocketServer, Any], data: bytes
+) -> None:
+    head, _, body = socket_server[0].raw(data).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert b"content-type: application/problem+json" in head.lower()
+    problem = json.loads(body)
+    assert problem["type"] == "urn:ctxkeep:problem:malformed-request"
+    assert problem["status"] == 400

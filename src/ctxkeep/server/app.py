@@ -291,8 +291,14 @@ class HeaderTimeout(H11Protocol):
     closed. It is a deadline, not an idle timeout: a client that sends a header line every few
     seconds is closed all the same.
 
-    It reads two attributes of uvicorn's protocol, ``conn`` (the h11 connection) and
-    ``timeout_keep_alive_task``, and hooks four methods, all unchanged since uvicorn 0.30.
+    A request h11 cannot parse (a byte that is not ASCII in its target, a NUL in a header, a
+    head that is not HTTP) is answered, as every other refusal of the service, with a
+    problem (400 ``malformed-request``) instead of uvicorn's plain text, and the connection
+    closed.
+
+    It reads three attributes of uvicorn's protocol, ``conn`` (the h11 connection),
+    ``transport`` and ``timeout_keep_alive_task``, and hooks five methods, all unchanged since
+    uvicorn 0.30.
     ``ctxkeep serve`` makes every connection with it (h11 even where httptools is installed):
     ``uvicorn.run(app, http=HeaderTimeout.after(seconds))``.
     """
@@ -343,6 +349,29 @@ class HeaderTimeout(H11Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer a request h11 could not parse with the ``malformed-request`` problem (the
+        connection is closed after it).
+        """
+        detail = (
+            "the request is not valid HTTP/1.1 (its request line or a header holds a byte "
+            "HTTP does not allow, such as a NUL or, in the target, one that is not ASCII: "
+            "percent-encode it)"
+        )
+        body = json.dumps(problems.http_problem(problems.MALFORMED_REQUEST, detail)).encode()
+        headers = [
+            (b"content-type", problems.PROBLEM_CONTENT_TYPE.encode()),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
 
     def _head_timed_out(self) -> None:
         self._head_timer = None

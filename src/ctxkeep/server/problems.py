@@ -127,6 +127,8 @@ BODY_TOO_LARGE = ProblemKind(None, 413, "body-too-large", "Request body too larg
 UNAUTHORIZED = ProblemKind(None, 401, "unauthorized", "Missing or invalid API key")
 NOT_FOUND = ProblemKind(None, 404, "not-found", "Not found")
 METHOD_NOT_ALLOWED = ProblemKind(None, 405, "method-not-allowed", "Method not allowed")
+MALFORMED_REQUEST = ProblemKind(None, 400, "malformed-request", "Malformed HTTP request")
+"""A request the HTTP parser refused (the connection is closed after it)."""
 REQUEST_TIMEOUT = ProblemKind(None, 408, "request-timeout", "Request timeout")
 """A head or body that did not arrive in time (the connection is closed after it)."""
 INTERNAL_ERROR = ProblemKind(None, 500, "internal-error", "Internal error")
@@ -137,14 +139,15 @@ HTTP_PROBLEMS: tuple[ProblemKind, ...] = (
     UNAUTHORIZED,
     NOT_FOUND,
     METHOD_NOT_ALLOWED,
+    MALFORMED_REQUEST,
     REQUEST_TIMEOUT,
     INTERNAL_ERROR,
 )
 """Every problem of the HTTP layer the server answers (the client reads them back too)."""
 
 _BY_STATUS = {
-    400: INVALID_REQUEST,  # a body that is not UTF-8 JSON: as invalid JSON
     **{kind.status: kind for kind in HTTP_PROBLEMS},
+    400: INVALID_REQUEST,  # from the framework, a body that is not UTF-8 JSON: as invalid JSON
 }
 
 
