@@ -1,11 +1,14 @@
 """Hostile input to every route of the service, on SQLite, PostgreSQL and Redis (issue 25):
-no answer is a server error (>= 500), and a refused request stores nothing.
+no answer is a server error (>= 500; 501 ``not-available``, the episode routes on Redis, is
+the documented answer of a storage without episodes), every refusal is a problem, and a
+refused request stores nothing.
 
 The routes come from the app's own OpenAPI document, so a route added later is attacked too
 (:func:`test_every_route_in_the_schema_is_attacked` fails when one cannot be called: a path
 parameter with no value in :data:`PATH_VALUES`, or a body with no valid example in
-:data:`BODIES` or :data:`SCHEMA_EXAMPLES`). Each route starts from a valid request (the
-baseline, aimed at records seeded in the tenant's stores) and every variant changes one thing:
+:data:`BODIES` or ``SCHEMA_EXAMPLES``). Each route starts from a valid request (the baseline,
+aimed at records seeded in the tenant's stores; it must succeed) and every variant changes
+one thing (``_hostile_requests.py``):
 
 * every field (path and query parameters, body members, nested ones) gets every hostile value
   of its kind: a lone surrogate and a NUL in every string; 2**63, -(2**63)-1, 10**20,
@@ -13,20 +16,24 @@ baseline, aimed at records seeded in the tenant's stores) and every variant chan
   surrogates in keys and values, and integers beyond 64 bits in every JSON member (metadata,
   state, payload...);
 * every request as a whole: wrong content types, an empty body, a body over the limit, a
-  duplicate key, JSON that is invalid, not UTF-8, not an object or 100,000 levels deep, and
-  duplicate query parameters.
+  duplicate key, JSON that is invalid, not UTF-8, not an object or 100,000 levels deep,
+  duplicate and unknown query parameters, bad percent escapes, hostile ``Authorization``
+  headers.
 
-After every refused request (4xx) the tenant's storage is compared with what it held before:
-every row of every table of its SQLite file or PostgreSQL schema, every key under its Redis
-prefix with its length (sessions, messages, archive, episodes, checkpoints, artifacts, the
-task states and the bus on Redis), and the in-process task states and bus queues on SQLite
-and PostgreSQL. After each route's variants, everything stored is read back through the API
-(sessions, their messages and prompts, task state, inboxes, checkpoints, episodes): a value
-accepted but unreadable would answer 500 there.
+After every refused request the tenant's storage is compared with what it held before
+(``_hostile_stores.py``): the rows of every table of its SQLite file or PostgreSQL schema,
+every key under its Redis prefix with its length or a digest of its content (sessions,
+messages, archive, episodes, checkpoints, artifacts, task states, the bus), and the
+in-process task states and bus queues on SQLite and PostgreSQL;
+:func:`test_the_storage_check_sees_every_kind_of_record` shows the comparison sees each kind.
+After each route's variants, everything stored is read back through the API, and each read
+must succeed: a value accepted but unreadable would fail there.
 
-The service runs in process (Starlette's TestClient over the ASGI app): the middleware, the
-routing, the validation and the stores are the real ones; only the socket is left out
-(``test_server_api.py`` and ``test_serve_limits.py`` cover the HTTP protocol).
+The service runs in process (Starlette's TestClient over the ASGI app), so the three backends
+take about 25 s together: the middleware, routing, validation and stores are the real ones.
+What the HTTP protocol carries differently is checked over a real socket against uvicorn
+with ``ctxkeep serve``'s protocol, on SQLite: every request-level variant of every route, and
+requests HTTP cannot parse, sent as raw bytes.
 """
 
 from __future__ import annotations
