@@ -406,7 +406,7 @@ def _service(
         stored = fingerprint(world)
 
         def whole() -> Any:
-            return (stored(), local_fabric(world))
+            return {"store": stored(), "fabric": local_fabric(world)}
 
         yield Backend(name, world, whole)
 
@@ -473,7 +473,9 @@ def socket_backend(socket_server: tuple[SocketServer, Any]) -> Iterator[Backend]
         seed(world)
         stored = sqlite_fingerprint(sqlite_path(app.state.ctxkeep.stores.store_url(TENANT)))
         try:
-            yield Backend("socket", world, lambda: (stored(), local_fabric(world)))
+            yield Backend(
+                "socket", world, lambda: {"store": stored(), "fabric": local_fabric(world)}
+            )
         finally:
             stored.close()  # type: ignore[attr-defined]
 

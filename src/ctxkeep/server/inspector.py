@@ -56,7 +56,7 @@ from ctxkeep.errors import BudgetExceededError, ConfigError, PromptTooLongError
 from ctxkeep.messages import Message
 from ctxkeep.server import routes
 from ctxkeep.server.deps import TenantDep
-from ctxkeep.server.models import BuildReportOut, EvictedOut, Problem
+from ctxkeep.server.models import BuildReportOut, EvictedOut, IdPath, Problem
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 from ctxkeep.sessions.records import SessionInfo
@@ -277,7 +277,7 @@ def _decisions(built: BuiltPrompt, messages: list[Message]) -> list[InspectDecis
     tags=["inspect"],
 )
 def composition(
-    session_id: str,
+    session_id: IdPath,
     tenant: TenantDep,
     params: ParamsDep,
     at: Annotated[
@@ -300,7 +300,9 @@ def composition(
         with scratch_session(info) as mem:
             if at:
                 mem.add_messages(session_id, messages[:at])
-            built = prompt_builder(mem, params, stores.artifacts()).build(session_id)
+            artifacts = routes.StagedArtifacts(stores.artifacts())
+            built = prompt_builder(mem, params, artifacts).build(session_id)
+            artifacts.commit()  # only a composition built: a refused one stores nothing
     return CompositionResponse(
         session_id=session_id,
         at=at,
@@ -318,7 +320,7 @@ def composition(
     tags=["inspect"],
 )
 def steps(
-    session_id: str,
+    session_id: IdPath,
     tenant: TenantDep,
     params: ParamsDep,
     limit: Annotated[

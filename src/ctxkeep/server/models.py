@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -22,6 +23,15 @@ from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RESERVE_OUTP
 from ctxkeep.messages import Message
 
 Content = str | list[dict[str, Any]] | None
+
+MAX_ID_LENGTH = 256
+"""The longest id the service takes (a session, message, agent, task, checkpoint, episode,
+letter or topic id; 422 beyond). PostgreSQL indexes the ids it stores, and an index entry
+holds at most 2,704 bytes: a 20,000-letter agent id was a 503 there (issue 25). 256
+characters, at most 1 KiB of UTF-8, leave room for the two ids of a composite index."""
+
+IdPath = Annotated[str, Path(max_length=MAX_ID_LENGTH, description="An id.")]
+"""A route's id path parameter, bounded by :data:`MAX_ID_LENGTH`."""
 
 
 class _Strict(BaseModel):
@@ -150,12 +160,17 @@ class _Response(BaseModel):
 class CreateSessionIn(_Strict):
     """A session to start."""
 
-    agent_id: str = Field(min_length=1, description="The agent that owns the session.")
-    task_id: str | None = Field(None, description="The task it belongs to.")
+    agent_id: str = Field(
+        min_length=1, max_length=MAX_ID_LENGTH, description="The agent that owns the session."
+    )
+    task_id: str | None = Field(
+        None, max_length=MAX_ID_LENGTH, description="The task it belongs to."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="JSON values.")
     session_id: str | None = Field(
         None,
         min_length=1,
+        max_length=MAX_ID_LENGTH,
         pattern=r"^[^/]+$",
         description="The id to use (no '/': it is a path segment); the server makes one if absent.",
     )

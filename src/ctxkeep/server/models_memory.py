@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ctxkeep._check import INT64_MAX
+from ctxkeep.server.models import MAX_ID_LENGTH
 
 
 class _Strict(BaseModel):
@@ -48,14 +49,20 @@ class ArtifactOut(BaseModel):
 class EpisodeIn(_Strict):
     """An episode to remember (an exact duplicate of one stored is stored once)."""
 
-    session_id: str = Field(min_length=1, description="The session it came from.")
+    session_id: str = Field(
+        min_length=1, max_length=MAX_ID_LENGTH, description="The session it came from."
+    )
     task_goal: str = Field(description="What the run was trying to do.")
     summary: str = Field(description="What happened: the text recalled.")
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="JSON values; searches filter on them by equality."
     )
-    agent_id: str | None = Field(None, min_length=1, description="The agent that lived it.")
-    task_id: str | None = Field(None, min_length=1, description="The task it belonged to.")
+    agent_id: str | None = Field(
+        None, min_length=1, max_length=MAX_ID_LENGTH, description="The agent that lived it."
+    )
+    task_id: str | None = Field(
+        None, min_length=1, max_length=MAX_ID_LENGTH, description="The task it belonged to."
+    )
     created_at: float | None = Field(
         None, allow_inf_nan=False, description="Unix time (default: now)."
     )
@@ -137,8 +144,12 @@ class CheckpointIn(_Strict):
             "are upgraded, newer ones refused (422). Null: an empty state."
         ),
     )
-    task_id: str | None = Field(None, min_length=1, description="The agent's task.")
-    session_id: str | None = Field(None, min_length=1, description="The agent's session.")
+    task_id: str | None = Field(
+        None, min_length=1, max_length=MAX_ID_LENGTH, description="The agent's task."
+    )
+    session_id: str | None = Field(
+        None, min_length=1, max_length=MAX_ID_LENGTH, description="The agent's session."
+    )
     private: dict[str, Any] = Field(
         default_factory=dict, description="The agent's own private layer."
     )
@@ -187,7 +198,7 @@ class CheckpointPage(BaseModel):
 class JoinIn(_Strict):
     """The task an agent joins."""
 
-    task_id: str = Field(min_length=1)
+    task_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     state: dict[str, Any] = Field(
         default_factory=dict,
         description=(
@@ -218,7 +229,7 @@ class TaskUpdateIn(_Strict):
 class SubscribeIn(_Strict):
     """A topic of the agent's task to receive."""
 
-    topic: str = Field(min_length=1)
+    topic: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
 
 
 class SubscribedResponse(BaseModel):
@@ -231,9 +242,13 @@ class SubscribedResponse(BaseModel):
 class SendIn(_Strict):
     """A message from an agent: to one ``recipient``, or to a ``topic`` of its task."""
 
-    sender: str = Field(min_length=1, description="The sending agent (it must have joined).")
-    recipient: str | None = Field(None, min_length=1)
-    topic: str | None = Field(None, min_length=1)
+    sender: str = Field(
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="The sending agent (it must have joined).",
+    )
+    recipient: str | None = Field(None, min_length=1, max_length=MAX_ID_LENGTH)
+    topic: str | None = Field(None, min_length=1, max_length=MAX_ID_LENGTH)
     payload: Any = Field(description="JSON data.")
 
 

@@ -40,19 +40,21 @@ from ctxkeep._check import INT64_MAX
 from ctxkeep.artifacts import ArtifactStore
 from ctxkeep.builder import BuiltPrompt, ContextBuilder
 from ctxkeep.builder.compose import prompt_budget
-from ctxkeep.errors import SessionNotFoundError
+from ctxkeep.errors import InvalidMessageError, SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.prune import TokenPruner
 from ctxkeep.responses import to_responses
 from ctxkeep.server import problems
 from ctxkeep.server.deps import Tenant, TenantDep, tenant_of
 from ctxkeep.server.models import (
+    MAX_ID_LENGTH,
     AppendIn,
     BuildReportOut,
     CreateSessionIn,
     DeletedResponse,
     ExistsResponse,
     Health,
+    IdPath,
     LatestSessionResponse,
     MessageIn,
     MessagePage,
@@ -99,9 +101,25 @@ def _session_out(info: SessionInfo) -> SessionOut:
 
 
 def _messages_in(messages: list[MessageIn]) -> list[Message]:
-    return [
-        message_from_wire(m.model_dump(exclude_unset=True), index=i) for i, m in enumerate(messages)
-    ]
+    """The messages of a request, each id one the stores can keep.
+
+    Raises:
+        InvalidMessageError: a malformed message, or an id with NUL (PostgreSQL's text holds
+            none) or longer than :data:`~ctxkeep.server.models.MAX_ID_LENGTH` (more than its
+            index holds): each was a 503 there (issue 25).
+
+    """
+    out = []
+    for i, m in enumerate(messages):
+        message = message_from_wire(m.model_dump(exclude_unset=True), index=i)
+        if message.id is not None and ("\x00" in message.id or len(message.id) > MAX_ID_LENGTH):
+            raise InvalidMessageError(
+                f"a message's id must hold no NUL and at most {MAX_ID_LENGTH} characters, got "
+                f"{len(message.id)} characters",
+                index=i,
+            )
+        out.append(message)
+    return out
 
 
 def _messages_out(messages: list[Message]) -> list[dict[str, Any]]:
@@ -166,7 +184,7 @@ def list_sessions(
     responses=_SESSION,
     tags=["sessions"],
 )
-def get_session(session_id: str, tenant: TenantDep) -> SessionResponse:
+def get_session(session_id: IdPath, tenant: TenantDep) -> SessionResponse:
     """A session's info (counts as an access)."""
     with tenant.memory() as mem:
         info = mem.get_session(session_id)
@@ -179,7 +197,7 @@ def get_session(session_id: str, tenant: TenantDep) -> SessionResponse:
     responses=_READ,
     tags=["sessions"],
 )
-def session_exists(session_id: str, tenant: TenantDep) -> ExistsResponse:
+def session_exists(session_id: IdPath, tenant: TenantDep) -> ExistsResponse:
     """Whether a live session has this id (not an access: TTL and LRU do not move)."""
     with tenant.memory() as mem:
         exists = mem.has_session(session_id)
@@ -192,7 +210,7 @@ def session_exists(session_id: str, tenant: TenantDep) -> ExistsResponse:
     responses=_SESSION,
     tags=["sessions"],
 )
-def delete_session(session_id: str, tenant: TenantDep) -> DeletedResponse:
+def delete_session(session_id: IdPath, tenant: TenantDep) -> DeletedResponse:
     """Delete a session and its messages (not archived); 404 if there is none."""
     with tenant.memory() as mem:
         deleted = mem.delete_session(session_id)
@@ -207,7 +225,7 @@ def delete_session(session_id: str, tenant: TenantDep) -> DeletedResponse:
     responses=_READ,
     tags=["sessions"],
 )
-def latest_session(agent_id: str, tenant: TenantDep) -> LatestSessionResponse:
+def latest_session(agent_id: IdPath, tenant: TenantDep) -> LatestSessionResponse:
     """The agent's most recently created live session (``session_id`` null if none)."""
     with tenant.memory() as mem:
         sid = mem.get_latest_session_for_agent(agent_id)
@@ -240,7 +258,7 @@ def sweep(tenant: TenantDep) -> SweepResponse:
     responses=_WRITE,
     tags=["messages"],
 )
-def append_messages(session_id: str, body: AppendIn, tenant: TenantDep) -> MessagesResponse:
+def append_messages(session_id: IdPath, body: AppendIn, tenant: TenantDep) -> MessagesResponse:
     """Append messages atomically (all or none); returns the stored copies.
 
     A tool result must answer a call still waiting in the session, and no other message may
@@ -261,7 +279,7 @@ def append_messages(session_id: str, body: AppendIn, tenant: TenantDep) -> Messa
     tags=["messages"],
 )
 def list_messages(
-    session_id: str,
+    session_id: IdPath,
     tenant: TenantDep,
     last: Annotated[int | None, Query(ge=0, le=INT64_MAX, description="Only the newest N.")] = None,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
@@ -292,7 +310,7 @@ def list_messages(
     responses=_SESSION,
     tags=["messages"],
 )
-def pop_message(session_id: str, tenant: TenantDep) -> PoppedResponse:
+def pop_message(session_id: IdPath, tenant: TenantDep) -> PoppedResponse:
     """Take back the newest message (null if the session holds none); not archived.
 
     A tool result taken back leaves its call waiting again; an assistant message taken back
@@ -314,7 +332,9 @@ def pop_message(session_id: str, tenant: TenantDep) -> PoppedResponse:
     responses=_problems(401, 404, 409, 413, 422, 503),
     tags=["messages"],
 )
-def replace_newest(session_id: str, body: ReplaceNewestIn, tenant: TenantDep) -> MessagesResponse:
+def replace_newest(
+    session_id: IdPath, body: ReplaceNewestIn, tenant: TenantDep
+) -> MessagesResponse:
     """Atomically take back the newest message and append ``messages`` in its place, if the
     newest message is still ``newest_id`` (else 409 ``session-changed``: read again, retry).
     """
@@ -332,7 +352,7 @@ def replace_newest(session_id: str, body: ReplaceNewestIn, tenant: TenantDep) ->
     responses=_READ,
     tags=["messages"],
 )
-def archived(session_id: str, tenant: TenantDep) -> MessagesResponse:
+def archived(session_id: IdPath, tenant: TenantDep) -> MessagesResponse:
     """Messages trimmed or evicted from the session and archived (they outlive it: an id
     with none, known or not, gives an empty list).
     """
@@ -352,7 +372,7 @@ def archived(session_id: str, tenant: TenantDep) -> MessagesResponse:
     responses=_SESSION,
     tags=["prompts"],
 )
-def prompt_history(session_id: str, tenant: TenantDep) -> MessagesResponse:
+def prompt_history(session_id: IdPath, tenant: TenantDep) -> MessagesResponse:
     """The session's history as a prompt, unpruned: calls still waiting for results are left
     out (what :meth:`~ctxkeep.MemoryManager.build_prompt_messages` gives without a pruner).
     """
@@ -397,6 +417,38 @@ def prompt_builder(
     )
 
 
+class StagedArtifacts(ArtifactStore):
+    """The artifacts a prompt build writes (the full text of each output it compresses), held
+    until the build succeeds and then written to ``target`` with :meth:`commit`: a build
+    refused on the way (a system prompt over the budget) stores nothing, as every refused
+    request (issue 25: a 422 had left three artifacts behind).
+    """
+
+    name = "staged"
+
+    def __init__(self, target: ArtifactStore) -> None:
+        self.target = target
+        self._pending: dict[str, str] = {}
+
+    def _put(self, ref: str, text: str) -> None:
+        self._pending.setdefault(ref, text)
+
+    def _get(self, ref: str) -> str | None:
+        found = self._pending.get(ref)
+        if found is None and ref in self.target:
+            found = self.target.get(ref)
+        return found
+
+    def _has(self, ref: str) -> bool:
+        return ref in self._pending or ref in self.target
+
+    def commit(self) -> None:
+        """Write what the build staged to the target store."""
+        for text in self._pending.values():
+            self.target.put(text)
+        self._pending.clear()
+
+
 def report_out(built: BuiltPrompt) -> BuildReportOut:
     """A build's report as the API gives it, every pruning decision included."""
     report = built.report
@@ -422,7 +474,7 @@ def report_out(built: BuiltPrompt) -> BuildReportOut:
     responses=_WRITE,
     tags=["prompts"],
 )
-def build_prompt(session_id: str, body: PromptIn, tenant: TenantDep) -> PromptResponse:
+def build_prompt(session_id: IdPath, body: PromptIn, tenant: TenantDep) -> PromptResponse:
     """Build the prompt for the session's next model call within a token budget.
 
     The history is pruned to ``max_prompt_tokens - reserve_output_tokens`` (tool calls and
@@ -433,15 +485,17 @@ def build_prompt(session_id: str, body: PromptIn, tenant: TenantDep) -> PromptRe
     alone do not fit, 422 ``budget-exceeded`` says by how much and what is in the way.
     """
     with tenant.stores() as stores:
+        artifacts = StagedArtifacts(stores.artifacts())
         builder = prompt_builder(
             stores.memory,
-            artifacts=stores.artifacts(),
+            artifacts=artifacts,
             max_prompt_tokens=body.max_prompt_tokens,
             reserve_output_tokens=body.reserve_output_tokens,
             preserve_last_n=body.preserve_last_n,
             encoding=body.encoding,
         )
         built = builder.build(session_id, system=body.system)
+        artifacts.commit()
     system: list[dict[str, Any]] | None = None
     if body.format == "anthropic":
         payload = built.to_anthropic()

@@ -33,7 +33,7 @@ from fastapi import APIRouter, Query
 
 from ctxkeep.fabric import IPCMessage
 from ctxkeep.server.fabric import TaskState
-from ctxkeep.server.models import Problem
+from ctxkeep.server.models import IdPath, Problem
 from ctxkeep.server.models_memory import (
     AckIn,
     AckResponse,
@@ -87,7 +87,7 @@ def _message_out(m: IPCMessage) -> IPCMessageOut:
     responses=_problems(401, 409, 413, 422, 503),
     tags=["fabric"],
 )
-def join_task(agent_id: str, body: JoinIn, tenant: TenantDep) -> TaskStateOut:
+def join_task(agent_id: IdPath, body: JoinIn, tenant: TenantDep) -> TaskStateOut:
     """Bind the agent to a task. A new task starts from ``state``; joining one that exists
     never overwrites it: ``state`` may only repeat what it holds (else 409
     ``stale-task-state``; change it with PATCH).
@@ -103,7 +103,7 @@ def join_task(agent_id: str, body: JoinIn, tenant: TenantDep) -> TaskStateOut:
     responses=_problems(401, 404, 422, 503),
     tags=["fabric"],
 )
-def read_task(agent_id: str, tenant: TenantDep) -> TaskStateOut:
+def read_task(agent_id: IdPath, tenant: TenantDep) -> TaskStateOut:
     """The shared state of the agent's task and its version."""
     with tenant.stores() as stores:
         task = stores.fabric().read(agent_id)
@@ -116,7 +116,7 @@ def read_task(agent_id: str, tenant: TenantDep) -> TaskStateOut:
     responses=_problems(401, 404, 409, 413, 422, 503),
     tags=["fabric"],
 )
-def update_task(agent_id: str, body: TaskUpdateIn, tenant: TenantDep) -> TaskStateOut:
+def update_task(agent_id: IdPath, body: TaskUpdateIn, tenant: TenantDep) -> TaskStateOut:
     """Merge ``changes`` into the task's shared state if it is still at
     ``expected_version`` (else 409 ``stale-task-state``: read again, re-apply, retry).
     """
@@ -132,7 +132,7 @@ def update_task(agent_id: str, body: TaskUpdateIn, tenant: TenantDep) -> TaskSta
     responses=_problems(401, 404, 413, 422, 503),
     tags=["fabric"],
 )
-def subscribe(agent_id: str, body: SubscribeIn, tenant: TenantDep) -> SubscribedResponse:
+def subscribe(agent_id: IdPath, body: SubscribeIn, tenant: TenantDep) -> SubscribedResponse:
     """Deliver the topic's messages of the agent's task to it (until it changes task)."""
     with tenant.stores() as stores:
         stores.fabric().subscribe(agent_id, body.topic)
@@ -163,7 +163,7 @@ def send(body: SendIn, tenant: TenantDep) -> SentResponse:
     responses=_problems(401, 404, 413, 422, 503),
     tags=["fabric"],
 )
-def receive(agent_id: str, body: ReceiveIn, tenant: TenantDep) -> ReceivedResponse:
+def receive(agent_id: IdPath, body: ReceiveIn, tenant: TenantDep) -> ReceivedResponse:
     """Up to ``max_messages`` for the agent, oldest first, without waiting; they stay pending
     (and ``recover`` delivers them again) until acked.
     """
@@ -178,7 +178,7 @@ def receive(agent_id: str, body: ReceiveIn, tenant: TenantDep) -> ReceivedRespon
     responses=_problems(401, 404, 413, 422, 503),
     tags=["fabric"],
 )
-def ack(agent_id: str, body: AckIn, tenant: TenantDep) -> AckResponse:
+def ack(agent_id: IdPath, body: AckIn, tenant: TenantDep) -> AckResponse:
     """Mark received messages handled: they are not delivered again."""
     with tenant.stores() as stores:
         stores.fabric().ack(agent_id, body.ids)
@@ -191,7 +191,7 @@ def ack(agent_id: str, body: AckIn, tenant: TenantDep) -> AckResponse:
     responses=_problems(401, 404, 422, 503),
     tags=["fabric"],
 )
-def recover(agent_id: str, tenant: TenantDep) -> RecoverResponse:
+def recover(agent_id: IdPath, tenant: TenantDep) -> RecoverResponse:
     """After a client crash: the agent's unacked messages come first on the next receives."""
     with tenant.stores() as stores:
         pending = stores.fabric().recover(agent_id)
@@ -205,7 +205,7 @@ def recover(agent_id: str, tenant: TenantDep) -> RecoverResponse:
     tags=["fabric"],
 )
 def dead_letters(
-    agent_id: str,
+    agent_id: IdPath,
     tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="The most to list.")] = 100,
 ) -> DeadLettersResponse:
@@ -224,7 +224,7 @@ def dead_letters(
     tags=["fabric"],
 )
 def delete_dead_letter(
-    agent_id: str, letter_id: str, tenant: TenantDep
+    agent_id: IdPath, letter_id: IdPath, tenant: TenantDep
 ) -> DeletedDeadLettersResponse:
     """Remove one dead letter (``deleted`` is 0 when there is none under that id)."""
     with tenant.stores() as stores:

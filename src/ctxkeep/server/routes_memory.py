@@ -42,7 +42,7 @@ from ctxkeep.errors import (
     SchemaVersionError,
 )
 from ctxkeep.server.deps import TenantDep
-from ctxkeep.server.models import Problem
+from ctxkeep.server.models import IdPath, Problem
 from ctxkeep.server.models_memory import (
     ArtifactIn,
     ArtifactOut,
@@ -183,7 +183,7 @@ def search_episodes(body: SearchIn, tenant: TenantDep) -> SearchResponse:
     responses=_EPISODES,
     tags=["episodes"],
 )
-def get_episode(episode_id: str, tenant: TenantDep) -> EpisodeResponse:
+def get_episode(episode_id: IdPath, tenant: TenantDep) -> EpisodeResponse:
     """One episode by id."""
     with tenant.stores() as stores:
         episode = stores.episodic().get(episode_id)
@@ -196,7 +196,7 @@ def get_episode(episode_id: str, tenant: TenantDep) -> EpisodeResponse:
     responses=_EPISODES,
     tags=["episodes"],
 )
-def forget_episode(episode_id: str, tenant: TenantDep) -> ForgottenResponse:
+def forget_episode(episode_id: IdPath, tenant: TenantDep) -> ForgottenResponse:
     """Forget one episode (from every index); 404 if there is none."""
     with tenant.stores() as stores:
         deleted = stores.episodic().forget(episode_id=episode_id)
@@ -278,7 +278,7 @@ _CHECKPOINTS = _problems(401, 422, 503)
     responses=_problems(401, 413, 422, 503),
     tags=["checkpoints"],
 )
-def save_checkpoint(agent_id: str, body: CheckpointIn, tenant: TenantDep) -> CheckpointResponse:
+def save_checkpoint(agent_id: IdPath, body: CheckpointIn, tenant: TenantDep) -> CheckpointResponse:
     """Save a checkpoint of the agent's cognitive state (older state versions upgraded, newer
     ones refused with 422 ``state-schema-version``) and private layer.
     """
@@ -309,7 +309,7 @@ def save_checkpoint(agent_id: str, body: CheckpointIn, tenant: TenantDep) -> Che
     tags=["checkpoints"],
 )
 def checkpoint_history(
-    agent_id: str,
+    agent_id: IdPath,
     tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
@@ -333,7 +333,7 @@ def checkpoint_history(
     responses=_CHECKPOINTS,
     tags=["checkpoints"],
 )
-def latest_checkpoint(agent_id: str, tenant: TenantDep) -> LatestCheckpointResponse:
+def latest_checkpoint(agent_id: IdPath, tenant: TenantDep) -> LatestCheckpointResponse:
     """The agent's newest checkpoint (``checkpoint`` null if it has none)."""
     with tenant.stores() as stores:
         checkpoints = stores.checkpoints()
@@ -349,7 +349,7 @@ def latest_checkpoint(agent_id: str, tenant: TenantDep) -> LatestCheckpointRespo
     responses=_problems(401, 404, 422, 503),
     tags=["checkpoints"],
 )
-def load_checkpoint(checkpoint_id: str, tenant: TenantDep) -> CheckpointResponse:
+def load_checkpoint(checkpoint_id: IdPath, tenant: TenantDep) -> CheckpointResponse:
     """One checkpoint by id."""
     with tenant.stores() as stores:
         checkpoints = stores.checkpoints()

@@ -17,8 +17,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from ctxkeep import _check
-from ctxkeep.errors import ConfigError, InvalidMessageError, describe
+from ctxkeep.errors import InvalidMessageError, describe
 from ctxkeep.messages import FIELDS, Message, ToolCall
 from ctxkeep.sessions.base import Evicted
 from ctxkeep.sessions.records import SessionInfo, message_to_record
@@ -96,14 +95,7 @@ def message_from_wire(d: Any, *, index: int | None = None) -> Message:
             extra={**unmodelled, **(extra or {})},
             created_at=created,
         )
-        message = Message(**given)
-        if message.id is not None and "\x00" in message.id:
-            # A column of its own in the SQL stores, where PostgreSQL's text holds no NUL.
-            try:
-                _check.identifier("a message's id", message.id)
-            except ConfigError as exc:
-                raise InvalidMessageError(str(exc)) from None
-        return message
+        return Message(**given)
     except InvalidMessageError as exc:
         if index is None or exc.index is not None:
             raise
