@@ -48,6 +48,8 @@ STRING_KINDS = {
     "surrogate": SURROGATE,
     "nul": NUL,
     "long": LONG_TEXT,
+    "empty": '""',
+    "control": '"a\\u0001\\u001fb\\r\\n"',
     "int-2**63": BIG_INTS["2**63"],
     "deep-1000": deep_object(1000),
 }

@@ -11,7 +11,8 @@ aimed at records seeded in the tenant's stores; it must succeed) and every varia
 one thing (``_hostile_requests.py``):
 
 * every field (path and query parameters, body members, nested ones) gets every hostile value
-  of its kind: a lone surrogate and a NUL in every string; 2**63, -(2**63)-1, 10**20,
+  of its kind: a lone surrogate, a NUL, control characters, an empty text and 20,000 letters
+  in every string; 2**63, -(2**63)-1, 10**20,
   10**5000 and 1e400 in every number; 10-, 1,000- and 100,000-deep nesting, NUL and lone
   surrogates in keys and values, and integers beyond 64 bits in every JSON member (metadata,
   state, payload...);
