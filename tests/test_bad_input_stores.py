@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 
 from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
 from ctxkeep import CognitiveState, open_checkpoints, open_episodic, open_memory
+from ctxkeep._check import MAX_ID_LENGTH
 from ctxkeep.errors import (
     ConfigError,
     CorruptRecordError,
@@ -487,3 +488,33 @@ def test_service_answers_a_corrupt_session_row_with_the_corrupt_record_problem(
         corrupt_session(mem, sid)
     for path in (f"/v1/sessions/{sid}", f"/v1/sessions/{sid}/messages", "/v1/sessions"):
         problem(api("GET", path), 500, "corrupt-record")
+
+
+def test_an_id_too_long_or_with_nul_is_refused_where_it_would_be_stored_and_nothing_stored(
+    mem: MemoryManager, url: str
+) -> None:
+    long = "x" * (MAX_ID_LENGTH + 1)
+    sid = mem.create_session("agent", session_id="s")
+    for call in (
+        lambda: mem.create_session(long),
+        lambda: mem.create_session("agent", task_id=long),
+        lambda: mem.create_session("agent", session_id=long),
+    ):
+        with pytest.raises(ConfigError, match=f"at most {MAX_ID_LENGTH}"):
+            call()
+    # A message id: PostgreSQL could not store a NUL nor index a long one; no backend takes it.
+    for bad in ("a\x00b", long):
+        with pytest.raises(InvalidMessageError, match="id must hold no NUL"):
+            mem.add_messages(sid, [Message("user", "first"), Message("user", "hi", id=bad)])
+    mem.add_messages(sid, [Message("user", "ok", id="y" * MAX_ID_LENGTH)])  # the bound itself
+    assert [s.session_id for s in mem.list_sessions()] == ["s"]
+    assert [m.content for m in mem.get_messages(sid)] == ["ok"]
+    with open_checkpoints(url) as store:
+        for call in (
+            lambda: store.save(long, CognitiveState()),
+            lambda: store.save("agent", CognitiveState(), task_id=long),
+            lambda: store.save("agent", CognitiveState(), session_id=long),
+        ):
+            with pytest.raises(ConfigError, match=f"at most {MAX_ID_LENGTH}"):
+                call()
+        assert store.latest("agent") is None

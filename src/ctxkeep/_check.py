@@ -133,16 +133,37 @@ def deep_copy(name: str, value: Any) -> Any:
         raise InvalidTypeError(f"{name} cannot be copied ({exc}); pass plain data") from None
 
 
-def identifier(name: str, value: Any, *, empty: bool = False) -> str:
+MAX_ID_LENGTH = 256
+"""The longest id (of a session, agent, task, checkpoint or message) a store takes, in
+characters: PostgreSQL indexes an entry of at most 2,704 bytes (a 20,000-letter id was a
+storage failure there), and one rule holds on every backend and over HTTP."""
+
+
+def identifier(name: str, value: Any, *, empty: bool = False, max_length: int | None = None) -> str:
     """``value`` if it is a :func:`text` without NUL: an id, a filter value, or any text a
     store keeps in a column of its own (an episode's goal). PostgreSQL's text cannot hold NUL
     (the driver fails, which reads as a storage outage: 503) while SQLite and Redis store it;
-    one rule for every backend, checked before any I/O: NUL is refused everywhere.
+    one rule for every backend, checked before any I/O: NUL is refused everywhere. An id
+    (``max_length``: :data:`MAX_ID_LENGTH`) is also bounded in length.
     """
     text(name, value, empty=empty)
     if "\x00" in value:
         raise ConfigError(f"{name} must not contain NUL (\\x00): {_show(value)}")
+    if max_length is not None and len(value) > max_length:
+        raise ConfigError(
+            f"{name} must be at most {max_length} characters, got {len(value)}: {_show(value)}"
+        )
     return str(value)
+
+
+def ident(name: str, value: Any) -> str:
+    """An id: an :func:`identifier` of at most :data:`MAX_ID_LENGTH` characters."""
+    return identifier(name, value, max_length=MAX_ID_LENGTH)
+
+
+def optional_ident(name: str, value: Any) -> str | None:
+    """``None`` or :func:`ident`."""
+    return None if value is None else ident(name, value)
 
 
 def optional_identifier(name: str, value: Any) -> str | None:

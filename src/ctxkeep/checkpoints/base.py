@@ -167,10 +167,10 @@ class CheckpointStore(ABC):
         )
         cp = Checkpoint(
             checkpoint_id=uuid.uuid4().hex,
-            agent_id=_check.identifier("agent_id", agent_id),
+            agent_id=_check.ident("agent_id", agent_id),
             state=decode_cognitive_state(state),
-            task_id=_check.optional_identifier("task_id", task_id),
-            session_id=_check.optional_identifier("session_id", session_id),
+            task_id=_check.optional_ident("task_id", task_id),
+            session_id=_check.optional_ident("session_id", session_id),
             private=_check.mapping("private", private),
             metadata=_check.mapping("metadata", metadata),
             created_at=time.time(),

@@ -19,16 +19,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from pydantic_core import PydanticCustomError
 
 from ctxkeep._check import INT64_MAX
+from ctxkeep._check import MAX_ID_LENGTH as MAX_ID_LENGTH  # the service's bound is the stores'
 from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RESERVE_OUTPUT_TOKENS
 from ctxkeep.messages import Message
 
 Content = str | list[dict[str, Any]] | None
 
-MAX_ID_LENGTH = 256
-"""The longest id the service takes (a session, message, agent, task, checkpoint, episode,
-letter or topic id; 422 beyond). PostgreSQL indexes the ids it stores, and an index entry
-holds at most 2,704 bytes: a 20,000-letter agent id was a 503 there (issue 25). 256
-characters, at most 1 KiB of UTF-8, leave room for the two ids of a composite index."""
 
 IdPath = Annotated[str, Path(max_length=MAX_ID_LENGTH, description="An id.")]
 """A route's id path parameter, bounded by :data:`MAX_ID_LENGTH`."""

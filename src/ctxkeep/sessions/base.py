@@ -290,9 +290,9 @@ class MemoryManager:
             raise InvalidMessageError(f"task_id must be a string, got {task_id!r}")
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
             raise InvalidMessageError(f"session_id must be a non-empty string, got {session_id!r}")
-        _check.identifier("agent_id", agent_id)
-        _check.optional_identifier("task_id", task_id)
-        _check.optional_identifier("session_id", session_id)
+        _check.ident("agent_id", agent_id)
+        _check.optional_ident("task_id", task_id)
+        _check.optional_ident("session_id", session_id)
         meta = _check.mapping("metadata", metadata)
         message_to_record(Message("user", "", metadata=meta))  # JSON check
         if session_id is not None:
@@ -508,6 +508,11 @@ class MemoryManager:
         stamped: list[Message] = []
         for i, raw in enumerate(_check.iterable("messages", messages)):
             m = coerce_message(raw, index=i)
+            if m.id is not None and ("\x00" in m.id or len(m.id) > _check.MAX_ID_LENGTH):
+                raise InvalidMessageError(
+                    f"messages[{i}].id must hold no NUL and at most {_check.MAX_ID_LENGTH} "
+                    f"characters, got {len(m.id)}: {m.id[:40]!r}"
+                )
             when = m.created_at or datetime.fromtimestamp(now, UTC)
             stamped.append(m._identified(m.id or uuid.uuid4().hex, when))
         return stamped
