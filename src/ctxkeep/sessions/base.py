@@ -521,12 +521,23 @@ class MemoryManager:
         """The session's messages, oldest first (copies); the newest ``limit`` if given."""
         _check.optional_integer("limit", limit, minimum=0)
         self._live(session_id, touch=True)
+        if limit is not None:
+            # The newest messages by themselves: O(limit), whatever the session's length.
+            if limit == 0:
+                return []
+            rows = self._newest_rows(session_id, limit)
+            return [record_to_message(r, session_id=session_id, seq=seq) for seq, r in rows]
         # The decoded-history cache (keyed by generation and revision, trimmed to first_seq)
         # reads only the rows appended since the last read.
-        msgs = self._history(session_id)[1]
-        if limit is not None:
-            msgs = msgs[-limit:] if limit > 0 else []
-        return [m.copy() for m in msgs]
+        return [m.copy() for m in self._history(session_id)[1]]
+
+    def _newest_rows(self, session_id: str, limit: int) -> list[Row]:
+        """The session's newest ``limit`` rows, oldest first, read by themselves."""
+        tail = self.backend.read_tail(session_id, limit=limit)
+        if tail is None:
+            self._forget(session_id)
+            raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
+        return tail.rows[-limit:]
 
     def pop_message(self, session_id: str) -> Message | None:
         """Take back the session's newest message and return it (None if it holds none).
@@ -574,11 +585,13 @@ class MemoryManager:
         now = self._clock()
         stamped = self._stamped(messages, now)
         self._live(session_id, touch=False)
-        rows = self._read(session_id)[1]
+        rows = self._newest_rows(session_id, 1)  # the newest by itself, not the session
         if not rows or rows[-1][1].get("id") != newest_id:
             raise SessionChangedError(session_id)
+        checked: list[SessionInfo] = []
 
         def check(info: SessionInfo) -> tuple[str, ...]:
+            checked[:] = [info]
             return advance_pending(info.pending, stamped)
 
         batch = Append(
@@ -589,13 +602,15 @@ class MemoryManager:
             replaces=rows[-1][0],
         )
         try:
-            self.backend.append(session_id, batch)
+            seqs = self.backend.append(session_id, batch)
         except AlreadyStored as found:
             # Held elsewhere in the session: a retry of this replace would have found
             # another newest message (SessionChangedError), so this is a reused id.
             raise MessageIdConflictError(session_id, found.rows[0][1]["id"]) from None
-        if self.config.max_history is not None:
-            self._trim(session_id)
+        # A pop adds nothing to trim; a replace reads the head as an append's trim does.
+        first = self._first_seq(checked[0]) if checked else 0
+        if seqs and self._may_exceed(seqs, first):
+            self._trim(session_id, first, seqs[-1] if seqs else 0)
         return [m.copy() for m in stamped]
 
     def archived_messages(self, session_id: str) -> list[Message]:

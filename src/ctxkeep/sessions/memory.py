@@ -40,6 +40,7 @@ from ctxkeep.sessions.base import (
     MemoryManager,
     Row,
     Snapshot,
+    Tail,
     page,
 )
 from ctxkeep.sessions.records import (
@@ -154,6 +155,37 @@ class MemoryBackend(Backend):
             rows = s.rows if after_seq < info.first_seq else [r for r in s.rows if r[0] > after_seq]
         out: list[Row] = [(seq, load_record(session_id, seq, text)) for seq, text in rows]
         return info, out
+
+    def read_tail(
+        self,
+        session_id: str,
+        *,
+        limit: int | None,
+        before_seq: int | None = None,
+        roles: Collection[str] = (),
+        newest_role: str | None = None,
+    ) -> Tail | None:
+        """The newest ``limit`` rows below ``before_seq``, only those decoded; with marks
+        asked for (``roles``, ``newest_role``), the default's read of every row.
+        """
+        if limit is None or roles or newest_role is not None:
+            return super().read_tail(
+                session_id,
+                limit=limit,
+                before_seq=before_seq,
+                roles=roles,
+                newest_role=newest_role,
+            )
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None:
+                return None
+            info = _copy(s.info)
+            end = len(s.rows)
+            if before_seq is not None:
+                end = bisect_left(s.rows, before_seq, key=itemgetter(0))
+            page = s.rows[max(0, end - limit) : end] if limit > 0 else []
+        return Tail(info, [(seq, load_record(session_id, seq, text)) for seq, text in page], [])
 
     def read_rows(
         self, session_id: str, *, seqs: Collection[int], after_seq: int
