@@ -28,6 +28,7 @@ from ctxkeep import (
     from_anthropic,
     get_counter,
     is_valid_sequence,
+    open_memory,
     to_anthropic,
     to_openai,
     validate_sequence,
@@ -598,3 +599,15 @@ def test_a_copy_carries_token_counts_but_no_other_cache() -> None:
     assert c.__dict__["_tokens"] is not m.__dict__["_tokens"]
     assert "_ctxkeep_compressed" not in c.__dict__
     assert counter.count_message(c) == n and c == m
+
+
+def test_tool_calls_none_means_none() -> None:
+    # OpenAI's own messages carry "tool_calls": null; None is no calls, as for a dict.
+    assert Message("assistant", "hi", tool_calls=None).tool_calls == ()
+    assert Message.from_openai({"role": "assistant", "content": "hi", "tool_calls": None}) == (
+        Message("assistant", "hi")
+    )
+    with open_memory("memory://") as mem:
+        sid = mem.create_session("agent")
+        mem.add_message(sid, "user", "x", tool_calls=None)
+        assert mem.get_messages(sid)[0].tool_calls == ()

@@ -486,8 +486,8 @@ def _normalise(state: dict[str, Any], *, owned: bool) -> None:
     _check_content(content, role)
     # Exact-type tests first (`type(x) is tuple`) skip the slower ABC checks in the common case.
     tool_calls = state["tool_calls"]
-    if type(tool_calls) is tuple and not tool_calls:
-        calls: tuple[ToolCall, ...] = ()
+    if tool_calls is None or (type(tool_calls) is tuple and not tool_calls):
+        calls: tuple[ToolCall, ...] = ()  # None: no calls, as OpenAI's "tool_calls": null
     elif isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Iterable):
         raise InvalidMessageError(f"tool_calls must be a list, got {describe(tool_calls)}")
     else:
