@@ -169,3 +169,15 @@ def test_a_request_never_sent_is_always_tried_again() -> None:
 def test_a_negative_backoff_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         RetryPolicy(backoff=-1)
+
+
+def test_a_server_that_does_not_answer_is_named_by_its_url() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with (
+        RemoteMemory(url, api_key="k", retry=RetryPolicy(retries=0)) as mem,
+        pytest.raises(RemoteError, match=f"at {url}/v1/sessions: GET failed"),
+    ):
+        mem.list_sessions()

@@ -380,9 +380,9 @@ class _Base:
             cls = _SERVER_FAILURES.get(kind.slug, RemoteError)
         raise cls(message + str(detail), status=response.status_code, problem=problem)
 
-    @staticmethod
-    def _unreachable(call: _Call[Any], exc: httpx.HTTPError) -> RemoteError:
-        return RemoteError(f"ctxkeep service: {call.method} {call.path} failed: {exc}")
+    def _unreachable(self, call: _Call[Any], exc: httpx.HTTPError) -> RemoteError:
+        where = f"{self.url.rstrip('/')}{call.path}"  # which server did not answer
+        return RemoteError(f"ctxkeep service at {where}: {call.method} failed: {exc}")
 
 
 class RemoteMemory(_Base):
