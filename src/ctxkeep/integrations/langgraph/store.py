@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -317,22 +318,23 @@ class CtxkeepStore(BaseStore):
     # -- reads ------------------------------------------------------------------------------
 
     def _search(self, op: SearchOp, now: float) -> list[tuple[Row, float | None]]:
-        """One page of matches: ranked by recall if there is a query, then the rest."""
-        prefix = op.namespace_prefix
+        """One page of matches: ranked by recall if there is a query, then the rest.
+
+        Without a query, the item table orders and pages (rows are built for the page only);
+        with one, every match is a candidate for recall.
+        """
+        prefix = _ns_text(op.namespace_prefix) if op.namespace_prefix else None
         flt = _filter(op.filter)
-        rows = []
-        for row in self._items.scan(_ns_text(prefix) if prefix else None):
-            if not row.live(now) or _ns_tuple(row.namespace)[: len(prefix)] != prefix:
-                continue
-            if flt and not matches_filter(loads(row.value), flt):
-                continue
-            rows.append(row)
-        rows.sort(key=lambda r: (-r.updated_at, r.namespace, r.key))
+        keep = (lambda text: matches_filter(loads(text), flt)) if flt else None
         want = op.offset + op.limit
-        ranked = self._recall(op.query, rows, want) if op.query and want else []
+        if not (op.query and want):
+            page = self._items.scan(prefix, now, keep, op.offset, op.limit)
+            return [(row, None) for row in page]
+        rows = self._items.scan(prefix, now, keep)
+        ranked = self._recall(op.query, rows, want)
         seen = {row.address for row, _ in ranked}
-        rest: list[tuple[Row, float | None]] = [(r, None) for r in rows if r.address not in seen]
-        return (ranked + rest)[op.offset : want]
+        rest = ((r, None) for r in rows if r.address not in seen)
+        return list(itertools.islice(itertools.chain(ranked, rest), op.offset, want))
 
     def _recall(self, query: str, rows: Sequence[Row], want: int) -> list[tuple[Row, float | None]]:
         """The best ``want`` of ``rows`` for ``query`` by hybrid recall, with their scores."""
