@@ -169,7 +169,14 @@ def test_a_revoked_key_is_refused(app: FastAPI, client: TestClient) -> None:
     api = Api(client, key)
     assert api("GET", "/v1/stats").status_code == 200
     assert app.state.ctxkeep.keys.revoke(record.key_id)
-    _problem(api("GET", "/v1/stats"), 401, "unauthorized")
+    refused = api("GET", "/v1/stats")
+    _problem(refused, 401, "unauthorized")
+    # Says where the key was looked for (this server's store) and how to make one there,
+    # without naming the store to a client that holds no key.
+    detail = refused.json()["detail"]
+    assert "not a live key of this server's store" in detail
+    assert "ctxkeep serve --db" in detail
+    assert str(app.state.ctxkeep.url) not in detail
 
 
 def test_a_key_with_the_right_id_and_a_wrong_secret_is_refused(

@@ -118,7 +118,12 @@ async def tenant_of(
     state: ServerState = request.app.state.ctxkeep
     key = await anyio.to_thread.run_sync(state.keys.authenticate, credentials.credentials)
     if key is None:
-        raise Unauthorized("the API key is unknown or revoked")
+        # Where the key was looked for, without naming the store to a client with no key.
+        raise Unauthorized(
+            "the API key is not a live key of this server's store: it was revoked, or made "
+            "for another store (`ctxkeep keys create --tenant NAME --db URL` with the URL "
+            "`ctxkeep serve --db` was given; `ctxkeep serve` prints it at startup)"
+        )
     info = request_info(request.scope)
     info.tenant = key.tenant
     return Tenant(key.tenant, state, info)
