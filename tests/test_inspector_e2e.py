@@ -4,8 +4,11 @@ way a person would: key, session, messages, a turn's prompt composition, a compr
 expanded from its artifact, an episodic search. A screenshot is saved under the test's
 ``tmp_path`` and, if ``CTXKEEP_SCREENSHOT_DIR`` is set, there too.
 
-Without ``/usr/bin/chromium`` or the ``playwright`` package the test is skipped, or fails when
-``CTXKEEP_REQUIRE_SERVICES=1`` (``.ci/run`` installs Chromium with apt-get).
+The browser is found the way a user has one (:func:`_find_chromium`): ``$CTXKEEP_CHROMIUM``,
+a Chromium or Chrome on the ``PATH`` (Debian's ``/usr/bin/chromium``), or Playwright's own
+(``playwright install chromium``). Without one, or without the ``playwright`` package, the
+test is skipped, or fails when ``CTXKEEP_REQUIRE_SERVICES=1`` (``.ci/run`` installs Debian's
+Chromium with apt-get, so CI never skips it).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from _server import ThreadedServer
 from conftest_services import service_unavailable
 from ctxkeep.server import create_app
 
-CHROMIUM = "/usr/bin/chromium"
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 SECTIONS = ("system", "fabric", "prior_context", "history", "tools", "summary", "priming")
 GOAL = "Audit the billing module for rounding errors"
 
@@ -71,17 +74,37 @@ def expected_bar(report: dict[str, Any]) -> dict[str, int]:
     return bar
 
 
-def _require_browser() -> None:
-    if not Path(CHROMIUM).exists():
-        service_unavailable(
-            f"Debian's Chromium is not installed at {CHROMIUM}: apt-get install chromium"
-        )
+def _find_chromium() -> str | None:
+    """A Chromium to drive: ``$CTXKEEP_CHROMIUM``, one on the PATH, or Playwright's own."""
+    given = os.environ.get("CTXKEEP_CHROMIUM")
+    if given:
+        return given if Path(given).exists() else None
+    for name in BROWSERS:
+        found = shutil.which(name)
+        if found:
+            return found
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:  # `playwright install chromium` puts one in its cache
+        own = p.chromium.executable_path
+    return own if own and Path(own).exists() else None
+
+
+def _require_browser() -> str:
     if importlib.util.find_spec("playwright") is None:
         service_unavailable("the playwright package is not installed: pip install -e '.[test]'")
+    found = _find_chromium()
+    if found is None:
+        service_unavailable(
+            "no Chromium found ($CTXKEEP_CHROMIUM, chromium or google-chrome on the PATH, "
+            "or Playwright's own): apt-get install chromium, or playwright install chromium"
+        )
+    assert found is not None
+    return found
 
 
 def test_the_inspector_shows_a_session_its_prompts_and_episodes(tmp_path: Path) -> None:
-    _require_browser()
+    chromium = _require_browser()
     from playwright.sync_api import expect, sync_playwright
 
     app = create_app(f"sqlite:///{tmp_path}/srv.db", embedder="hash")
@@ -117,7 +140,7 @@ def test_the_inspector_shows_a_session_its_prompts_and_episodes(tmp_path: Path) 
         assert compressed, "the session must be long enough for the pruner to compress"
 
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+            browser = p.chromium.launch(executable_path=chromium, headless=True)
             try:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 page.set_default_timeout(20_000)  # generous: CI's 2 cores may be busy
