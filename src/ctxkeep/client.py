@@ -333,6 +333,9 @@ class _Calls:
 class _Base:
     """What both clients share: the hooks and reading responses."""
 
+    url: str
+    """The service's base URL (set by each client)."""
+
     def __init__(self, api_key: str, retry: RetryPolicy | None) -> None:
         self.retry = RetryPolicy() if retry is None else retry
         """When a request is tried again after a failed connection."""
