@@ -98,3 +98,22 @@ def test_a_search_without_a_query_builds_rows_only_for_its_page(
     monkeypatch.setattr(_store_items, "_row", counted)
     assert len(store.search(("u",), filter=flt, limit=3, offset=2)) == 3
     assert built == 3
+
+
+@pytest.mark.parametrize("store", SQL_KINDS, indirect=True)
+def test_a_search_with_a_query_builds_rows_only_for_its_hits_and_its_page(
+    store: CtxkeepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(store)
+    built = 0
+    row = _store_items._row
+
+    def counted(values: Any) -> _store_items.Row:
+        nonlocal built
+        built += 1
+        return row(values)
+
+    monkeypatch.setattr(_store_items, "_row", counted)
+    found = store.search(("u",), query="fact ä", limit=3)
+    assert len(found) == 3
+    assert built <= 3 + 3  # the hits, then the first 3 of the order for the rest

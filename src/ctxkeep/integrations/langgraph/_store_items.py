@@ -179,6 +179,12 @@ class Items(ABC):
         """
 
     @abstractmethod
+    def indexed(self, prefix: str | None, now: float, keep: Keep | None = None) -> dict[str, Key]:
+        """The episode id and address of each row :meth:`scan` would return that has an
+        episode, in :meth:`scan`'s order (no row is built).
+        """
+
+    @abstractmethod
     def namespaces(self) -> list[tuple[str, int, float | None]]:
         """Per namespace: its text, how many of its rows never expire, the latest expiry."""
 
@@ -212,6 +218,17 @@ class MemoryItems(Items):
         with self._lock:
             return {k: self._rows[k] for k in keys if k in self._rows}
 
+    def _live(self, prefix: str | None, now: float) -> list[Row]:
+        with self._lock:
+            rows = list(self._rows.values())
+        below = f"{prefix}."
+        return [
+            r
+            for r in rows
+            if r.live(now)
+            and (prefix is None or r.namespace == prefix or r.namespace.startswith(below))
+        ]
+
     def scan(
         self,
         prefix: str | None,
@@ -221,17 +238,16 @@ class MemoryItems(Items):
         limit: int | None = None,
     ) -> list[Row]:
         """The live rows of ``prefix`` and below it, ordered, filtered, one page."""
-        with self._lock:
-            rows = list(self._rows.values())
-        below = f"{prefix}."
-        rows = [
-            r
-            for r in rows
-            if r.live(now)
-            and (prefix is None or r.namespace == prefix or r.namespace.startswith(below))
-        ]
+        rows = self._live(prefix, now)
         rows.sort(key=lambda r: (-r.updated_at, r.namespace, r.key))
         return list(_page(rows, lambda r: r.value, keep, offset, limit))
+
+    def indexed(self, prefix: str | None, now: float, keep: Keep | None = None) -> dict[str, Key]:
+        """Episode id -> address of the live rows with an episode."""
+        live = self._live(prefix, now)
+        live.sort(key=lambda r: (-r.updated_at, r.namespace, r.key))
+        rows = _page(live, lambda r: r.value, keep, 0, None)
+        return {r.episode_id: r.address for r in rows if r.episode_id is not None}
 
     def namespaces(self) -> list[tuple[str, int, float | None]]:
         """Per namespace: rows that never expire, the latest expiry."""
@@ -300,6 +316,19 @@ class SQLItems(Items):
     def _sql(self, text: str) -> str:
         return placeholders(text, self._mark)
 
+    @staticmethod
+    def _where(prefix: str | None, now: float) -> tuple[str, tuple[Any, ...]]:
+        """The condition (and its parameters) of the rows live at ``now`` of ``prefix`` and
+        below it (``substr`` counts characters in both engines, as ``len`` does; labels hold
+        no ``.``, so the prefix test is exact).
+        """
+        where = "(expires_at IS NULL OR expires_at > ?)"
+        if prefix is None:
+            return where, (now,)
+        below = prefix + "."
+        where += f" AND (namespace = ? OR substr(namespace, 1, {len(below)}) = ?)"
+        return where, (now, prefix, below)
+
     def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
         """The stored rows of ``keys``."""
         out: dict[Key, Row] = {}
@@ -318,17 +347,10 @@ class SQLItems(Items):
         limit: int | None = None,
     ) -> list[Row]:
         """The live rows of ``prefix`` and below it, ordered and paged by the engine; with
-        ``keep``, the page is taken here, building rows only for it (``substr`` counts
-        characters in both engines, as ``len`` does; labels hold no ``.``, so the prefix test
-        is exact).
+        ``keep``, the page is taken here, building rows only for it.
         """
-        sql = f"{self._select} WHERE (expires_at IS NULL OR expires_at > ?)"
-        params: tuple[Any, ...] = (now,)
-        if prefix is not None:
-            below = prefix + "."
-            sql += f" AND (namespace = ? OR substr(namespace, 1, {len(below)}) = ?)"
-            params += (prefix, below)
-        sql += self._order
+        where, params = self._where(prefix, now)
+        sql = f"{self._select} WHERE {where}{self._order}"
         if keep is None and limit is not None:
             sql += " LIMIT ? OFFSET ?"
             params += (limit, offset)
@@ -340,6 +362,22 @@ class SQLItems(Items):
             _row(values)
             for values in _page(rows, lambda v: str(v[2]), keep, keep_offset, keep_limit)
         ]
+
+    def indexed(self, prefix: str | None, now: float, keep: Keep | None = None) -> dict[str, Key]:
+        """Episode id -> address of the live rows with an episode, ordered by the engine
+        (their values read only for ``keep``).
+        """
+        where, params = self._where(prefix, now)
+        value = ", value" if keep is not None else ""
+        sql = (
+            f"SELECT episode_id, namespace, item_key{value} FROM {TABLE} "
+            f"WHERE episode_id IS NOT NULL AND {where}{self._order}"
+        )
+        rows = self._db.q("read items", self._sql(sql), params)
+        return {
+            str(eid): (str(ns), str(key))
+            for eid, ns, key, *_ in _page(rows, lambda v: str(v[3]), keep, 0, None)
+        }
 
     def namespaces(self) -> list[tuple[str, int, float | None]]:
         """Per namespace: rows that never expire, the latest expiry."""

@@ -67,7 +67,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from ctxkeep import _check
@@ -321,7 +321,8 @@ class CtxkeepStore(BaseStore):
         """One page of matches: ranked by recall if there is a query, then the rest.
 
         Without a query, the item table orders and pages (rows are built for the page only);
-        with one, every match is a candidate for recall.
+        with one, the episodes of every match are the candidates for recall, and rows are
+        built for its hits and for the first ``offset + limit`` of the order only.
         """
         prefix = _ns_text(op.namespace_prefix) if op.namespace_prefix else None
         flt = _filter(op.filter)
@@ -330,29 +331,43 @@ class CtxkeepStore(BaseStore):
         if not (op.query and want):
             page = self._items.scan(prefix, now, keep, op.offset, op.limit)
             return [(row, None) for row in page]
-        rows = self._items.scan(prefix, now, keep)
-        ranked = self._recall(op.query, rows, want)
+        ranked = self._recall(op.query, self._items.indexed(prefix, now, keep), want)
         seen = {row.address for row, _ in ranked}
-        rest = ((r, None) for r in rows if r.address not in seen)
+        # The first ``want`` of the order hold every row of the page not ranked.
+        rest = (
+            (r, None) for r in self._items.scan(prefix, now, keep, 0, want) if r.address not in seen
+        )
         return list(itertools.islice(itertools.chain(ranked, rest), op.offset, want))
 
-    def _recall(self, query: str, rows: Sequence[Row], want: int) -> list[tuple[Row, float | None]]:
-        """The best ``want`` of ``rows`` for ``query`` by hybrid recall, with their scores."""
-        by_episode = {r.episode_id: r for r in rows if r.episode_id is not None}
-        if not by_episode:
+    def _recall(
+        self, query: str, indexed: Mapping[str, Key], want: int
+    ) -> list[tuple[Row, float | None]]:
+        """The best ``want`` of the ``indexed`` items (episode id -> address) for ``query`` by
+        hybrid recall, with their scores; rows are read for the hits only.
+        """
+        if not indexed:
             return []
-        if len(by_episode) <= self.exact_scope:
-            hits = self.episodic.search(query, want, filters={"episode_id": list(by_episode)})
+        if len(indexed) <= self.exact_scope:
+            hits = self.episodic.search(query, want, filters={"episode_id": list(indexed)})
         else:
-            scope = {"agent_id": AGENT, "task_id": sorted({r.namespace for r in rows})}
+            scope = {"agent_id": AGENT, "task_id": sorted({ns for ns, _ in indexed.values()})}
             top_k = want
             while True:
                 found = self.episodic.search(query, top_k, filters=scope)
-                hits = [h for h in found if h.episode.episode_id in by_episode]
+                hits = [h for h in found if h.episode.episode_id in indexed]
                 if len(hits) >= want or len(found) < top_k:
                     break
                 top_k *= 4
-        return [(by_episode[h.episode.episode_id], h.score) for h in hits[:want]]
+        hits = hits[:want]
+        rows = self._items.get([indexed[h.episode.episode_id] for h in hits])
+        # A row put or deleted since ``indexed`` read it is left out: each put saves a new
+        # episode, so the same episode id is the same version (its expiry only moves later).
+        return [
+            (row, h.score)
+            for h in hits
+            if (row := rows.get(indexed[h.episode.episode_id])) is not None
+            and row.episode_id == h.episode.episode_id
+        ]
 
     def _list_namespaces(self, op: ListNamespacesOp, now: float) -> list[tuple[str, ...]]:
         live = [
