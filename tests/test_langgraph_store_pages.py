@@ -1,5 +1,6 @@
-"""CtxkeepStore's searches without a query cost what they return (issue 26): the item table
-orders and pages them, and rows are built only for the page, on every backend the same order.
+"""CtxkeepStore's operations cost what they return (issue 26): the item table orders and
+pages a search, rows are built only for the page (and a query's hits), on every backend the
+same order; a batch of puts reads and writes its rows in bulk.
 
 Speed itself is measured in ``bench/peers.py``; here, what makes it: how many rows a search
 builds, and that the engine's order is Python's (code points, not the locale).
@@ -117,3 +118,24 @@ def test_a_search_with_a_query_builds_rows_only_for_its_hits_and_its_page(
     found = store.search(("u",), query="fact ä", limit=3)
     assert len(found) == 3
     assert built <= 3 + 3  # the hits, then the first 3 of the order for the rest
+
+
+@pytest.mark.parametrize("store", KINDS, indirect=True)
+def test_a_batch_over_more_keys_than_a_chunk_keeps_each_created_at(
+    store: CtxkeepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_store_items, "CHUNK", 7)
+    keys = [f"k{i}" for i in range(30)]
+    store.batch([PutOp(("c",), key, {"text": key}, index=False) for key in keys])
+    store.clock = lambda: 2e9
+    store.batch(
+        [PutOp(("c",), key, {"text": key + "!"}, index=False) for key in keys[:20]]
+        + [PutOp(("c",), key, None) for key in keys[20:25]]
+        + [PutOp(("c",), "k0", {"text": "last"}, index=False)]
+    )
+    found = {i.key: i for i in store.search(("c",), limit=100)}
+    assert sorted(found) == sorted(keys[:20] + keys[25:])
+    assert found["k0"].value == {"text": "last"}
+    assert found["k1"].value == {"text": "k1!"}
+    assert all(i.created_at.timestamp() == 1e9 for i in found.values())
+    assert {k for k, i in found.items() if i.updated_at.timestamp() == 2e9} == set(keys[:20])

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from langgraph.store.base import Item, SearchItem
 
-from ctxkeep._db import Database, placeholders
+from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.errors import ConfigError
 from ctxkeep.sessions.records import loads
 
@@ -44,6 +44,10 @@ MIGRATIONS = [
     CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (expires_at)""",
 ]
 """The item table's schema, one SQL text for SQLite and PostgreSQL (position = version)."""
+
+CHUNK = 400
+"""Keys read per statement when a write reads the stored rows (800 parameters: far below
+SQLite's and PostgreSQL's bounds)."""
 
 Key = tuple[str, str]
 """An item's address: its namespace as text (labels joined by ``.``) and its key."""
@@ -389,27 +393,41 @@ class SQLItems(Items):
         return [(str(ns), int(forever), latest) for ns, forever, latest in rows]
 
     def write(self, puts: Sequence[tuple[Key, Row | None]], merge: Merge) -> list[Row]:
-        """Store the merged rows in one transaction."""
-        replaced = []
+        """Store the merged rows in one transaction: the stored rows read by chunks of
+        :data:`CHUNK` keys, the writes sent with ``executemany`` (a select and an upsert per
+        key made a fifth of a batch put of 1,000 items on PostgreSQL).
+        """
         names = ", ".join(COLUMNS)
         upsert = self._sql(
             f"INSERT INTO {TABLE} ({names}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
             "ON CONFLICT (namespace, item_key) DO UPDATE SET "
             + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
         )
-        select = self._sql(f"{self._select} WHERE namespace = ? AND item_key = ?")
         delete = self._sql(f"DELETE FROM {TABLE} WHERE namespace = ? AND item_key = ?")
+        keys = list(dict.fromkeys(key for key, _ in puts))
         with self._db.tx("write items") as conn:
+            stored: dict[Key, Row | None] = {}
+            for start in range(0, len(keys), CHUNK):
+                chunk = keys[start : start + CHUNK]
+                pairs = ", ".join("(?, ?)" for _ in chunk)
+                sql = f"{self._select} WHERE (namespace, item_key) IN (VALUES {pairs})"
+                params = tuple(part for key in chunk for part in key)
+                for values in conn.execute(self._sql(sql), params).fetchall():
+                    row = _row(values)
+                    stored[row.address] = row
+            replaced = []
+            final: dict[Key, Row | None] = {}
             for key, put in puts:
-                got = conn.execute(select, key).fetchone()
-                old = _row(got) if got is not None else None
-                new = merge(old, put)
-                if new is None:
-                    conn.execute(delete, key)
-                else:
-                    conn.execute(upsert, _values(new))
+                old = final[key] if key in final else stored.get(key)
+                final[key] = merge(old, put)
                 if old is not None:
                     replaced.append(old)
+            deletes = [key for key, row in final.items() if row is None]
+            upserts = [_values(row) for row in final.values() if row is not None]
+            if deletes:
+                executemany(conn, delete, deletes)
+            if upserts:
+                executemany(conn, upsert, upserts)
         return replaced
 
     def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
