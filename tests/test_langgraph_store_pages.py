@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("langgraph")
 
-from langgraph.store.base import PutOp
+from langgraph.store.base import GetOp, PutOp
 
 from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep.integrations.langgraph import CtxkeepStore, _store_items
@@ -139,3 +139,17 @@ def test_a_batch_over_more_keys_than_a_chunk_keeps_each_created_at(
     assert found["k1"].value == {"text": "k1!"}
     assert all(i.created_at.timestamp() == 1e9 for i in found.values())
     assert {k for k, i in found.items() if i.updated_at.timestamp() == 2e9} == set(keys[:20])
+
+
+@pytest.mark.parametrize("store", KINDS, indirect=True)
+def test_gets_over_more_keys_than_a_chunk_find_each_once(
+    store: CtxkeepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_store_items, "CHUNK", 7)
+    keys = [f"k{i}" for i in range(30)]
+    store.batch([PutOp(("c",), key, {"text": key}, index=False) for key in keys])
+    asked = [*keys, "k3", "missing", "k29"]
+    got = store.batch([GetOp(("c",), key) for key in asked])
+    assert [g.value if g is not None else None for g in got] == [
+        {"text": key} if key != "missing" else None for key in asked
+    ]

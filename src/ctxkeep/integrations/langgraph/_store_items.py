@@ -333,14 +333,25 @@ class SQLItems(Items):
         where += f" AND (namespace = ? OR substr(namespace, 1, {len(below)}) = ?)"
         return where, (now, prefix, below)
 
+    def _chunks(self, keys: Sequence[Key]) -> Iterator[tuple[str, tuple[str, ...]]]:
+        """The statements (and parameters) that read the rows of ``keys``, :data:`CHUNK`
+        keys each.
+        """
+        keys = list(dict.fromkeys(keys))
+        for start in range(0, len(keys), CHUNK):
+            chunk = keys[start : start + CHUNK]
+            pairs = ", ".join("(?, ?)" for _ in chunk)
+            sql = f"{self._select} WHERE (namespace, item_key) IN (VALUES {pairs})"
+            yield self._sql(sql), tuple(part for key in chunk for part in key)
+
     def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
-        """The stored rows of ``keys``."""
-        out: dict[Key, Row] = {}
-        sql = self._sql(f"{self._select} WHERE namespace = ? AND item_key = ?")
-        for key in dict.fromkeys(keys):
-            for values in self._db.q("read items", sql, key):
-                out[key] = _row(values)
-        return out
+        """The stored rows of ``keys``, :data:`CHUNK` keys a statement."""
+        rows = (
+            _row(v)
+            for sql, params in self._chunks(keys)
+            for v in self._db.q("read items", sql, params)
+        )
+        return {row.address: row for row in rows}
 
     def scan(
         self,
@@ -404,15 +415,10 @@ class SQLItems(Items):
             + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
         )
         delete = self._sql(f"DELETE FROM {TABLE} WHERE namespace = ? AND item_key = ?")
-        keys = list(dict.fromkeys(key for key, _ in puts))
         with self._db.tx("write items") as conn:
             stored: dict[Key, Row | None] = {}
-            for start in range(0, len(keys), CHUNK):
-                chunk = keys[start : start + CHUNK]
-                pairs = ", ".join("(?, ?)" for _ in chunk)
-                sql = f"{self._select} WHERE (namespace, item_key) IN (VALUES {pairs})"
-                params = tuple(part for key in chunk for part in key)
-                for values in conn.execute(self._sql(sql), params).fetchall():
+            for sql, params in self._chunks([key for key, _ in puts]):
+                for values in conn.execute(sql, params).fetchall():
                     row = _row(values)
                     stored[row.address] = row
             replaced = []
