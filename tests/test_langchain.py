@@ -15,7 +15,7 @@ import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -671,6 +671,36 @@ def test_history_gives_back_equal_messages_tool_units_included(
     assert h.messages == given
     h.add_message(AIMessage("more"))
     assert h.messages == [*given, AIMessage("more")]
+
+
+def test_history_reads_are_new_objects_that_share_nothing_with_the_store(
+    histories: Callable[[str], CtxkeepChatMessageHistory],
+) -> None:
+    given = [
+        HumanMessage([{"type": "text", "text": "look"}], additional_kwargs={"k": [1]}),
+        AIMessage("", tool_calls=[{"name": "f", "args": {"q": [1]}, "id": "c1"}]),
+        ToolMessage([{"type": "text", "text": "found"}], tool_call_id="c1", artifact={"a": 1}),
+    ]
+    h = histories("owned")
+    h.add_messages(copy.deepcopy(given))
+    got = h.messages
+    cast(list[Any], got[0].content)[0]["text"] = "changed"
+    got[0].additional_kwargs["k"].append(2)
+    cast(AIMessage, got[1]).tool_calls[0]["args"]["q"].append(2)
+    cast(ToolMessage, got[2]).artifact["a"] = 2
+    assert h.messages == given
+    assert h.messages[0] is not h.messages[0]
+
+
+def test_history_read_counts_as_an_access() -> None:
+    now = [1000.0]
+    memory = open_memory("memory://", MemoryConfig(session_ttl=60), clock=lambda: now[0])
+    h = CtxkeepChatMessageHistory("touched", memory=memory)
+    h.add_user_message("still here")
+    for _ in range(3):
+        now[0] += 40
+        assert [m.text for m in h.messages] == ["still here"]
+    memory.close()
 
 
 def test_history_refuses_a_broken_tool_sequence_and_keeps_what_it_had(

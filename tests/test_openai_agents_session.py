@@ -161,6 +161,21 @@ def test_items_come_back_exactly_as_added_oldest_first(make_session: Factory) ->
     assert [list(i) for i in got] == [list(i) for i in CONVERSATION]  # key order too
 
 
+def test_changing_the_items_read_changes_nothing_stored(make_session: Factory) -> None:
+    s = make_session()
+    run(s.add_items(copy.deepcopy(CONVERSATION)))
+    for limit in (None, 4):
+        got = run(s.get_items(limit))
+        for item in got:
+            item["extra"] = 1
+            for part in item.get("content") or ():
+                if isinstance(part, dict):
+                    part["text"] = "changed"
+            if isinstance(item.get("summary"), list):
+                item["summary"].clear()
+        assert run(s.get_items()) == CONVERSATION
+
+
 def test_limit_gives_the_newest_items_oldest_first(make_session: Factory) -> None:
     s = make_session()
     run(s.add_items(copy.deepcopy(CONVERSATION)))

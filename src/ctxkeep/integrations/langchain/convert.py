@@ -15,7 +15,7 @@ import itertools
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeAlias, cast
+from typing import Any, NamedTuple, TypeAlias, cast
 
 from ctxkeep import _check
 from ctxkeep.errors import (
@@ -32,6 +32,7 @@ try:
     from langchain_core.messages import (
         AIMessage,
         BaseMessage,
+        ChatMessage,
         HumanMessage,
         SystemMessage,
         ToolMessage,
@@ -186,6 +187,14 @@ def from_ctxkeep_messages(messages: Iterable[Message]) -> list[BaseMessage]:
     the compressed text and ``response_metadata["ctxkeep"]`` naming the artifact that holds
     the full one.
     """
+    return _from_ctxkeep(messages, owned=False)
+
+
+def _from_ctxkeep(messages: Iterable[Message], *, owned: bool) -> list[BaseMessage]:
+    """:func:`from_ctxkeep_messages`; ``owned``: the caller made ``messages`` for this call
+    alone and throws them away (a history's fresh read), so the LangChain messages may share
+    their records' values and are built without validating them again (:func:`_from_record`).
+    """
     out = []
     for i, m in enumerate(_check.iterable("messages", messages)):
         if not isinstance(m, Message):
@@ -198,9 +207,53 @@ def from_ctxkeep_messages(messages: Iterable[Message]) -> list[BaseMessage]:
         compressed = "ctxkeep_compressed" in m.metadata
         if compressed or "content" not in data:
             data["content"] = m.content if m.content is not None else ""
-        lc = messages_from_dict([{"type": record["type"], "data": data}])[0]
-        out.append(_apply_changes(lc, _convert(lc, i, {}), m))
+        lc = (
+            _from_record(record["type"], data)
+            if owned
+            else messages_from_dict([{"type": record["type"], "data": data}])[0]
+        )
+        out.append(_apply_changes(lc, _modelled(lc, i), m))
     return out
+
+
+# The record's data is a validated message's ``model_dump()`` (:func:`to_ctxkeep_messages`),
+# so these types are rebuilt with ``model_construct``, without validating it again (which
+# would also copy the values): about a third of a 1,000-message history read was pydantic
+# validation. Any other type takes LangChain's path.
+_CONSTRUCT: dict[str, type[BaseMessage]] = {
+    "human": HumanMessage,
+    "ai": AIMessage,
+    "system": SystemMessage,
+    "tool": ToolMessage,
+    "chat": ChatMessage,
+}
+
+
+def _from_record(kind: Any, data: dict[str, Any]) -> BaseMessage:
+    cls = _CONSTRUCT.get(kind) if isinstance(kind, str) else None
+    if cls is None or not isinstance(data.get("content"), str | list):
+        return messages_from_dict([{"type": kind, "data": data}])[0]
+    data.pop("type", None)  # the class's own literal
+    return cls.model_construct(**data)
+
+
+class _Modelled(NamedTuple):
+    """What ctxkeep models of a LangChain message (:func:`_apply_changes` compares these), got
+    without building a whole :class:`~ctxkeep.Message`.
+    """
+
+    content: Content
+    tool_call_id: str | None
+    tool_calls: tuple[ToolCall, ...]
+
+
+def _modelled(m: BaseMessage, i: int) -> _Modelled:
+    role = _role(m, i)
+    return _Modelled(
+        _content(m.content, role),
+        getattr(m, "tool_call_id", None) if role == "tool" else None,
+        tuple(_tool_calls(m, i)) if role == "assistant" else (),
+    )
 
 
 def _from_fields(m: Message) -> BaseMessage:
@@ -241,7 +294,9 @@ def _lc_call(tc: ToolCall) -> dict[str, Any]:
     return {"name": tc.name, "args": args, "id": tc.id, "type": "tool_call"}
 
 
-def _apply_changes(original: BaseMessage, before: Message, after: Message) -> BaseMessage:
+def _apply_changes(
+    original: BaseMessage, before: Message | _Modelled, after: Message
+) -> BaseMessage:
     """``original`` if ctxkeep left it as it was (``before`` -> ``after``), else a copy with
     the changes: compressed content, or tool call ids a repair made distinct.
     """

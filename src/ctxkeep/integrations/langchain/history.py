@@ -18,8 +18,10 @@ from ctxkeep.errors import (
     SessionExistsError,
     SessionNotFoundError,
 )
-from ctxkeep.integrations.langchain.convert import from_ctxkeep_messages, to_ctxkeep_messages
+from ctxkeep.integrations.langchain.convert import _from_ctxkeep, to_ctxkeep_messages
+from ctxkeep.messages import Message
 from ctxkeep.sessions import MemoryConfig, MemoryManager, open_memory
+from ctxkeep.sessions.records import record_to_message
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
@@ -77,12 +79,27 @@ class CtxkeepChatMessageHistory(BaseChatMessageHistory):
     # The base declares an attribute; LangChain's own histories override it with a property.
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        """The history, oldest first (copies)."""
+        """The history, oldest first (new objects on every read)."""
+        return _from_ctxkeep(self._stored(), owned=True)
+
+    def _stored(self) -> list[Message]:
+        """The stored messages, decoded from the session's rows for this read alone.
+
+        ``MemoryManager.get_messages`` gives deep copies of its decoded messages, which were
+        38% of a read; these are thrown away once converted, so nobody else can see them
+        change, decoding the rows costs less than copying, and the LangChain messages may
+        share their values.
+        """
         try:
-            stored = self.memory.get_messages(self.session_id)
+            self.memory.get_session(self.session_id)  # the TTL check and the access
+            info, rows = self.memory.reads.since(self.session_id)
         except SessionNotFoundError:
             return []
-        return from_ctxkeep_messages(stored)
+        return [
+            record_to_message(r, session_id=self.session_id, seq=seq)
+            for seq, r in rows
+            if seq >= info.first_seq  # rows a trim has passed but not yet removed
+        ]
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append ``messages`` atomically, creating the session on first use.
