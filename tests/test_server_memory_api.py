@@ -664,3 +664,30 @@ def test_serve_takes_the_episodic_embedder_from_the_command_line(tmp_path: Path)
 def test_an_unknown_embedder_is_refused_when_the_app_is_made() -> None:
     with pytest.raises(ConfigError, match="unknown embedder 'nope'"):
         create_app("memory://", embedder="nope")
+
+
+def test_an_embedder_not_installed_is_a_501_naming_its_extra_never_a_500(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxkeep.episodic import embedders
+    from ctxkeep.errors import MissingDependencyError
+
+    def missing() -> Any:
+        raise MissingDependencyError("wordllama", "static")
+
+    monkeypatch.setitem(embedders.EMBEDDERS, "wordllama", missing)
+    app = create_app(f"sqlite:///{tmp_path}/srv.db", config=CONFIG, embedder="local")
+    with TestClient(app) as client:
+        api = Api(client, _key(app, "acme"))
+        body = {"session_id": "s", "task_goal": "g", "summary": "s", "metadata": {}}
+        search = {"query": "g"}
+        for r in (
+            api("POST", "/v1/episodes", json=body),
+            api("POST", "/v1/episodes/search", json=search),
+        ):
+            assert r.status_code == 501, r.text
+            problem = r.json()
+            assert problem["type"].endswith("missing-dependency")
+            assert "wordllama" in problem["detail"] and "ctxkeep[static]" in problem["detail"]
+        # The rest of the service works.
+        assert api("POST", "/v1/sessions", json={"agent_id": "a"}).status_code == 201

@@ -91,12 +91,15 @@ def _remote(error: type[Exception]) -> type[RemoteError]:
 _SERVER_FAILURES: dict[str, type[RemoteError]] = {
     kind.slug: _remote(kind.error)
     for kind in PROBLEMS
-    if kind.status >= 500 and kind.error not in (None, CtxkeepError, StorageError)
+    # A package the server lacks is no install for the caller to make: a RemoteError.
+    if kind.status >= 500
+    and kind.error not in (None, CtxkeepError, StorageError, MissingDependencyError)
 }
 """The server failures (5xx) of :data:`~ctxkeep.server.problems.PROBLEMS` that stand for a
 typed ctxkeep exception (a corrupt record, stored data of an unknown version, a kind of
 record the storage does not offer), by problem slug; derived from the table, so a new one is
-mapped too. ``storage-unavailable`` (503) and ``internal-error`` (500) raise
+mapped too. ``storage-unavailable`` (503), ``internal-error`` (500) and
+``missing-dependency`` (501: a package the server lacks, whose detail names its extra) raise
 :class:`RemoteError` itself, which is a :class:`~ctxkeep.errors.StorageError`."""
 
 

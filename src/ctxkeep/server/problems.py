@@ -36,6 +36,7 @@ from ctxkeep.errors import (
     InvalidTypeError,
     MessageError,
     MessageIdConflictError,
+    MissingDependencyError,
     MissingToolResultError,
     OrphanToolResultError,
     PromptTooLongError,
@@ -116,6 +117,9 @@ PROBLEMS: tuple[ProblemKind, ...] = (
     # repair or delete the record the log names.
     ProblemKind(CorruptRecordError, 500, "corrupt-record", "Stored record is corrupt"),
     ProblemKind(NotAvailableError, 501, "not-available", "Not available on this storage"),
+    # A route whose optional package this server lacks (the default embedder of the episodic
+    # routes without its extra): told, as it names the extra that brings it.
+    ProblemKind(MissingDependencyError, 501, "missing-dependency", "Not installed on this server"),
     ProblemKind(StorageError, 503, "storage-unavailable", "Storage failed"),
     ProblemKind(CtxkeepError, 500, "internal-error", "Internal error"),
 )
@@ -180,7 +184,8 @@ def problem_for(error: BaseException) -> dict[str, Any]:
     failure only: driver messages can carry hosts and paths that are not the caller's business.
     """
     kind = kind_of(error)
-    told = kind.status < 500 or isinstance(error, NotAvailableError)  # 501 is no failure
+    # 501 is no failure: what the server lacks is told
+    told = kind.status < 500 or isinstance(error, NotAvailableError | MissingDependencyError)
     detail = str(error) if told else f"{kind.title.lower()}; see the server's log"
     problem: dict[str, Any] = {
         "type": kind.type,
