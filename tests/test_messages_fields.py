@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -186,3 +187,21 @@ def test_the_fast_record_decoder_accepts_what_the_checked_one_accepts(
                 record_to_message(dumps(record))
         else:
             assert record_to_message(dumps(record)) == expected
+
+
+def test_content_parts_take_the_fast_path_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Responses and Anthropic messages hold lists of parts: decoding them without the checked
+    # path's second pass (the list is the caller's, fresh from JSON) keeps reads of such
+    # sessions as fast as of plain text; the parts are still checked as Message checks them.
+    m = Message("assistant", [{"type": "output_text", "text": "hi"}, {"type": "refusal"}])
+    record = json.loads(dumps(message_to_record(m)))
+    checked = records._state_from_record
+    monkeypatch.setattr(records, "_state_from_record", None)  # the checked path fails
+    decoded = record_to_message(record)
+    assert decoded == m
+    assert decoded.content is record["content"]  # taken as is
+    monkeypatch.setattr(records, "_state_from_record", checked)
+    bad = json.loads(dumps(message_to_record(m)))
+    bad["content"] = [{"type": "text", "text": 1}]
+    with pytest.raises(CorruptRecordError, match="text"):
+        record_to_message(bad)

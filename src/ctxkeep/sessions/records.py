@@ -37,7 +37,7 @@ from ctxkeep.errors import (
     OrphanToolResultError,
     SchemaVersionError,
 )
-from ctxkeep.messages import FIELDS, ROLES, TEXT_FIELDS, Message, ToolCall
+from ctxkeep.messages import FIELDS, ROLES, TEXT_FIELDS, Message, ToolCall, _check_content
 
 RECORD_VERSION = 1
 
@@ -313,9 +313,23 @@ _FAST_LEN = len(message_to_record(Message("user", ""))) if FAST_PATH else -1
 -1 (no record's length) when the fast path is off."""
 
 
+def _parts(content: Any, role: str) -> bool:
+    """Whether ``content`` is a list of content parts :class:`Message` takes for ``role``
+    (the same check, on the decoded list itself: it is the caller's, fresh from JSON).
+    """
+    if type(content) is not list:
+        return False
+    try:
+        _check_content(content, role)
+    except InvalidMessageError:
+        return False
+    return True
+
+
 def _decode_current(record: dict[str, Any]) -> Message | None:
     """The message of a current-version record in :func:`message_to_record`'s shape, or None
-    where anything is unusual (content parts, an unexpected type: the checked path decides).
+    where anything is unusual (content parts :class:`Message` would refuse, an unexpected
+    type: the checked path decides and names it).
 
     ``record`` has as many keys as a current record and every one of them is read (a missing
     one raises ``KeyError``), so it has exactly a record's keys. A decoded record is owned by
@@ -330,7 +344,7 @@ def _decode_current(record: dict[str, Any]) -> Message | None:
     if not (
         type(role) is str
         and role in ROLES
-        and (content is None or type(content) is str)
+        and (content is None or type(content) is str or _parts(content, role))
         and set(map(type, _OPTIONAL_TEXT(record))) <= _TEXT_OR_NONE
         and (
             (type(tool_call_id) is str and tool_call_id != "")
