@@ -82,7 +82,6 @@ from ctxkeep.messages import Message
 from ctxkeep.prune import PruneReport, TokenPruner
 from ctxkeep.responses import _owned_to_responses, from_responses, to_responses
 from ctxkeep.sessions import MemoryConfig, MemoryManager, open_memory
-from ctxkeep.sessions.records import record_to_message
 from ctxkeep.tokens import TokenCounter, get_counter
 
 try:
@@ -225,13 +224,7 @@ class CtxkeepSession:
             SessionNotFoundError: unknown or expired session.
 
         """
-        self.memory.get_session(self.session_id)  # the TTL check and the access
-        info, rows = self.memory.reads.since(self.session_id)
-        return [
-            record_to_message(r, session_id=self.session_id, seq=seq)
-            for seq, r in rows
-            if seq >= info.first_seq  # rows a trim has passed but not yet removed
-        ]
+        return self.memory.reads.decoded(self.session_id)
 
     def _add(self, items: list[dict[str, Any]]) -> None:
         with self._lock:

@@ -40,14 +40,13 @@ from ctxkeep._check import INT64_MAX
 from ctxkeep.artifacts import ArtifactStore
 from ctxkeep.builder import BuiltPrompt, ContextBuilder
 from ctxkeep.builder.compose import prompt_budget
-from ctxkeep.errors import InvalidMessageError, SessionNotFoundError
+from ctxkeep.errors import SessionNotFoundError
 from ctxkeep.messages import Message
 from ctxkeep.prune import TokenPruner
 from ctxkeep.responses import to_responses
 from ctxkeep.server import problems
 from ctxkeep.server.deps import Tenant, TenantDep, tenant_of
 from ctxkeep.server.models import (
-    MAX_ID_LENGTH,
     AppendIn,
     BuildReportOut,
     CreateSessionIn,
@@ -101,25 +100,17 @@ def _session_out(info: SessionInfo) -> SessionOut:
 
 
 def _messages_in(messages: list[MessageIn]) -> list[Message]:
-    """The messages of a request, each id one the stores can keep.
+    """The messages of a request (an id the stores cannot keep, with NUL or longer than
+    :data:`~ctxkeep.server.models.MAX_ID_LENGTH`, is refused by the manager's append, on every
+    backend, with its index).
 
     Raises:
-        InvalidMessageError: a malformed message, or an id with NUL (PostgreSQL's text holds
-            none) or longer than :data:`~ctxkeep.server.models.MAX_ID_LENGTH` (more than its
-            index holds): each was a 503 there (issue 25).
+        InvalidMessageError: a malformed message.
 
     """
-    out = []
-    for i, m in enumerate(messages):
-        message = message_from_wire(m.model_dump(exclude_unset=True), index=i)
-        if message.id is not None and ("\x00" in message.id or len(message.id) > MAX_ID_LENGTH):
-            raise InvalidMessageError(
-                f"a message's id must hold no NUL and at most {MAX_ID_LENGTH} characters, got "
-                f"{len(message.id)} characters",
-                index=i,
-            )
-        out.append(message)
-    return out
+    return [
+        message_from_wire(m.model_dump(exclude_unset=True), index=i) for i, m in enumerate(messages)
+    ]
 
 
 def _messages_out(messages: list[Message]) -> list[dict[str, Any]]:

@@ -509,9 +509,11 @@ class MemoryManager:
         for i, raw in enumerate(_check.iterable("messages", messages)):
             m = coerce_message(raw, index=i)
             if m.id is not None and ("\x00" in m.id or len(m.id) > _check.MAX_ID_LENGTH):
+                # PostgreSQL's text holds no NUL and its index no longer id: one rule for all.
                 raise InvalidMessageError(
                     f"messages[{i}].id must hold no NUL and at most {_check.MAX_ID_LENGTH} "
-                    f"characters, got {len(m.id)}: {m.id[:40]!r}"
+                    f"characters, got {len(m.id)}: {m.id[:40]!r}",
+                    index=i,
                 )
             when = m.created_at or datetime.fromtimestamp(now, UTC)
             stamped.append(m._identified(m.id or uuid.uuid4().hex, when))
@@ -927,6 +929,23 @@ class HistoryReads:
 
         """
         return self.manager._read(session_id, after_seq)
+
+    def decoded(self, session_id: str) -> list[Message]:
+        """The session's messages decoded from its rows for this caller alone (no copies of
+        the manager's cache: an adapter that converts and drops them pays the decode only),
+        after the TTL check and the access :meth:`MemoryManager.get_session` makes.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+
+        """
+        self.manager.get_session(session_id)
+        info, rows = self.since(session_id)
+        return [
+            record_to_message(r, session_id=session_id, seq=seq)
+            for seq, r in rows
+            if seq >= info.first_seq  # rows a trim has passed but not yet removed
+        ]
 
     def newest(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
         """The newest ``limit`` messages below ``before_seq`` (None: the newest of all), with

@@ -21,7 +21,6 @@ from ctxkeep.errors import (
 from ctxkeep.integrations.langchain.convert import _from_ctxkeep, to_ctxkeep_messages
 from ctxkeep.messages import Message
 from ctxkeep.sessions import MemoryConfig, MemoryManager, open_memory
-from ctxkeep.sessions.records import record_to_message
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
@@ -91,15 +90,9 @@ class CtxkeepChatMessageHistory(BaseChatMessageHistory):
         share their values.
         """
         try:
-            self.memory.get_session(self.session_id)  # the TTL check and the access
-            info, rows = self.memory.reads.since(self.session_id)
+            return self.memory.reads.decoded(self.session_id)
         except SessionNotFoundError:
             return []
-        return [
-            record_to_message(r, session_id=self.session_id, seq=seq)
-            for seq, r in rows
-            if seq >= info.first_seq  # rows a trim has passed but not yet removed
-        ]
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append ``messages`` atomically, creating the session on first use.
