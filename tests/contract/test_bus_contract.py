@@ -1,4 +1,6 @@
-"""The message-bus conformance suite against every bus: in process and over Redis Streams."""
+"""The message-bus conformance suite against every bus: in process, over Redis Streams and on
+PostgreSQL tables.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +30,24 @@ class TestRedisStreamBus(BusContract):
 
         def make() -> MessageBus:
             bus = RedisStreamBus(redis_url, consumer="contract", prefix=redis_prefix_factory())
+            made.append(bus)
+            return bus
+
+        yield make
+        for bus in made:
+            bus.close()
+
+
+@pytest.mark.postgres
+class TestPostgresBus(BusContract):
+    @pytest.fixture
+    def make_bus(self, postgres_schema_factory: Callable[[], str]) -> Iterator[MakeBus]:
+        from ctxkeep.fabric.postgres import PostgresBus
+
+        made: list[PostgresBus] = []
+
+        def make() -> MessageBus:
+            bus = PostgresBus(postgres_schema_factory(), consumer="contract")
             made.append(bus)
             return bus
 
