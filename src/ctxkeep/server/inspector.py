@@ -18,10 +18,17 @@ tenant's data exactly as any other client would:
 The routes here give what the rest of the API does not:
 
 ================================================  ============================================
+``GET /v1/inspect/tenant``                        the key's tenant (the page's header names it)
+``GET /v1/inspect/sessions/{id}/window``          the window the session's prompts were built
+                                                  with, and where that was found
 ``GET /v1/inspect/sessions/{id}/composition``     the prompt built before message ``at``, with
-                                                  the build report and every message's fate
+                                                  the build report, every message's fate, its
+                                                  notes once each and, for a cache-stable
+                                                  prompt that left history out, why
 ``GET /v1/inspect/sessions/{id}/steps``           tokens per message; per model call, the
                                                   history's tokens and the built prompt's
+``POST /v1/inspect/episodes/search``              the episodes relevant to a query, by the
+                                                  rule ``ctxkeep memory search`` applies
 ``GET /``, ``GET /inspector/{file}``              the page and its script and style sheet
 ================================================  ============================================
 
@@ -32,7 +39,9 @@ function of the history it reads and of those settings (the cache-stable pruner'
 this is the prompt that call got, had it been built with the settings asked for. With ``at``
 left out the whole session is built, and the report equals that route's. The compressed outputs
 of a composition are written to the tenant's artifact store, where the artifact route finds
-them; the steps chart's many builds keep theirs in a throwaway store.
+them; the steps chart's many builds keep theirs in a throwaway store. The words the page
+shows about a prompt (its window, why a cache-stable prompt left history out, its notes) come
+from :mod:`ctxkeep.server.inspector_explain`.
 """
 
 from __future__ import annotations
@@ -56,7 +65,15 @@ from ctxkeep.errors import BudgetExceededError, ConfigError, PromptTooLongError
 from ctxkeep.messages import Message
 from ctxkeep.server import routes
 from ctxkeep.server.deps import TenantDep
+from ctxkeep.server.inspector_explain import (
+    WindowSource,
+    cache_explanation,
+    distinct_notes,
+    session_window,
+)
 from ctxkeep.server.models import BuildReportOut, EvictedOut, IdPath, Problem
+from ctxkeep.server.models_memory import HitOut, SearchIn
+from ctxkeep.server.routes_memory import _hit_out, _problems
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 from ctxkeep.sessions.records import SessionInfo
@@ -108,6 +125,13 @@ class InspectDecisionOut(BaseModel):
     excerpt: str | None = Field(description="Compressed: the text the prompt carries instead.")
 
 
+class NoteOut(BaseModel):
+    """A note of the build or the pruner, given once."""
+
+    text: str
+    count: int = Field(description="How many times the build gave it (one per output, say).")
+
+
 class CompositionResponse(_Response):
     """The prompt built before message ``at`` of a session, and how."""
 
@@ -116,6 +140,50 @@ class CompositionResponse(_Response):
     total: int = Field(description="Messages the session holds.")
     report: BuildReportOut = Field(description="As POST /v1/sessions/{id}/prompt reports it.")
     decisions: list[InspectDecisionOut]
+    notes: list[NoteOut] = Field(
+        description="The report's and the pruner's notes, each once, in the order given."
+    )
+    explanation: list[str] = Field(
+        description=(
+            "A cache-stable prompt that left out or compressed history: why, and what it "
+            "saves, in plain words (a paragraph each); empty otherwise."
+        )
+    )
+
+
+class WindowResponse(BaseModel):
+    """The window a session's prompts were built with."""
+
+    session_id: str
+    max_prompt_tokens: int = Field(description="The model's window.")
+    reserve_output_tokens: int = Field(description="The part of it kept for the reply.")
+    source: WindowSource = Field(
+        description=(
+            "recorded: a reply's metadata names it (max_prompt_tokens, reserve_output_tokens); "
+            "model: the window of the model a reply's metadata names; default: nothing in the "
+            "session says, the defaults of POST /v1/sessions/{id}/prompt."
+        )
+    )
+    model: str | None = Field(description="The model a reply names, if any.")
+    message_index: int | None = Field(description="The reply the window was read from.")
+    explanation: str = Field(description="Where the figures come from, in a sentence.")
+
+
+class TenantResponse(BaseModel):
+    """Whose data the key opens."""
+
+    tenant: str
+    sessions: int = Field(description="Sessions stored (idle ones not yet reclaimed included).")
+
+
+class RelevantHitsResponse(BaseModel):
+    """The relevant hits of a search, best first, and how many others it left out."""
+
+    hits: list[HitOut]
+    not_relevant: int = Field(
+        description="Hits in the top_k left out as not relevant (no query word matched, or a "
+        "fused score below the average searched episode's)."
+    )
 
 
 class MessageTokensOut(BaseModel):
@@ -301,15 +369,83 @@ def composition(
             if at:
                 mem.add_messages(session_id, messages[:at])
             artifacts = routes.StagedArtifacts(stores.artifacts())
-            built = prompt_builder(mem, params, artifacts).build(session_id)
+            builder = prompt_builder(mem, params, artifacts)
+            built = builder.build(session_id)
             artifacts.commit()  # only a composition built: a refused one stores nothing
+    report = built.report
     return CompositionResponse(
         session_id=session_id,
         at=at,
         total=total,
         report=routes.report_out(built),
         decisions=_decisions(built, messages),
+        notes=[
+            NoteOut(text=text, count=n)
+            for text, n in distinct_notes([*report.notes, *report.prune.notes])
+        ],
+        explanation=cache_explanation(report, builder.pruner.config.low_water),
         evicted=tenant.evicted(),
+    )
+
+
+@router.get(
+    "/v1/inspect/sessions/{session_id}/window",
+    response_model=WindowResponse,
+    responses=_RESPONSES,
+    tags=["inspect"],
+)
+def window(session_id: IdPath, tenant: TenantDep) -> WindowResponse:
+    """The window (and reply reserve) the session's prompts were built with, from what the
+    session records: a reply whose metadata names its prompt's ``max_prompt_tokens`` (and
+    ``reserve_output_tokens``), else the window of the ``model`` a reply names (as
+    :class:`~ctxkeep.llm.ChatClient` stores it), else the prompt route's defaults, as
+    ``source`` and ``explanation`` say. The page builds with it until told otherwise.
+    """
+    with tenant.memory() as mem:
+        _, messages = _read(mem, session_id)
+    found = session_window(messages)
+    return WindowResponse(
+        session_id=session_id,
+        max_prompt_tokens=found.max_prompt_tokens,
+        reserve_output_tokens=found.reserve_output_tokens,
+        source=found.source,
+        model=found.model,
+        message_index=found.message_index,
+        explanation=found.explanation,
+    )
+
+
+@router.get(
+    "/v1/inspect/tenant",
+    response_model=TenantResponse,
+    responses={s: _RESPONSES[s] for s in (401, 503)},
+    tags=["inspect"],
+)
+def tenant_of_key(tenant: TenantDep) -> TenantResponse:
+    """The tenant whose data the key opens, and its sessions stored."""
+    with tenant.memory() as mem:
+        count = mem.session_count()
+    return TenantResponse(tenant=tenant.name, sessions=count)
+
+
+@router.post(
+    "/v1/inspect/episodes/search",
+    response_model=RelevantHitsResponse,
+    responses=_problems(401, 413, 422, 501, 503),
+    tags=["inspect"],
+)
+def search_relevant(body: SearchIn, tenant: TenantDep) -> RelevantHitsResponse:
+    """The relevant ones of the ``top_k`` best episodes for ``query``, by the rule
+    ``ctxkeep memory search`` shows them by (:meth:`~ctxkeep.episodic.Hit.is_relevant`: some
+    query word matched and the fused score is no worse than the average searched episode's);
+    ``POST /v1/episodes/search`` gives all ``top_k``, relevant or not.
+    """
+    filters = None if body.filters is None else body.filters.model_dump(exclude_none=True)
+    with tenant.stores() as stores:
+        ranked = stores.episodic().search(body.query, body.top_k, filters=filters)
+    hits = [h for h in ranked if h.is_relevant()]
+    return RelevantHitsResponse(
+        hits=[_hit_out(h) for h in hits], not_relevant=len(ranked) - len(hits)
     )
 
 
@@ -440,7 +576,10 @@ __all__ = [
     "CONTENT_SECURITY_POLICY",
     "BuildParams",
     "CompositionResponse",
+    "RelevantHitsResponse",
     "StepsResponse",
+    "TenantResponse",
+    "WindowResponse",
     "prompt_builder",
     "router",
     "scratch_session",

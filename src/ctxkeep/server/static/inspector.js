@@ -28,6 +28,7 @@
     messages: [],
     steps: null,
     composition: null,
+    window: null, // the window the session's prompts were built with, and where it was found
     artifacts: new Map(), // ref -> full text, fetched on demand
     open: new Set(), // refs whose full text is shown
   };
@@ -51,6 +52,39 @@
   const el = (tag, attrs, ...children) => fill(document.createElement(tag), attrs, children);
   const svg = (tag, attrs, ...children) =>
     fill(document.createElementNS(SVG_NS, tag), attrs, children);
+
+  // Text is measured with the page's own font, so labels can be laid out before they are
+  // drawn: a label that would overlap another goes to the next row, or is left out.
+  let measurer = null;
+  function textWidth(text, px = 11) {
+    if (!measurer) measurer = document.createElement("canvas").getContext("2d");
+    measurer.font = `${px}px ${getComputedStyle(document.documentElement).fontFamily}`;
+    return measurer.measureText(text).width;
+  }
+  // The horizontal extent of a label drawn at x with an SVG text-anchor, kept inside [lo, hi].
+  function extent(label, lo, hi) {
+    const w = textWidth(label.text);
+    let left = label.anchor === "end" ? label.x - w : label.anchor === "middle" ? label.x - w / 2 : label.x;
+    left = Math.max(lo, Math.min(left, hi - w));
+    return { left, right: left + w };
+  }
+  // Labels in rows, in priority order: each takes the first row where it overlaps nothing
+  // (a gap of `gap` pixels kept), at most `rows` rows; one that fits no row is left out.
+  function placeLabels(labels, lo, hi, rows = 1, gap = 6) {
+    const taken = Array.from({ length: rows }, () => []);
+    const placed = [];
+    for (const label of labels) {
+      const box = extent(label, lo, hi);
+      const row = taken.findIndex((spans) =>
+        spans.every((s) => box.right + gap <= s.left || box.left >= s.right + gap),
+      );
+      if (row < 0) continue;
+      taken[row].push(box);
+      placed.push({ ...label, row, x: box.left, anchor: "start" });
+    }
+    return placed;
+  }
+  const widthOf = (node, fallback) => Math.max(240, Math.floor(node.clientWidth || fallback));
 
   const fmt = (n) => Number(n).toLocaleString("en-US");
   function short(n) {
@@ -154,6 +188,7 @@
     $("app").hidden = true;
     $("signout").hidden = true;
     $("who").textContent = "";
+    document.title = "ctxkeep inspector";
     $("login").hidden = false;
     $("login-error").textContent = message || "";
     $("api-key").value = "";
@@ -162,12 +197,17 @@
 
   async function signIn(key) {
     state.key = key;
-    const stats = await api("GET", "/v1/stats");
+    const who = await api("GET", "/v1/inspect/tenant");
     sessionStorage.setItem(KEY, key);
     $("login").hidden = true;
     $("app").hidden = false;
     $("signout").hidden = false;
-    $("who").textContent = `${plural(stats.sessions, "session")} stored`;
+    $("who").replaceChildren(
+      "tenant ",
+      el("strong", { id: "tenant", text: who.tenant }),
+      ` · ${plural(who.sessions, "session")} stored`,
+    );
+    document.title = `ctxkeep inspector · ${who.tenant}`;
     await loadSessions();
     const wanted = new URLSearchParams(location.hash.slice(1)).get("session");
     if (wanted) await openSession(wanted);
@@ -212,12 +252,16 @@
   async function openSession(id) {
     showError(null);
     try {
-      const [one, page] = await Promise.all([
+      const [one, page, win] = await Promise.all([
         api("GET", `/v1/sessions/${enc(id)}`),
         api("GET", `/v1/sessions/${enc(id)}/messages`),
+        api("GET", `/v1/inspect/sessions/${enc(id)}/window`),
       ]);
       state.session = one.session;
       state.messages = page.messages;
+      state.window = win;
+      $("max-prompt-tokens").value = win.max_prompt_tokens;
+      $("reserve-output-tokens").value = win.reserve_output_tokens;
       state.steps = null;
       state.composition = null;
       state.open.clear();
@@ -251,7 +295,25 @@
 
   // -- steps and composition --------------------------------------------------------------------
 
+  function renderWindowSource() {
+    const w = state.window;
+    const line = $("window-source");
+    if (!w) {
+      line.textContent = "";
+      return;
+    }
+    const asked = Number($("max-prompt-tokens").value);
+    const reserve = Number($("reserve-output-tokens").value);
+    const same = asked === w.max_prompt_tokens && reserve === w.reserve_output_tokens;
+    line.setAttribute("data-source", same ? w.source : "set here");
+    line.textContent = same
+      ? w.explanation
+      : `The window set here, not the session's own: ${fmt(w.max_prompt_tokens)} ` +
+        `tokens, ${fmt(w.reserve_output_tokens)} kept for the reply (${w.explanation})`;
+  }
+
   async function rebuild(at) {
+    renderWindowSource();
     const id = state.session.session_id;
     state.steps = await api("GET", `/v1/inspect/sessions/${enc(id)}/steps?${buildQuery()}`);
     renderSteps();
@@ -283,6 +345,32 @@
     return state.steps ? state.steps.steps.find((s) => s.at === at) : undefined;
   }
 
+  // The y axis of the steps chart: linear, or logarithmic when the history grows so far past
+  // the prompt budget that the prompts' bars would be a few pixels high (a 300k history beside
+  // 7k prompts); then each prompt's bar is split among its sections by their shares.
+  function stepsScale(data, top, base, ph) {
+    const prompts = data.steps.map((s) => s.prompt_tokens || 0);
+    const promptTop = Math.max(data.prompt_budget, ...prompts);
+    if (promptTop / top >= 0.2) {
+      const tick = niceStep(top / 4);
+      const yMax = Math.ceil((top * 1.02) / tick) * tick;
+      const ticks = [];
+      for (let v = 0; v <= yMax; v += tick) ticks.push(v);
+      return { log: false, ticks, y: (v) => base - (ph * v) / yMax };
+    }
+    const positive = [...data.steps.map((s) => s.history_tokens), ...prompts].filter((v) => v > 0);
+    const lo = 10 ** Math.floor(Math.log10(Math.max(1, Math.min(data.prompt_budget, ...positive))));
+    const hi = 10 ** Math.ceil(Math.log10(top * 1.02));
+    const span = Math.log10(hi / lo);
+    const ticks = [];
+    for (let v = lo; v <= hi; v *= 10) ticks.push(v);
+    return {
+      log: true,
+      ticks,
+      y: (v) => base - (ph * Math.log10(Math.max(v, lo) / lo)) / span,
+    };
+  }
+
   function renderSteps() {
     const data = state.steps;
     const box = $("steps-chart");
@@ -290,36 +378,50 @@
       box.replaceChildren(el("p", { class: "muted", text: "No steps yet." }));
       return;
     }
-    const W = 1000;
-    const H = 230;
-    const m = { l: 52, r: 14, t: 14, b: 30 };
+    const W = widthOf(box, 1000);
+    const H = 260;
+    const m = { l: 46, r: 10, t: 26, b: 42 };
     const pw = W - m.l - m.r;
     const ph = H - m.t - m.b;
+    const base = m.t + ph;
     const steps = data.steps;
     const top = Math.max(
-      data.max_prompt_tokens,
+      data.prompt_budget,
       ...steps.map((s) => s.history_tokens),
       ...steps.map((s) => s.prompt_tokens || 0),
+      1,
     );
-    const tick = niceStep(top / 4);
-    const yMax = Math.ceil((top * 1.02) / tick) * tick;
-    const y = (v) => m.t + ph - (ph * v) / yMax;
+    const scale = stepsScale(data, top, base, ph);
+    const y = scale.y;
     const band = pw / steps.length;
     const bw = Math.max(2, Math.min(34, band * 0.72));
     const g = svg("svg", {
+      width: W,
+      height: H,
       viewBox: `0 0 ${W} ${H}`,
       role: "img",
       "aria-label": "Tokens per step",
+      "data-scale": scale.log ? "log" : "linear",
     });
-    for (let v = 0; v <= yMax; v += tick) {
+    for (const v of scale.ticks) {
       g.append(
         svg("line", { class: "axis", x1: m.l, x2: W - m.r, y1: y(v), y2: y(v) }),
-        svg("text", { x: m.l - 6, y: y(v) + 4, "text-anchor": "end", text: short(v) }),
+        svg("text", { class: "tick-y", x: m.l - 6, y: y(v) + 4, "text-anchor": "end", text: short(v) }),
       );
     }
-    const every = Math.max(1, Math.ceil(steps.length / 20));
+    // Step numbers under the bars: every `every` step (a round number), the first and the
+    // last first; one that would touch a neighbour is left out.
+    const widest = textWidth(String(steps[steps.length - 1].step)) + 8;
+    const every = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000].find((k) => k * band >= widest) || 1000;
+    const cx = (i) => m.l + band * i + band / 2;
+    const wanted = [steps.length - 1, 0, ...steps.map((_, i) => i).filter((i) => steps[i].step % every === 0)];
+    const ticks = placeLabels(
+      [...new Set(wanted)].map((i) => ({ x: cx(i), anchor: "middle", text: String(steps[i].step), i })),
+      0,
+      W,
+    );
+    const tickAt = new Map(ticks.map((t) => [t.i, t]));
     steps.forEach((s, i) => {
-      const cx = m.l + band * i + band / 2;
       const group = svg(
         "g",
         {
@@ -338,57 +440,72 @@
         svg("rect", { class: "hit", x: m.l + band * i, y: m.t, width: band, height: ph }),
         svg("rect", {
           class: "raw",
-          x: cx - bw / 2,
+          x: cx(i) - bw / 2,
           y: y(s.history_tokens),
           width: bw,
-          height: m.t + ph - y(s.history_tokens),
+          height: base - y(s.history_tokens),
         }),
       );
       if (s.prompt_tokens === null) {
-        group.append(svg("rect", { class: "failed", x: cx - bw / 4, y: m.t + ph - 6, width: bw / 2, height: 6 }));
+        group.append(svg("rect", { class: "failed", x: cx(i) - bw / 4, y: base - 6, width: bw / 2, height: 6 }));
       } else {
+        const height = base - y(s.prompt_tokens);
         let acc = 0;
         for (const sec of SECTIONS) {
           const v = s.sections[sec] || 0;
           if (!v) continue;
+          const h = (height * v) / s.prompt_tokens;
           group.append(
             svg("rect", {
               class: `seg sec-${sec}`,
-              x: cx - bw / 4,
-              y: y(acc + v),
+              x: cx(i) - bw / 4,
+              y: base - acc - h,
               width: bw / 2,
-              height: y(acc) - y(acc + v),
+              height: h,
             }),
           );
-          acc += v;
+          acc += h;
         }
       }
-      if (i % every === 0 || i === steps.length - 1) {
-        group.append(svg("text", { x: cx, y: H - m.b + 14, "text-anchor": "middle", text: String(s.step) }));
-      }
+      const t = tickAt.get(i);
+      if (t) group.append(svg("text", { class: "tick-x", x: t.x, y: base + 15, text: t.text }));
       g.append(group);
     });
+    const title = scale.log ? "tokens (log scale)" : "tokens";
+    const by = y(data.prompt_budget);
+    const budgetText = `prompt budget ${fmt(data.prompt_budget)}`;
+    // Above the line, unless that would run into the axis title: then below it.
+    const titleRight = 4 + textWidth(title);
+    const budgetLeft = W - m.r - textWidth(budgetText);
+    const above = by - 5 - 11 > 16 || budgetLeft > titleRight + 6;
     g.append(
-      svg("line", {
-        class: "budget-line",
-        x1: m.l,
-        x2: W - m.r,
-        y1: y(data.prompt_budget),
-        y2: y(data.prompt_budget),
-      }),
+      svg("line", { class: "budget-line", x1: m.l, x2: W - m.r, y1: by, y2: by }),
       svg("text", {
+        class: "budget-label",
         x: W - m.r,
-        y: y(data.prompt_budget) - 4,
+        y: above ? by - 5 : by + 14,
         "text-anchor": "end",
-        text: `prompt budget ${fmt(data.prompt_budget)}`,
+        text: budgetText,
       }),
-      svg("text", { x: m.l, y: H - 4, text: "step (model call)" }),
-      svg("line", { class: "axis", x1: m.l, x2: W - m.r, y1: m.t + ph, y2: m.t + ph }),
+      svg("text", { class: "axis-title", x: 4, y: 14, text: title }),
+      svg("text", { class: "axis-title", x: m.l, y: H - 6, text: "step (model call)" }),
+      svg("line", { class: "axis", x1: m.l, x2: W - m.r, y1: base, y2: base }),
     );
-    const more = data.first_step
-      ? el("p", { class: "muted", text: `${data.first_step} older steps not shown.` })
-      : null;
-    box.replaceChildren(g, ...(more ? [more] : []));
+    const notes = [];
+    if (scale.log) {
+      notes.push(
+        el("p", {
+          class: "muted scale-note",
+          text:
+            `Log scale: the history (up to ${fmt(top)} tokens) is ${Math.round(top / data.prompt_budget)}× ` +
+            "the prompt budget; each prompt's bar is split among its sections by their shares.",
+        }),
+      );
+    }
+    if (data.first_step) {
+      notes.push(el("p", { class: "muted", text: `${data.first_step} older steps not shown.` }));
+    }
+    box.replaceChildren(g, ...notes);
   }
 
   function markStep() {
@@ -403,12 +520,15 @@
     const r = c.report;
     const step = stepOf(c.at);
     const turnOf = c.at < state.messages.length ? turnIndex(c.at) : null;
+    const budget = r.max_prompt_tokens - r.reserve_output_tokens;
+    $("composition").hidden = false; // drawn to its width: shown first
     $("composition-title").textContent =
       c.at === c.total
         ? "Prompt composition: the next model call"
         : `Prompt composition: the call before message #${c.at}`;
     $("composition-sub").textContent =
-      `${fmt(r.prompt_tokens)} of ${fmt(r.max_prompt_tokens - r.reserve_output_tokens)} prompt tokens` +
+      `${fmt(r.prompt_tokens)} of ${fmt(budget)} prompt tokens` +
+      ` · window ${fmt(r.max_prompt_tokens)}, ${fmt(r.reserve_output_tokens)} kept for the reply` +
       ` · built from ${fmt(c.at)} of ${fmt(c.total)} messages` +
       (step ? ` · step ${step.step}` : "") +
       (turnOf !== null ? ` · turn ${turnOf}` : "");
@@ -418,12 +538,29 @@
     if (free) parts.push(["free", free]);
     parts.push(["reserve", r.reserve_output_tokens]);
 
-    const W = 1000;
+    const W = widthOf($("composition-bar"), 1000);
     const barY = 6;
     const barH = 46;
     const scale = W / r.max_prompt_tokens;
+    const bx = budget * scale;
+    // The axis labels in as many rows as they need: the budget and the window's labels sit
+    // close together when the reserve is a small part of the window.
+    const labels = placeLabels(
+      [
+        { key: "budget", x: bx, anchor: "middle", text: `budget ${fmt(budget)}` },
+        { key: "window", x: W, anchor: "end", text: `window ${fmt(r.max_prompt_tokens)}` },
+        { key: "zero", x: 0, anchor: "start", text: "0" },
+      ],
+      0,
+      W,
+      3,
+    );
+    const rows = Math.max(...labels.map((l) => l.row)) + 1;
+    const H = barY + barH + 6 + rows * 15;
     const g = svg("svg", {
-      viewBox: `0 0 ${W} 78`,
+      width: W,
+      height: H,
+      viewBox: `0 0 ${W} ${H}`,
       role: "img",
       "aria-label": "Prompt composition by section",
     });
@@ -446,20 +583,26 @@
           svg("title", { text: label }),
         ),
       );
-      const name = w > LABELS[sec].length * 7 + 12 ? LABELS[sec] : SHORT[sec] || LABELS[sec];
-      if (w > Math.max(name.length * 7 + 12, 40) && sec !== "free") {
+      const room = (text) => textWidth(text) * 1.1 + 12; // the labels inside are bold
+      const name = w >= room(LABELS[sec]) ? LABELS[sec] : SHORT[sec] || LABELS[sec];
+      if (sec !== "free" && w >= Math.max(room(name), room(short(tokens)))) {
         g.append(svg("text", { class: "inside", x: x + 6, y: barY + 19, text: name }));
         g.append(svg("text", { class: "inside", x: x + 6, y: barY + 36, text: short(tokens) }));
       }
       x += w;
     }
-    const bx = (r.max_prompt_tokens - r.reserve_output_tokens) * scale;
     g.append(
       svg("rect", { class: "frame", x: 0.5, y: barY, width: W - 1, height: barH }),
       svg("line", { class: "budget-mark", x1: bx, x2: bx, y1: barY - 4, y2: barY + barH + 4 }),
-      svg("text", { x: 0, y: 74, text: "0" }),
-      svg("text", { x: bx, y: 74, "text-anchor": "middle", text: `budget ${fmt(r.max_prompt_tokens - r.reserve_output_tokens)}` }),
-      svg("text", { x: W, y: 74, "text-anchor": "end", text: `window ${fmt(r.max_prompt_tokens)}` }),
+      ...labels.map((l) =>
+        svg("text", {
+          class: "axis-label",
+          "data-label": l.key,
+          x: l.x,
+          y: barY + barH + 17 + l.row * 15,
+          text: l.text,
+        }),
+      ),
     );
     $("composition-bar").replaceChildren(g);
 
@@ -485,10 +628,13 @@
       ),
       el("li", { text: `history ${fmt(p.tokens_before)} tokens as stored → ${fmt(p.tokens_after)} pruned` }),
     );
+    $("composition-why").replaceChildren(...c.explanation.map((t) => el("p", { text: t })));
+    $("composition-why").hidden = c.explanation.length === 0;
     $("composition-notes").replaceChildren(
-      ...[...r.notes, ...p.notes].map((n) => el("li", { text: n })),
+      ...c.notes.map((n) =>
+        el("li", { "data-count": n.count, text: n.count > 1 ? `${n.text} (×${n.count})` : n.text }),
+      ),
     );
-    $("composition").hidden = false;
   }
 
   // -- timeline ---------------------------------------------------------------------------------
@@ -694,8 +840,13 @@
     status.textContent = "Searching…";
     $("hits").replaceChildren();
     try {
-      const res = await api("POST", "/v1/episodes/search", { query, top_k: 5 });
-      status.textContent = res.hits.length ? plural(res.hits.length, "episode") : "No episode matches.";
+      // The inspector's search shows what `ctxkeep memory search` shows: relevant hits only.
+      const res = await api("POST", "/v1/inspect/episodes/search", { query, top_k: 5 });
+      const left = res.not_relevant
+        ? ` (${plural(res.not_relevant, "less relevant episode")} not shown, as in ctxkeep memory search)`
+        : "";
+      status.textContent =
+        (res.hits.length ? plural(res.hits.length, "relevant episode") : "No relevant episode.") + left;
       const known = new Set(state.sessions.map((s) => s.session_id));
       $("hits").replaceChildren(
         ...res.hits.map((h) => {
@@ -766,6 +917,20 @@
       const at = state.composition && state.composition.at < state.messages.length ? state.composition.at : null;
       rebuild(at).catch(showError);
     });
+    // The charts are drawn at the width they have (their text stays readable): again on resize.
+    let redraw = null;
+    window.addEventListener("resize", () => {
+      clearTimeout(redraw);
+      redraw = setTimeout(() => {
+        if (state.steps && !$("session").hidden) {
+          renderSteps();
+          markStep();
+        }
+        if (state.composition && !$("composition").hidden) renderComposition();
+      }, 80);
+    });
+    $("max-prompt-tokens").addEventListener("input", renderWindowSource);
+    $("reserve-output-tokens").addEventListener("input", renderWindowSource);
     const saved = sessionStorage.getItem(KEY);
     if (saved) signIn(saved).catch((err) => signOut(err.message));
     else signOut("");
