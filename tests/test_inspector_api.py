@@ -1,5 +1,6 @@
-"""The inspector's routes: ``/v1/inspect/...`` (composition and steps), the page and its files
-(FastAPI's TestClient, real stores, the real builder).
+"""The inspector's routes: ``/v1/inspect/...`` (composition, steps, the session's window, the
+tenant, the relevant episodes), the page and its files (FastAPI's TestClient, real stores, the
+real builder).
 """
 
 from __future__ import annotations
@@ -203,6 +204,138 @@ def test_a_prompt_that_cannot_fit_is_refused_with_its_reason(acme: Api) -> None:
     assert body["budget"] == 100 and body["required"] > 100
 
 
+def test_a_cache_stable_prompt_under_its_budget_says_why_it_left_history_out(acme: Api) -> None:
+    sid = acme.session(*history(8))
+    seen = _composition(acme, sid)  # the prompt route's defaults: 7,168 tokens of prompt
+    report, prune = seen["report"], seen["report"]["prune"]
+    assert prune["dropped"] == 2 and report["prompt_tokens"] < prune["budget"]
+    why, how, saves = seen["explanation"]
+    assert why.startswith(
+        f"Why are 2 messages left out and {prune['compressed']} tool outputs compressed, "
+        f"though the prompt uses only {report['prompt_tokens']:,} of its 7,168 tokens?"
+    )
+    assert "kept cache-stable" in why and "prompt cache" in why
+    assert "low-water mark (5,017 tokens, 70% of the budget)" in how  # floor(0.7 * 7168)
+    assert f"low-water mark {5017}" in prune["notes"][-1]  # the pruner's own figure
+    stable = prune["stable_prefix_tokens"]
+    assert stable and f"first {prune['stable_prefix_messages']} messages" in saves
+    assert f"read at least those {stable:,} tokens back from the provider's cache" in saves
+
+
+def test_a_prompt_that_keeps_the_whole_history_needs_no_explanation(acme: Api) -> None:
+    sid = acme.session(*history(8))
+    seen = _composition(acme, sid, max_prompt_tokens=200_000)
+    assert seen["report"]["prune"]["dropped"] == seen["report"]["prune"]["compressed"] == 0
+    assert seen["explanation"] == []
+
+
+def test_notes_are_given_once_each_with_their_count(acme: Api) -> None:
+    sid = acme.session(*history(8))
+    seen = _composition(acme, sid, max_prompt_tokens=6000)
+    given = [*seen["report"]["notes"], *seen["report"]["prune"]["notes"]]
+    assert len(set(given)) < len(given)  # the pruner notes each output it compresses
+    assert [n["text"] for n in seen["notes"]] == list(dict.fromkeys(given))
+    assert {n["text"]: n["count"] for n in seen["notes"]} == {t: given.count(t) for t in given}
+
+
+# -- the window and the tenant -----------------------------------------------------------------
+
+
+def _window(api: Api, sid: str) -> dict[str, Any]:
+    return api.ok("GET", f"/v1/inspect/sessions/{sid}/window")
+
+
+def _reply(text: str, **metadata: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, "metadata": metadata}
+
+
+@BOTH
+def test_the_window_a_reply_records_is_the_sessions(acme: Api) -> None:
+    sid = acme.session(
+        {"role": "user", "content": "hi"},
+        _reply("one", max_prompt_tokens=32_000, reserve_output_tokens=2_000),
+        {"role": "user", "content": "again"},
+        _reply("two", max_prompt_tokens=12_000, reserve_output_tokens=1_000, model="qwen3"),
+        {"role": "user", "content": "and?"},
+        _reply("three"),
+    )
+    seen = _window(acme, sid)
+    assert (seen["max_prompt_tokens"], seen["reserve_output_tokens"]) == (12_000, 1_000)
+    assert (seen["source"], seen["message_index"], seen["model"]) == ("recorded", 3, "qwen3")
+    assert "Reply #3 records the window" in seen["explanation"]
+
+
+def test_without_a_recorded_window_the_model_a_reply_names_gives_it(acme: Api) -> None:
+    from ctxkeep.llm.models import resolve_limits
+
+    sid = acme.session(
+        {"role": "user", "content": "hi"}, _reply("one", model="gpt-4o-2024-08-06", usage=None)
+    )
+    seen = _window(acme, sid)
+    limits = resolve_limits("gpt-4o", context_window=None, max_output_tokens=None)
+    assert seen["max_prompt_tokens"] == limits.context_window == 128_000
+    assert seen["reserve_output_tokens"] == limits.default_output_tokens
+    assert (seen["source"], seen["message_index"]) == ("model", 1)
+    assert "gpt-4o-2024-08-06" in seen["explanation"] and "128,000" in seen["explanation"]
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        [{"role": "user", "content": "hi"}, _reply("one", model="a-model-nobody-knows")],
+        [{"role": "user", "content": "hi"}, _reply("one", max_prompt_tokens="8k")],
+    ],
+    ids=["empty", "unknown-model", "not-a-number"],
+)
+def test_a_session_that_records_no_window_says_so_and_gets_the_defaults(
+    acme: Api, messages: list[dict[str, Any]]
+) -> None:
+    seen = _window(acme, acme.session(*messages))
+    assert (seen["max_prompt_tokens"], seen["reserve_output_tokens"]) == (8192, 1024)
+    assert seen["source"] == "default" and seen["message_index"] is None
+    assert seen["explanation"].startswith("Nothing in this session records the window")
+
+
+def test_the_tenant_route_names_the_keys_tenant(acme: Api, globex: Api) -> None:
+    acme.session()
+    acme.session()
+    assert acme.ok("GET", "/v1/inspect/tenant") == {"tenant": "acme", "sessions": 2}
+    assert globex.ok("GET", "/v1/inspect/tenant") == {"tenant": "globex", "sessions": 0}
+
+
+# -- episodic search ----------------------------------------------------------------------------
+
+
+@BOTH
+def test_the_inspectors_search_shows_only_what_the_cli_calls_relevant(acme: Api) -> None:
+    from ctxkeep.cli.memory import DEFAULT_MIN_SCORE
+
+    for goal, summary in (
+        ("fix the rounding bug", "invoice totals were rounded per line"),
+        ("deploy the website", "the nginx config changed"),
+        ("write the release notes", "listed every change since 1.2"),
+    ):
+        acme.ok(
+            "POST", "/v1/episodes", json={"session_id": "s", "task_goal": goal, "summary": summary}
+        )
+    query = {"query": "rounding of invoice totals", "top_k": 3}
+    ranked = acme.ok("POST", "/v1/episodes/search", json=query)["hits"]
+    assert len(ranked) == 3 and min(h["score"] for h in ranked) < 0  # unrelated ones rank too
+    shown = acme.ok("POST", "/v1/inspect/episodes/search", json=query)
+    relevant = [h for h in ranked if h["lexical"] > 0 and h["score"] >= DEFAULT_MIN_SCORE]
+    assert shown["hits"] == relevant
+    assert [h["episode"]["task_goal"] for h in shown["hits"]] == ["fix the rounding bug"]
+    assert shown["not_relevant"] == 2
+
+
+def test_the_inspectors_search_takes_the_search_routes_body(acme: Api) -> None:
+    r = acme("POST", "/v1/inspect/episodes/search", json={"query": "x", "top_k": 0})
+    _problem(r, 422, "invalid-request")
+    r = acme("POST", "/v1/inspect/episodes/search", json={"query": "x", "nope": 1})
+    _problem(r, 422, "invalid-request")
+
+
 # -- steps ------------------------------------------------------------------------------------
 
 
@@ -312,7 +445,7 @@ def test_bad_steps_input_is_a_422_problem(acme: Api, query: dict[str, Any], slug
 
 
 @BOTH
-@pytest.mark.parametrize("route", ["composition", "steps"])
+@pytest.mark.parametrize("route", ["composition", "steps", "window"])
 def test_another_tenants_session_is_not_found(acme: Api, globex: Api, route: str) -> None:
     theirs = globex.session(*history(1))
     _problem(acme("GET", f"/v1/inspect/sessions/{theirs}/{route}"), 404, "session-not-found")
@@ -320,12 +453,18 @@ def test_another_tenants_session_is_not_found(acme: Api, globex: Api, route: str
     assert globex("GET", f"/v1/inspect/sessions/{theirs}/{route}").status_code == 200
 
 
-@pytest.mark.parametrize("route", ["composition", "steps"])
+@pytest.mark.parametrize("route", ["composition", "steps", "window"])
 def test_inspect_routes_need_a_key(acme: Api, client: TestClient, route: str) -> None:
     sid = acme.session()
     _problem(client.get(f"/v1/inspect/sessions/{sid}/{route}"), 401, "unauthorized")
     bad = {"Authorization": "Bearer ck_nope_nope"}
     _problem(client.get(f"/v1/inspect/sessions/{sid}/{route}", headers=bad), 401, "unauthorized")
+
+
+def test_the_tenant_and_search_routes_need_a_key(client: TestClient) -> None:
+    _problem(client.get("/v1/inspect/tenant"), 401, "unauthorized")
+    r = client.post("/v1/inspect/episodes/search", json={"query": "x"})
+    _problem(r, 401, "unauthorized")
 
 
 # -- the page ---------------------------------------------------------------------------------
@@ -365,6 +504,8 @@ def test_openapi_documents_the_inspect_routes_but_not_the_page(client: TestClien
     paths = client.get("/openapi.json").json()["paths"]
     assert "/v1/inspect/sessions/{session_id}/composition" in paths
     assert "/v1/inspect/sessions/{session_id}/steps" in paths
+    assert "/v1/inspect/sessions/{session_id}/window" in paths
+    assert "/v1/inspect/tenant" in paths and "/v1/inspect/episodes/search" in paths
     assert "/" not in paths and not any(p.startswith("/inspector") for p in paths)
     responses = paths["/v1/inspect/sessions/{session_id}/steps"]["get"]["responses"]
     assert PROBLEM in responses["404"]["content"]
