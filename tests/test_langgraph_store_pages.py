@@ -21,6 +21,7 @@ from langgraph.store.base import GetOp, PutOp
 
 from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep.integrations.langgraph import CtxkeepStore, _store_items
+from ctxkeep.integrations.langgraph._store_filters import matches_filter, sql_filter
 
 __all__ = ["postgres_schema_factory", "postgres_url"]  # fixtures, re-exported for pytest
 
@@ -153,3 +154,109 @@ def test_gets_over_more_keys_than_a_chunk_find_each_once(
     assert [g.value if g is not None else None for g in got] == [
         {"text": key} if key != "missing" else None for key in asked
     ]
+
+
+# -- filters the engine applies: exactly Python's matches_filter -------------------------------
+
+FILTER_VALUES: list[dict[str, Any]] = [
+    {"a": 1},
+    {"a": 1.0},
+    {"a": True},
+    {"a": False},
+    {"a": 0},
+    {"a": -3},
+    {"a": 2.5},
+    {"a": 2**62},
+    {"a": "1"},
+    {"a": "b"},
+    {"a": "B"},
+    {"a": "é"},
+    {"a": "10"},
+    {"a": "9"},
+    {"a": None},
+    {},
+    {"a": [1]},
+    {"a": {"x": 1}},
+    {"k.dot": "x", "a": 1},
+    {'we"ird': 1},
+]
+"""Values whose JSON types and orders differ from SQL's (1 and 1.0, true and 1, "10" and
+"9", a missing key and null, keys SQLite's paths must quote)."""
+
+FILTERS: list[dict[str, Any]] = [
+    {"a": 1},
+    {"a": 1.0},
+    {"a": True},
+    {"a": False},
+    {"a": 0},
+    {"a": None},
+    {"a": "1"},
+    {"a": 2**62},
+    {"a": {"$eq": "b"}},
+    {"a": {"$ne": 1}},
+    {"a": {"$ne": None}},
+    {"a": {"$ne": "b"}},
+    {"a": {"$gt": 1}},
+    {"a": {"$gte": 1}},
+    {"a": {"$gt": 0, "$lt": 3}},
+    {"a": {"$lt": "c"}},
+    {"a": {"$lte": "B"}},
+    {"a": {"$gt": "9"}},
+    {"k.dot": "x"},
+    {"missing": None},
+    {"a": 1, "missing": None},
+    {'we"ird': 1},
+    {"a": [1]},
+    {"a": {"x": 1}},
+]
+
+
+@pytest.mark.parametrize("store", KINDS, indirect=True)
+def test_a_filtered_search_keeps_exactly_what_matches_filter_accepts(store: CtxkeepStore) -> None:
+    store.batch(
+        [PutOp(("f",), f"v{i}", value, index=False) for i, value in enumerate(FILTER_VALUES)]
+    )
+    for flt in FILTERS:
+        want = sorted(f"v{i}" for i, v in enumerate(FILTER_VALUES) if matches_filter(v, flt))
+        got = sorted(i.key for i in store.search(("f",), filter=flt, limit=100))
+        assert got == want, flt
+        page = [i.key for i in store.search(("f",), filter=flt, limit=2, offset=1)]
+        whole = [i.key for i in store.search(("f",), filter=flt, limit=100)]
+        assert page == whole[1:3], flt
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_scalar_filters_are_written_in_sql_the_rest_left_to_python(engine: Any) -> None:
+    for flt in FILTERS[:18]:
+        assert sql_filter(flt, engine) is not None, flt
+    assert sql_filter({"a": [1]}, engine) is None
+    assert sql_filter({"a": {"x": 1}}, engine) is None
+    assert (sql_filter({'we"ird': 1}, engine) is None) == (engine == "sqlite")
+
+
+# -- recall: the whole store first, then the scope alone ----------------------------------------
+
+
+@pytest.mark.parametrize("store", KINDS, indirect=True)
+@pytest.mark.parametrize("exact_scope", [1000, 1])
+def test_recall_returns_only_current_items_of_the_scope_however_deep_it_looks(
+    store: CtxkeepStore, exact_scope: int
+) -> None:
+    """The searched namespace holds 3 items; 60 elsewhere, an episode of another user of the
+    episodic store and an item's replaced text all match the query better. The store-wide
+    searches find none of the scope, the search within it (by episode ids, or with
+    ``exact_scope=1`` by namespaces) finds all three."""
+    store.exact_scope = exact_scope
+    store.batch(
+        [PutOp(("other",), f"o{i}", {"text": f"orchid lobby flowers {i}"}) for i in range(60)]
+    )
+    store.batch([PutOp(("mine", "a"), f"m{i}", {"text": f"orchid note {i}"}) for i in range(3)])
+    store.put(("mine", "a"), "m0", {"text": "orchid lobby flowers, replaced"})
+    store.put(("mine", "a"), "m0", {"text": "orchid note 0"})
+    store.episodic.save_episode("someone", "", "orchid lobby flowers", agent_id="someone")
+    found = store.search(("mine",), query="orchid lobby flowers", limit=5)
+    assert sorted(i.key for i in found) == ["m0", "m1", "m2"]
+    assert all(i.score is not None and i.value["text"].startswith("orchid note") for i in found)
+    assert [
+        i.key for i in store.search(("mine",), query="orchid", filter={"text": "orchid note 1"})
+    ] == ["m1"]

@@ -4,7 +4,9 @@ What a put's value may be (:func:`_value_text`: plain JSON), how a search filter
 (:func:`_filter`) and matched against a value (:func:`matches_filter`), how a namespace
 listing's conditions match (:func:`matches_namespace`), and the checks that refuse a malformed
 operation (:func:`_check_op`) or config (:func:`_index_fields`, :func:`_ttl_config`) before
-anything is done.
+anything is done; and :func:`sql_filter`, the SQL condition of SQLite and PostgreSQL that
+selects exactly the values :func:`matches_filter` accepts, where one exists (then the engine
+filters, orders and pages in one statement).
 
 Imports LangGraph: import it through ``store``, which says which extra to install when it is
 missing.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from langgraph.store.base import (
     GetOp,
@@ -155,6 +157,90 @@ def _operator(got: Any, op: str, arg: Any) -> bool:
     if op == "$lt":
         return bool(got < arg)
     return bool(got <= arg)
+
+
+Engine = Literal["sqlite", "postgres"]
+"""The SQL engines of the item table."""
+
+_ORDER_SQL = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+
+
+def sql_filter(flt: Mapping[str, Any] | None, engine: Engine) -> tuple[str, tuple[Any, ...]] | None:
+    """The condition over the item table's ``value`` column (JSON text; ``?`` placeholders)
+    that holds for exactly the values :func:`matches_filter` accepts, with its parameters;
+    ``None`` when a part of the filter has no exact translation here (a list, a mapping
+    without operators, a key SQLite's JSON paths cannot quote): the caller then filters in
+    Python.
+
+    Each part is one top-level key compared with a scalar: equality is JSON equality (a
+    number equals a number of the same value, ``true`` is not ``1``, a missing key equals
+    ``None``), order holds only between two numbers or two strings (strings by code point:
+    SQLite's ``BINARY``, PostgreSQL's ``"C"``), and every condition is true or false, never
+    NULL, so ``$ne`` is its negation.
+    """
+    conds: list[str] = []
+    params: list[Any] = []
+    for key, want in (flt or {}).items():
+        ops = (
+            list(want.items())
+            if isinstance(want, Mapping) and any(k.startswith("$") for k in want)
+            else [("$eq", want)]
+        )
+        for op, arg in ops:
+            made = _sql_compare(key, op, arg, engine)
+            if made is None:
+                return None
+            conds.append(made[0])
+            params += made[1]
+    return (" AND ".join(conds) or "1 = 1"), tuple(params)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+def _sql_compare(key: str, op: str, arg: Any, engine: Engine) -> tuple[str, list[Any]] | None:
+    """One comparison of a top-level field (see :func:`sql_filter`), or ``None``."""
+    if not _scalar(arg) or "\0" in key or (isinstance(arg, str) and "\0" in arg):
+        return None  # PostgreSQL's text holds no NUL
+    if engine == "sqlite":
+        if any(c in key for c in '"\\') or not key.isprintable():
+            return None  # not a path SQLite quotes as one key
+        if isinstance(arg, int) and not -(2**63) <= arg < 2**63:
+            return None  # sqlite3 binds 64-bit integers only
+        path = f'$."{key}"'
+        kind = "coalesce(json_type(value, ?), 'null')"
+        if op in ("$eq", "$ne"):
+            if arg is None:
+                cond, params = f"{kind} = 'null'", [path]
+            elif isinstance(arg, bool):
+                cond, params = f"{kind} = ?", [path, "true" if arg else "false"]
+            elif isinstance(arg, str):
+                cond = f"({kind} = 'text' AND json_extract(value, ?) = ?)"
+                params = [path, path, arg]
+            else:
+                cond = f"({kind} IN ('integer', 'real') AND json_extract(value, ?) = ?)"
+                params = [path, path, arg]
+        else:
+            types = "= 'text'" if isinstance(arg, str) else "IN ('integer', 'real')"
+            cond = f"({kind} {types} AND json_extract(value, ?) {_ORDER_SQL[op]} ?)"
+            params = [path, path, arg]
+        return (f"NOT {cond}" if op == "$ne" else cond), params
+    field = "(value::jsonb -> ?)"
+    if op in ("$eq", "$ne"):
+        if arg is None:
+            cond, params = f"coalesce({field}, 'null'::jsonb) = 'null'::jsonb", [key]
+        else:
+            cond, params = f"coalesce({field} = ?::jsonb, FALSE)", [key, dumps(arg)]
+        return (f"NOT {cond}" if op == "$ne" else cond), params
+    if isinstance(arg, str):
+        kind, text = "string", '(value::jsonb ->> ?) COLLATE "C"'
+    else:
+        kind, text = "number", "(value::jsonb ->> ?)::numeric"
+    cond = (
+        f"CASE WHEN jsonb_typeof({field}) = '{kind}' THEN {text} {_ORDER_SQL[op]} ? ELSE FALSE END"
+    )
+    return cond, [key, key, arg]
 
 
 def matches_namespace(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:

@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -25,12 +25,12 @@ from langgraph.store.base import Item, SearchItem
 
 from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.errors import ConfigError
+from ctxkeep.integrations.langgraph._store_filters import Engine, matches_filter, sql_filter
 from ctxkeep.sessions.records import loads
 
 TABLE = "ctxkeep_langgraph_items"
 """The item table."""
-MIGRATIONS = [
-    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+_TABLE_SQL = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
         namespace TEXT NOT NULL,
         item_key TEXT NOT NULL,
         value TEXT NOT NULL,
@@ -41,9 +41,22 @@ MIGRATIONS = [
         episode_id TEXT,
         PRIMARY KEY (namespace, item_key)
     );
-    CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (expires_at)""",
+    CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (expires_at)"""
+SQLITE_MIGRATIONS = [
+    _TABLE_SQL,
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_order ON {TABLE} (updated_at DESC, namespace, item_key)",
 ]
-"""The item table's schema, one SQL text for SQLite and PostgreSQL (position = version)."""
+"""The item table's schema on SQLite (position = version). Version 2 indexes the order a
+search returns (newest updated, then namespace and key by code point), so that a page is read
+from the index's start, not sorted out of every row."""
+POSTGRES_MIGRATIONS = [
+    _TABLE_SQL,
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_order ON {TABLE} "
+    '(updated_at DESC, namespace COLLATE "C", item_key COLLATE "C")',
+]
+"""The same on PostgreSQL (its index of the order collates by code point, as the order does)."""
+MIGRATIONS = SQLITE_MIGRATIONS
+"""The SQLite schema, under the name it had when both engines shared one."""
 
 CHUNK = 400
 """Keys read per statement when a write reads the stored rows (800 parameters: far below
@@ -141,8 +154,15 @@ Merge = Callable[[Row | None, Row | None], Row | None]
 
 T = TypeVar("T")
 
+Filter = Mapping[str, Any] | None
+"""A search's filter, plain JSON data as ``_store_filters._filter`` checks it (``None``: all)."""
 Keep = Callable[[str], bool]
-"""Given a row's value (JSON text), whether a scan keeps it (the store's filter)."""
+"""Given a row's value (JSON text), whether a scan keeps it."""
+
+
+def _keep(flt: Filter) -> Keep | None:
+    """The filter as a test of a row's value text, in Python (``None``: keep all)."""
+    return (lambda text: matches_filter(loads(text), flt)) if flt else None
 
 
 def _page(
@@ -172,20 +192,20 @@ class Items(ABC):
         self,
         prefix: str | None,
         now: float,
-        keep: Keep | None = None,
+        flt: Filter = None,
         offset: int = 0,
         limit: int | None = None,
     ) -> list[Row]:
         """The rows live at ``now`` whose namespace is ``prefix`` or below it (``None``: any)
-        and whose value ``keep`` accepts (``None``: any), newest updated first, then by
+        and whose value matches ``flt`` (``None``: any), newest updated first, then by
         namespace and key (code point order); from ``offset`` on, at most ``limit``
         (``None``: all). Rows are built only for what is returned.
         """
 
     @abstractmethod
-    def indexed(self, prefix: str | None, now: float, keep: Keep | None = None) -> dict[str, Key]:
+    def indexed(self, prefix: str | None, now: float, flt: Filter = None) -> dict[str, Key]:
         """The episode id and address of each row :meth:`scan` would return that has an
-        episode, in :meth:`scan`'s order (no row is built).
+        episode, in no order (no row is built).
         """
 
     @abstractmethod
@@ -237,20 +257,18 @@ class MemoryItems(Items):
         self,
         prefix: str | None,
         now: float,
-        keep: Keep | None = None,
+        flt: Filter = None,
         offset: int = 0,
         limit: int | None = None,
     ) -> list[Row]:
         """The live rows of ``prefix`` and below it, ordered, filtered, one page."""
         rows = self._live(prefix, now)
         rows.sort(key=lambda r: (-r.updated_at, r.namespace, r.key))
-        return list(_page(rows, lambda r: r.value, keep, offset, limit))
+        return list(_page(rows, lambda r: r.value, _keep(flt), offset, limit))
 
-    def indexed(self, prefix: str | None, now: float, keep: Keep | None = None) -> dict[str, Key]:
+    def indexed(self, prefix: str | None, now: float, flt: Filter = None) -> dict[str, Key]:
         """Episode id -> address of the live rows with an episode."""
-        live = self._live(prefix, now)
-        live.sort(key=lambda r: (-r.updated_at, r.namespace, r.key))
-        rows = _page(live, lambda r: r.value, keep, 0, None)
+        rows = _page(self._live(prefix, now), lambda r: r.value, _keep(flt), 0, None)
         return {r.episode_id: r.address for r in rows if r.episode_id is not None}
 
     def namespaces(self) -> list[tuple[str, int, float | None]]:
@@ -303,14 +321,17 @@ class SQLItems(Items):
 
     Args:
         db: the engine client (``SQLiteClient`` or ``PgClient``), its schema set up.
+        engine: ``sqlite`` or ``postgres``: how filters are written
+            (:func:`~ctxkeep.integrations.langgraph._store_filters.sql_filter`).
         mark: the engine's parameter placeholder (``?`` or ``%s``).
         collate: the engine's collation that orders text by code point, as Python does
             (``BINARY`` in SQLite, ``"C"`` in PostgreSQL, whose default follows the locale).
 
     """
 
-    def __init__(self, db: Database, mark: str, collate: str) -> None:
+    def __init__(self, db: Database, engine: Engine, mark: str, collate: str) -> None:
         self._db = db
+        self._engine = engine
         self._mark = mark
         self._select = f"SELECT {', '.join(COLUMNS)} FROM {TABLE}"
         self._order = (
@@ -320,18 +341,26 @@ class SQLItems(Items):
     def _sql(self, text: str) -> str:
         return placeholders(text, self._mark)
 
-    @staticmethod
-    def _where(prefix: str | None, now: float) -> tuple[str, tuple[Any, ...]]:
+    def _where(
+        self, prefix: str | None, now: float, flt: Filter
+    ) -> tuple[str, tuple[Any, ...], Keep | None]:
         """The condition (and its parameters) of the rows live at ``now`` of ``prefix`` and
-        below it (``substr`` counts characters in both engines, as ``len`` does; labels hold
-        no ``.``, so the prefix test is exact).
+        below it whose value matches ``flt`` (``substr`` counts characters in both engines,
+        as ``len`` does; labels hold no ``.``, so the prefix test is exact), and the test
+        left to Python of a filter SQL cannot write exactly (``None``: none).
         """
         where = "(expires_at IS NULL OR expires_at > ?)"
-        if prefix is None:
-            return where, (now,)
-        below = prefix + "."
-        where += f" AND (namespace = ? OR substr(namespace, 1, {len(below)}) = ?)"
-        return where, (now, prefix, below)
+        params: tuple[Any, ...] = (now,)
+        if prefix is not None:
+            below = prefix + "."
+            where += f" AND (namespace = ? OR substr(namespace, 1, {len(below)}) = ?)"
+            params += (prefix, below)
+        if not flt:
+            return where, params, None
+        translated = sql_filter(flt, self._engine)
+        if translated is None:
+            return where, params, _keep(flt)
+        return f"{where} AND {translated[0]}", params + translated[1], None
 
     def _chunks(self, keys: Sequence[Key]) -> Iterator[tuple[str, tuple[str, ...]]]:
         """The statements (and parameters) that read the rows of ``keys``, :data:`CHUNK`
@@ -357,14 +386,15 @@ class SQLItems(Items):
         self,
         prefix: str | None,
         now: float,
-        keep: Keep | None = None,
+        flt: Filter = None,
         offset: int = 0,
         limit: int | None = None,
     ) -> list[Row]:
-        """The live rows of ``prefix`` and below it, ordered and paged by the engine; with
-        ``keep``, the page is taken here, building rows only for it.
+        """The live rows of ``prefix`` and below it, filtered, ordered and paged by the
+        engine (along its index of the order); with a filter SQL cannot write, the page is
+        taken here, building rows only for it.
         """
-        where, params = self._where(prefix, now)
+        where, params, keep = self._where(prefix, now, flt)
         sql = f"{self._select} WHERE {where}{self._order}"
         if keep is None and limit is not None:
             sql += " LIMIT ? OFFSET ?"
@@ -378,15 +408,15 @@ class SQLItems(Items):
             for values in _page(rows, lambda v: str(v[2]), keep, keep_offset, keep_limit)
         ]
 
-    def indexed(self, prefix: str | None, now: float, keep: Keep | None = None) -> dict[str, Key]:
-        """Episode id -> address of the live rows with an episode, ordered by the engine
-        (their values read only for ``keep``).
+    def indexed(self, prefix: str | None, now: float, flt: Filter = None) -> dict[str, Key]:
+        """Episode id -> address of the live rows with an episode (their values read only
+        for a filter SQL cannot write; no order: sorting every row was half of this read).
         """
-        where, params = self._where(prefix, now)
+        where, params, keep = self._where(prefix, now, flt)
         value = ", value" if keep is not None else ""
         sql = (
             f"SELECT episode_id, namespace, item_key{value} FROM {TABLE} "
-            f"WHERE episode_id IS NOT NULL AND {where}{self._order}"
+            f"WHERE episode_id IS NOT NULL AND {where}"
         )
         rows = self._db.q("read items", self._sql(sql), params)
         return {
@@ -478,15 +508,18 @@ def _items_at(url: str) -> Items:
         path = url[len("sqlite:///") :].split("?", 1)[0]
         if not path:
             raise ConfigError(f"sqlite URL needs a path: sqlite:///path/to.db, got {url!r}")
-        lite = SQLiteClient(path, meta_key="langgraph_store", migrations=MIGRATIONS)
-        return SQLItems(lite, "?", "BINARY")
+        lite = SQLiteClient(path, meta_key="langgraph_store", migrations=SQLITE_MIGRATIONS)
+        return SQLItems(lite, "sqlite", "?", "BINARY")
     if url.startswith(("postgresql://", "postgres://")):
         from ctxkeep._pg import PgClient
 
         client = PgClient(
-            url, name="ctxkeep-langgraph-store", meta_key="langgraph_store", migrations=MIGRATIONS
+            url,
+            name="ctxkeep-langgraph-store",
+            meta_key="langgraph_store",
+            migrations=POSTGRES_MIGRATIONS,
         )
-        return SQLItems(client, "%s", '"C"')
+        return SQLItems(client, "postgres", "%s", '"C"')
     raise ConfigError(
         f"unsupported store URL {url!r}; use memory://, sqlite:///path or postgresql://..."
     )

@@ -71,7 +71,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from ctxkeep import _check
-from ctxkeep.episodic import EpisodicMemoryStore, MemoryEpisodicStore, open_episodic
+from ctxkeep.episodic import (
+    EpisodicMemoryStore,
+    Hit,
+    MemoryEpisodicStore,
+    RetrievalConfig,
+    open_episodic,
+)
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.errors import ConfigError, InvalidTypeError, MissingDependencyError
 from ctxkeep.sessions.records import loads
@@ -104,7 +110,14 @@ from ctxkeep.integrations.langgraph._store_filters import (
 )
 from ctxkeep.integrations.langgraph._store_items import MIGRATIONS as MIGRATIONS
 from ctxkeep.integrations.langgraph._store_items import TABLE as TABLE
-from ctxkeep.integrations.langgraph._store_items import Key, Row, _items_at, _ns_text, _ns_tuple
+from ctxkeep.integrations.langgraph._store_items import (
+    Filter,
+    Key,
+    Row,
+    _items_at,
+    _ns_text,
+    _ns_tuple,
+)
 
 __all__ = ["CtxkeepStore"]
 # TABLE and MIGRATIONS (imported above ``as`` themselves) live with the item tables and stay
@@ -114,6 +127,13 @@ logger = logging.getLogger(__name__)
 
 AGENT = "langgraph-store"
 """The ``agent_id`` of every episode the store saves."""
+
+RECALL = RetrievalConfig(smooth=(0.0, 0.0), session_weight=0.0)
+"""How the episodic store the store opens searches. Every item's episode is alone in its
+session, so the session knobs cannot change a ranking: smoothing with no neighbours scales
+every dense score alike, and the session prior of one episode adds a z-score of its own fused
+score (both monotone). Turned off, a search skips reading neighbours: on PostgreSQL a round
+trip of each search."""
 
 
 # -- the store ------------------------------------------------------------------------------------
@@ -178,7 +198,9 @@ class CtxkeepStore(BaseStore):
 
                 url = default_url()
             self._owns_episodic = True
-            self.episodic = open_episodic(url, embedder if embedder is not None else "local")
+            self.episodic = open_episodic(
+                url, embedder if embedder is not None else "local", config=RECALL
+            )
         else:
             self._owns_episodic = False
             self.episodic = episodic
@@ -320,54 +342,122 @@ class CtxkeepStore(BaseStore):
     def _search(self, op: SearchOp, now: float) -> list[tuple[Row, float | None]]:
         """One page of matches: ranked by recall if there is a query, then the rest.
 
-        Without a query, the item table orders and pages (rows are built for the page only);
-        with one, the episodes of every match are the candidates for recall, and rows are
-        built for its hits and for the first ``offset + limit`` of the order only.
+        Without a query, the item table filters, orders and pages (rows are built for the
+        page only); with one, recall ranks (:meth:`_recall`), and rows are built for its hits
+        and for the first ``offset + limit`` of the order only.
         """
         prefix = _ns_text(op.namespace_prefix) if op.namespace_prefix else None
         flt = _filter(op.filter)
-        keep = (lambda text: matches_filter(loads(text), flt)) if flt else None
         want = op.offset + op.limit
         if not (op.query and want):
-            page = self._items.scan(prefix, now, keep, op.offset, op.limit)
+            page = self._items.scan(prefix, now, flt, op.offset, op.limit)
             return [(row, None) for row in page]
-        ranked = self._recall(op.query, self._items.indexed(prefix, now, keep), want)
+        ranked = self._recall(op.query, prefix, flt, want, now)
         seen = {row.address for row, _ in ranked}
         # The first ``want`` of the order hold every row of the page not ranked.
         rest = (
-            (r, None) for r in self._items.scan(prefix, now, keep, 0, want) if r.address not in seen
+            (r, None) for r in self._items.scan(prefix, now, flt, 0, want) if r.address not in seen
         )
         return list(itertools.islice(itertools.chain(ranked, rest), op.offset, want))
 
     def _recall(
-        self, query: str, indexed: Mapping[str, Key], want: int
+        self, query: str, prefix: str | None, flt: Filter, want: int, now: float
     ) -> list[tuple[Row, float | None]]:
-        """The best ``want`` of the ``indexed`` items (episode id -> address) for ``query`` by
-        hybrid recall, with their scores; rows are read for the hits only.
+        """The best ``want`` items of the search's scope for ``query`` by hybrid recall, with
+        their scores; rows are read for the hits only.
+
+        First the episodic store is searched whole (no filter: its index answers, where a
+        filter made it list the scope's rows first; at 10,000 items that listing and the
+        item table's were most of a search), and the hits are kept that are the current
+        episode of a live row of the scope; asked once more for ``4 * want`` hits if too
+        few were. A scope that is a small part of the store is then searched within it:
+        the episode ids of its rows, up to :attr:`exact_scope` of them, else their
+        namespaces, asking for more until enough hits are found.
         """
+        checked: dict[str, Row | None] = {}
+        top_k = want
+        for _ in range(2):
+            found = self.episodic.search(query, top_k)
+            hits = self._in_scope(found, prefix, flt, want, now, checked)
+            if len(hits) >= want or len(found) < top_k:
+                return hits
+            top_k *= 4
+        indexed = self._items.indexed(prefix, now, flt)
         if not indexed:
             return []
         if len(indexed) <= self.exact_scope:
-            hits = self.episodic.search(query, want, filters={"episode_id": list(indexed)})
-        else:
-            scope = {"agent_id": AGENT, "task_id": sorted({ns for ns, _ in indexed.values()})}
-            top_k = want
-            while True:
-                found = self.episodic.search(query, top_k, filters=scope)
-                hits = [h for h in found if h.episode.episode_id in indexed]
-                if len(hits) >= want or len(found) < top_k:
-                    break
-                top_k *= 4
-        hits = hits[:want]
-        rows = self._items.get([indexed[h.episode.episode_id] for h in hits])
-        # A row put or deleted since ``indexed`` read it is left out: each put saves a new
-        # episode, so the same episode id is the same version (its expiry only moves later).
-        return [
-            (row, h.score)
-            for h in hits
-            if (row := rows.get(indexed[h.episode.episode_id])) is not None
-            and row.episode_id == h.episode.episode_id
-        ]
+            found = self.episodic.search(query, want, filters={"episode_id": list(indexed)})
+            return self._in_scope(found, prefix, flt, want, now, checked)
+        scope = {"agent_id": AGENT, "task_id": sorted({ns for ns, _ in indexed.values()})}
+        while True:
+            found = self.episodic.search(query, top_k, filters=scope)
+            hits = self._in_scope(found, prefix, flt, want, now, checked)
+            if len(hits) >= want or len(found) < top_k:
+                return hits
+            top_k *= 4
+
+    def _in_scope(
+        self,
+        found: list[Hit],
+        prefix: str | None,
+        flt: Filter,
+        want: int,
+        now: float,
+        checked: dict[str, Row | None],
+    ) -> list[tuple[Row, float | None]]:
+        """The first ``want`` hits that are the current episode of a live row of the scope
+        (``prefix``, ``flt``), with that row, in the order found.
+
+        Each put saves a new episode, so the same episode id is the same version of the
+        item; an episode of another version, of no item (another user of the episodic
+        store) or out of the scope is left out. Rows are read only for the hits needed, in
+        the order found (``checked`` keeps what was decided: episode id -> its row, or
+        ``None``, across the searches of one recall).
+        """
+        below = None if prefix is None else prefix + "."
+
+        def address(hit: Hit) -> Key | None:
+            e = hit.episode
+            ns, key = e.task_id, e.metadata.get("key")
+            if e.agent_id != AGENT or ns is None or not isinstance(key, str):
+                return None
+            if below is not None and ns != prefix and not ns.startswith(below):
+                return None
+            return ns, key
+
+        out: list[tuple[Row, float | None]] = []
+        pos = 0
+        while pos < len(found) and len(out) < want:
+            chunk: list[Hit] = []
+            unread: dict[str, Key] = {}
+            hopeful = 0  # hits of the chunk that may be kept
+            while pos < len(found) and hopeful < want - len(out):
+                hit = found[pos]
+                pos += 1
+                chunk.append(hit)
+                eid = hit.episode.episode_id
+                if eid in checked:
+                    hopeful += checked[eid] is not None
+                elif (at := address(hit)) is not None:
+                    unread[eid] = at
+                    hopeful += 1
+                else:
+                    checked[eid] = None
+            rows = self._items.get(list(unread.values())) if unread else {}
+            for eid, at in unread.items():
+                row = rows.get(at)
+                keep = (
+                    row is not None
+                    and row.episode_id == eid
+                    and row.live(now)
+                    and (not flt or matches_filter(loads(row.value), flt))
+                )
+                checked[eid] = row if keep else None
+            for hit in chunk:
+                row = checked[hit.episode.episode_id]
+                if row is not None and len(out) < want:
+                    out.append((row, hit.score))
+        return out
 
     def _list_namespaces(self, op: ListNamespacesOp, now: float) -> list[tuple[str, ...]]:
         live = [
