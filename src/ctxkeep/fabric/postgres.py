@@ -6,10 +6,11 @@ the Redis Streams bus (``ctxkeep.fabric.redis_bus``), with every piece of state 
 any number of processes agree on who belongs to which task, who listens to what, and what is
 pending:
 
-* An agent's inbox is its rows of ``ctxkeep_bus_inbox``, in ``entry_id`` order (a sequence:
-  messages to one agent arrive in the order they were sent). ``send`` inserts one row for a
-  direct message, one per subscriber for a topic message, in one statement (all or none), and
-  ``pg_notify`` in that statement wakes the recipients' waiting receivers when it commits.
+* An agent's inbox is its rows of ``ctxkeep_bus_inbox``, taken in ``entry_id`` order (an
+  identity: messages one sender sends to one agent arrive in the order they were sent).
+  ``send`` inserts one row for a direct message, one per subscriber for a topic message, in
+  one statement (all or none), and ``pg_notify`` in that statement wakes the recipients'
+  waiting receivers when it commits.
 * ``receive`` takes, in one statement (``UPDATE ... FOR UPDATE SKIP LOCKED``, so concurrent
   consumers never take the same row): first this consumer's rows that :meth:`PostgresBus.recover`
   marked for replay, then rows another consumer (or this one) received and left unacked for
@@ -23,11 +24,9 @@ pending:
 * A row no ctxkeep can decode (corrupt, written by a newer ctxkeep, a payload
   :class:`~ctxkeep.fabric.bus.IPCMessage` refuses) is moved by the receive that meets it to
   ``ctxkeep_bus_dead`` with the reason, in one statement, so the messages behind it flow.
-* :class:`PostgresTaskState` is a task's shared state: one row of ``ctxkeep_fabric_tasks``
-  with a version; every write locks the row (``SELECT ... FOR UPDATE``) and bumps the version,
-  so :meth:`PostgresTaskState.update` is compare-and-set (a write based on an old version is
-  refused with :class:`~ctxkeep.errors.StaleTaskStateError`; of two racing writers exactly one
-  wins) and :meth:`PostgresTaskState.update_with` re-reads under the lock instead.
+* :class:`~ctxkeep.fabric.postgres_state.PostgresTaskState` (``ctxkeep.fabric.postgres_state``,
+  exported here too) is a task's shared state with compare-and-set versions;
+  :meth:`PostgresBus.task_state` gives one over the bus's connections.
 
 Waiting. A receive with a ``timeout`` sleeps on a condition that a listener thread (one
 connection per bus, ``LISTEN ctxkeep_bus``, opened at the first waiting receive) signals when a
@@ -37,13 +36,12 @@ fits ``NOTIFY``'s 8000 bytes. A waiting receive reads the inbox again only when 
 every ``block_ms`` (default 5 s) to claim messages that became idle and to cover a listener
 connection that was lost (a notification sent while it reconnects is not delivered).
 
-Tables (in the connection's ``search_path`` schema, as every PostgreSQL store of ctxkeep; the
-server gives each tenant its own): ``ctxkeep_fabric_tasks``, ``ctxkeep_bus_agents`` (agent ->
-task), ``ctxkeep_bus_subscriptions`` (agent, topic), ``ctxkeep_bus_inbox``,
-``ctxkeep_bus_handled``, ``ctxkeep_bus_dead``. Their version is the ``fabric`` row of
-``ctxkeep_meta`` (:data:`MIGRATIONS`, applied by :class:`~ctxkeep._pg.PgClient`); each inbox
-row and task row carries the version of its own record too, so one written by a newer ctxkeep
-is refused by name even in a schema set up by an older one.
+The tables, the statements and the stored forms are in ``ctxkeep.fabric.postgres_sql`` (free of
+I/O); they live in the connection's ``search_path`` schema, as every PostgreSQL store of
+ctxkeep's (the server gives each tenant its own). The connection pool, error translation and
+schema versions are :class:`~ctxkeep._pg.PgClient`'s; each inbox row and task row carries the
+version of its own record too, so one written by a newer ctxkeep is refused by name even in a
+schema set up by an older one.
 
 Times that decide redelivery (idle, handled marks' age) are the database server's, so hosts
 with skewed clocks agree.
@@ -51,25 +49,16 @@ with skewed clocks agree.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ctxkeep import _check
 from ctxkeep._pg import PgClient
-from ctxkeep.errors import (
-    ConfigError,
-    CorruptRecordError,
-    InvalidMessageError,
-    SchemaVersionError,
-    StaleTaskStateError,
-    UnknownAgentError,
-)
+from ctxkeep.errors import ConfigError, InvalidMessageError, SchemaVersionError, UnknownAgentError
 from ctxkeep.fabric.bus import (
     DeadLetter,
     IPCMessage,
@@ -78,253 +67,29 @@ from ctxkeep.fabric.bus import (
     check_message,
     check_receive,
 )
-from ctxkeep.fabric.jsondata import check_json, json_copy
+from ctxkeep.fabric.postgres_sql import (
+    ACK_SQL,
+    CHANNEL,
+    DEAD_LETTER_SQL,
+    MAX_ID,
+    MESSAGE_VERSION,
+    META_KEY,
+    MIGRATIONS,
+    RECOVER_SQL,
+    SEND_DIRECT_SQL,
+    SEND_TOPIC_SQL,
+    SETTLE_SQL,
+    SUBSCRIBE_SQL,
+    TAKE_SQL,
+    check_name,
+    decode_message,
+    encode_message,
+    message_names,
+    wake_key,
+)
+from ctxkeep.fabric.postgres_state import PgHandledMark, PostgresTaskState
 
 log = logging.getLogger(__name__)
-
-META_KEY = "fabric"
-"""The ``ctxkeep_meta`` row that holds the fabric tables' schema version."""
-
-MESSAGE_VERSION = 1
-"""The version of an inbox row's record (column ``version``)."""
-
-TASK_STATE_VERSION = 1
-"""The version of a task-state row (column ``schema_version``)."""
-
-CHANNEL = "ctxkeep_bus"
-"""The ``NOTIFY`` channel of every bus; the payload names schema and agent (see
-:func:`wake_key`)."""
-
-MAX_ID = 2**63 - 1
-"""The largest ``bigint``: no dead letter has a greater id."""
-
-# Position i brings the fabric tables from version i to i + 1.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE IF NOT EXISTS ctxkeep_fabric_tasks (
-        task_id TEXT PRIMARY KEY,
-        version BIGINT NOT NULL,
-        schema_version INTEGER NOT NULL,
-        data TEXT NOT NULL
-    );
-    CREATE TABLE IF NOT EXISTS ctxkeep_bus_agents (
-        agent_id TEXT PRIMARY KEY,
-        task_id TEXT
-    );
-    CREATE TABLE IF NOT EXISTS ctxkeep_bus_subscriptions (
-        agent_id TEXT NOT NULL,
-        topic TEXT NOT NULL,
-        PRIMARY KEY (agent_id, topic)
-    );
-    CREATE INDEX IF NOT EXISTS ctxkeep_bus_subscriptions_topic
-        ON ctxkeep_bus_subscriptions (topic);
-    CREATE TABLE IF NOT EXISTS ctxkeep_bus_inbox (
-        entry_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        agent_id TEXT NOT NULL,
-        message_id TEXT NOT NULL,
-        version INTEGER NOT NULL,
-        message TEXT NOT NULL,
-        consumer TEXT,
-        delivered_at TIMESTAMPTZ,
-        deliveries INTEGER NOT NULL DEFAULT 0,
-        replay BOOLEAN NOT NULL DEFAULT false
-    );
-    CREATE INDEX IF NOT EXISTS ctxkeep_bus_inbox_agent
-        ON ctxkeep_bus_inbox (agent_id, entry_id);
-    CREATE INDEX IF NOT EXISTS ctxkeep_bus_inbox_message
-        ON ctxkeep_bus_inbox (agent_id, message_id);
-    CREATE TABLE IF NOT EXISTS ctxkeep_bus_handled (
-        agent_id TEXT NOT NULL,
-        message_id TEXT NOT NULL,
-        handled_at TIMESTAMPTZ NOT NULL,
-        PRIMARY KEY (agent_id, message_id)
-    );
-    CREATE TABLE IF NOT EXISTS ctxkeep_bus_dead (
-        dead_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        agent_id TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        record TEXT NOT NULL,
-        dead_at TIMESTAMPTZ NOT NULL
-    );
-    CREATE INDEX IF NOT EXISTS ctxkeep_bus_dead_agent ON ctxkeep_bus_dead (agent_id, dead_id);
-    """,
-]
-
-# -- the statements, free of I/O ----------------------------------------------------------------
-
-_WAKE = f"pg_notify('{CHANNEL}', md5(current_schema() || ':' || agent_id))"
-
-SEND_DIRECT_SQL = f"""
-WITH ins AS (
-    INSERT INTO ctxkeep_bus_inbox (agent_id, message_id, version, message)
-    VALUES (%(recipient)s, %(id)s, %(version)s, %(message)s)
-    RETURNING agent_id
-)
-SELECT {_WAKE} FROM ins
-"""
-
-# The subscribers of the sender's task, never the sender, all in one statement (all or none).
-SEND_TOPIC_SQL = f"""
-WITH ins AS (
-    INSERT INTO ctxkeep_bus_inbox (agent_id, message_id, version, message)
-    SELECT s.agent_id, %(id)s, %(version)s, %(message)s
-    FROM ctxkeep_bus_subscriptions s JOIN ctxkeep_bus_agents a ON a.agent_id = s.agent_id
-    WHERE s.topic = %(topic)s AND a.task_id = %(task)s AND s.agent_id <> %(sender)s
-    ORDER BY s.agent_id
-    RETURNING agent_id
-)
-SELECT {_WAKE} FROM ins
-"""
-
-# What a receive takes, in priority order: 0, this consumer's rows marked by recover(); 1, rows
-# any consumer left unacked for claim_idle_ms; 2, rows never delivered. Rows another
-# transaction holds are skipped (a concurrent consumer is taking them).
-TAKE_SQL = """
-WITH picked AS (
-    SELECT entry_id,
-        CASE WHEN consumer = %(me)s AND replay THEN 0 WHEN consumer IS NOT NULL THEN 1 ELSE 2
-        END AS rank
-    FROM ctxkeep_bus_inbox
-    WHERE agent_id = %(agent)s AND (
-        consumer IS NULL
-        OR (consumer = %(me)s AND replay)
-        OR delivered_at <= clock_timestamp() - %(idle_ms)s * interval '1 millisecond')
-    ORDER BY rank, entry_id
-    LIMIT %(n)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE ctxkeep_bus_inbox i
-SET consumer = %(me)s, replay = false, delivered_at = clock_timestamp(),
-    deliveries = i.deliveries + 1
-FROM picked WHERE i.entry_id = picked.entry_id
-RETURNING picked.rank, i.entry_id, i.version, i.message
-"""
-
-DEAD_LETTER_SQL = """
-WITH gone AS (
-    DELETE FROM ctxkeep_bus_inbox WHERE entry_id = %(entry)s RETURNING agent_id
-)
-INSERT INTO ctxkeep_bus_dead (agent_id, reason, record, dead_at)
-SELECT agent_id, %(reason)s, %(record)s, clock_timestamp() FROM gone
-"""
-
-ACK_SQL = """
-DELETE FROM ctxkeep_bus_inbox
-WHERE agent_id = %(agent)s AND message_id = ANY(%(ids)s) AND consumer IS NOT NULL
-"""
-
-# Mark handled (trimming marks older than handled_ttl) and ack, in one statement.
-SETTLE_SQL = """
-WITH mark AS (
-    INSERT INTO ctxkeep_bus_handled (agent_id, message_id, handled_at)
-    VALUES (%(agent)s, %(id)s, clock_timestamp())
-    ON CONFLICT DO NOTHING
-), trimmed AS (
-    DELETE FROM ctxkeep_bus_handled
-    WHERE agent_id = %(agent)s AND handled_at < clock_timestamp() - %(ttl)s * interval '1 second'
-)
-DELETE FROM ctxkeep_bus_inbox
-WHERE agent_id = %(agent)s AND message_id = %(id)s AND consumer IS NOT NULL
-"""
-
-RECOVER_SQL = f"""
-WITH marked AS (
-    UPDATE ctxkeep_bus_inbox SET replay = true
-    WHERE agent_id = %(agent)s AND consumer = %(me)s
-    RETURNING agent_id
-)
-SELECT count(*), pg_notify('{CHANNEL}', md5(current_schema() || ':' || %(agent)s)) FROM marked
-"""
-
-SUBSCRIBE_SQL = """
-WITH agent AS (
-    SELECT agent_id FROM ctxkeep_bus_agents WHERE agent_id = %(agent)s
-), ins AS (
-    INSERT INTO ctxkeep_bus_subscriptions (agent_id, topic)
-    SELECT agent_id, %(topic)s FROM agent ON CONFLICT DO NOTHING
-)
-SELECT count(*) FROM agent
-"""
-
-
-def encode_message(message: IPCMessage) -> str:
-    """The stored record of a message (its JSON)."""
-    return json.dumps(message.to_dict(), allow_nan=False)
-
-
-def decode_message(version: int, text: str) -> IPCMessage:
-    """The message an inbox row holds (a fresh copy).
-
-    Raises:
-        SchemaVersionError: a row written by a newer ctxkeep.
-        InvalidMessageError: a corrupt row (not JSON, not a message, or a payload no receiver
-            could be handed: a lone surrogate, nesting too deep).
-
-    """
-    if version > MESSAGE_VERSION:
-        raise SchemaVersionError(
-            f"bus entry version {version} is newer than this ctxkeep reads "
-            f"({MESSAGE_VERSION}); upgrade ctxkeep"
-        )
-    try:
-        return IPCMessage.from_dict(json.loads(text))
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidMessageError(f"corrupt bus entry: {exc}") from exc
-
-
-def wake_key(schema: str, agent_id: str) -> str:
-    """The ``NOTIFY`` payload that wakes ``agent_id``'s receivers in ``schema`` (as
-    :data:`SEND_DIRECT_SQL` computes it).
-    """
-    return hashlib.md5(f"{schema}:{agent_id}".encode(), usedforsecurity=False).hexdigest()
-
-
-def check_name(what: str, value: Any) -> str:
-    """``value`` if it is a non-empty string PostgreSQL's ``TEXT`` can hold (no NUL)."""
-    _check.text(what, value)
-    if "\x00" in value:
-        raise ConfigError(f"{what} must not contain NUL characters (PostgreSQL text cannot)")
-    return str(value)
-
-
-def _message_names(message: IPCMessage) -> None:
-    """Refuse a message whose ids the tables cannot hold (NUL), before anything is stored."""
-    for name in ("sender", "recipient", "topic", "task_id", "id"):
-        value = getattr(message, name)
-        if value is not None and "\x00" in value:
-            raise InvalidMessageError(f"the message's {name} must not contain NUL characters")
-
-
-@dataclass(frozen=True)
-class PgHandledMark:
-    """The mark that says ``agent_id`` handled ``message_id``, to commit with an effect in
-    the same transaction (:meth:`PostgresTaskState.update_with`).
-    """
-
-    agent_id: str
-    """The agent."""
-    message_id: str
-    """The message handled."""
-
-    def set(self, conn: Any) -> bool:
-        """Set the mark in ``conn``'s transaction; False if it was already set (then the
-        caller writes nothing). A concurrent setter of the same mark waits for this
-        transaction and then finds it set.
-        """
-        cur = conn.execute(
-            "INSERT INTO ctxkeep_bus_handled (agent_id, message_id, handled_at) "
-            "VALUES (%s, %s, clock_timestamp()) ON CONFLICT DO NOTHING",
-            (self.agent_id, self.message_id),
-        )
-        return bool(cur.rowcount)
-
-    def is_set(self, conn: Any) -> bool:
-        """Whether the mark is there."""
-        row = conn.execute(
-            "SELECT 1 FROM ctxkeep_bus_handled WHERE agent_id = %s AND message_id = %s",
-            (self.agent_id, self.message_id),
-        ).fetchone()
-        return row is not None
 
 
 # -- the listener -------------------------------------------------------------------------------
@@ -537,7 +302,7 @@ class PostgresBus:
         statement: all or none); returns its id.
         """
         check_message(message)
-        _message_names(message)
+        message_names(message)
         params = {
             "id": message.id,
             "version": MESSAGE_VERSION,
@@ -740,181 +505,4 @@ def _record(text: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-# -- the task state -----------------------------------------------------------------------------
-
-
-class PostgresTaskState:
-    """A task's shared state for agents in many processes: a row with a version.
-
-    Writes are compare-and-set: :meth:`update` refuses a write based on an old version
-    (:class:`~ctxkeep.errors.StaleTaskStateError`), :meth:`update_with` reads and writes under
-    the row's lock. Values must be JSON data. Only what is written here is shared; an agent's
-    private layer never goes here.
-
-    Args:
-        url: a libpq URI (the same schema as the bus, to commit handled marks with effects).
-        task_id: the task.
-        db: a client to share (:meth:`PostgresBus.task_state` passes the bus's; it is not
-            closed by :meth:`close`); by default the state opens its own.
-
-    Raises:
-        StorageError: PostgreSQL does not answer.
-        SchemaVersionError: the schema holds fabric tables of a newer ctxkeep.
-
-    """
-
-    def __init__(self, url: str, task_id: str, *, db: PgClient | None = None) -> None:
-        check_name("task_id", task_id)
-        self.task_id = task_id
-        self._owned = db is None
-        self.db = db if db is not None else PgClient(
-            url, name="ctxkeep-fabric", meta_key=META_KEY, migrations=MIGRATIONS, max_size=2
-        )  # fmt: skip
-        self.where = self.db.where
-
-    def close(self) -> None:
-        """Close the connection pool (if this state opened it)."""
-        if self._owned:
-            self.db.close()
-
-    # -- the stored form -----------------------------------------------------------------
-
-    def _decode(self, row: tuple[int, int, str] | None) -> tuple[int, dict[str, Any]]:
-        if row is None:
-            return 0, {}
-        version, schema, text = row
-        where = f"task state {self.task_id!r}"
-        if schema > TASK_STATE_VERSION:
-            raise SchemaVersionError(
-                f"{where} has schema {schema}, newer than this ctxkeep reads "
-                f"({TASK_STATE_VERSION}); upgrade ctxkeep"
-            )
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise CorruptRecordError(f"{where} is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise CorruptRecordError(f"{where} is not a JSON object")
-        for key, value in data.items():
-            check_json(f"{where}, key {key!r}", value, error=CorruptRecordError)
-        return int(version), data
-
-    @staticmethod
-    def _encode(name: str, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """A copy of ``changes``, checked by the fabric's one rule for JSON data before
-        anything is written.
-        """
-        return json_copy(name, _check.mapping(name, changes))  # type: ignore[no-any-return]
-
-    def _locked(self, conn: Any) -> tuple[int, dict[str, Any]]:
-        """The state, its row locked until the transaction ends (created at version 0 if the
-        task has none; rolled back with the transaction if nothing is written).
-        """
-        conn.execute(
-            "INSERT INTO ctxkeep_fabric_tasks (task_id, version, schema_version, data) "
-            "VALUES (%s, 0, %s, '{}') ON CONFLICT (task_id) DO NOTHING",
-            (self.task_id, TASK_STATE_VERSION),
-        )
-        row = conn.execute(
-            "SELECT version, schema_version, data FROM ctxkeep_fabric_tasks "
-            "WHERE task_id = %s FOR UPDATE",
-            (self.task_id,),
-        ).fetchone()
-        return self._decode(row)
-
-    def _write(self, conn: Any, version: int, data: dict[str, Any]) -> int:
-        conn.execute(
-            "UPDATE ctxkeep_fabric_tasks SET version = %s, schema_version = %s, data = %s "
-            "WHERE task_id = %s",
-            (version + 1, TASK_STATE_VERSION, json.dumps(data, allow_nan=False), self.task_id),
-        )
-        return version + 1
-
-    # -- reads and writes ----------------------------------------------------------------
-
-    def read(self) -> tuple[int, dict[str, Any]]:
-        """``(version, a copy of the state)``; version 0 for a task never written.
-
-        Raises:
-            CorruptRecordError: a stored value that is not JSON data the fabric can deliver.
-            SchemaVersionError: a state written by a newer ctxkeep.
-
-        """
-        rows = self.db.q(
-            "read a task state",
-            "SELECT version, schema_version, data FROM ctxkeep_fabric_tasks WHERE task_id = %s",
-            (self.task_id,),
-        )
-        return self._decode(rows[0] if rows else None)
-
-    def update(self, changes: Mapping[str, Any], *, expected_version: int) -> int:
-        """Merge ``changes`` only if the state is still at ``expected_version``.
-
-        Returns:
-            The new version.
-
-        Raises:
-            StaleTaskStateError: someone wrote since ``expected_version`` was read.
-            InvalidTypeError: ``changes`` is not a mapping with string keys, a value is not
-                JSON data, or ``expected_version`` is not an int (nothing is written).
-
-        """
-        data = self._encode("changes", changes)
-        _check.integer("expected_version", expected_version, minimum=0)
-        with self.db.tx("update a task state") as conn:
-            version, current = self._locked(conn)
-            if version != expected_version:
-                raise StaleTaskStateError(self.task_id, expected_version, version)
-            return self._write(conn, version, {**current, **data})
-
-    def update_with(
-        self,
-        change: Callable[[dict[str, Any]], Mapping[str, Any] | None],
-        *,
-        once: PgHandledMark | None = None,
-    ) -> int | None:
-        """Read under the row's lock, compute ``change(state)`` and write it. With ``once``,
-        the mark is committed with the change, and if it is already set nothing is written
-        (the message was handled before). Keep ``change`` pure.
-
-        Returns:
-            The new version, or None if nothing was written.
-
-        """
-        _check.has_method("change", change, "__call__", "function")
-        _check.instance("once", once, (PgHandledMark, type(None)), "a PgHandledMark or None")
-        with self.db.tx("update a task state") as conn:
-            if once is not None and not once.set(conn):
-                return None
-            version, current = self._locked(conn)
-            changes = change(current)
-            if not changes and once is None:
-                return None
-            data = self._encode("changes", changes or {})
-            return self._write(conn, version, {**current, **data})
-
-    def join(self, state: Mapping[str, Any]) -> int:
-        """The rule of ``ContextFabric.set_task_context`` for a joining agent: a task never
-        written starts from ``state`` (version 1; 0 if ``state`` is empty); joining an
-        existing task may only repeat what it holds. Returns the task's version.
-
-        Raises:
-            StaleTaskStateError: the task exists and ``state`` would change it.
-
-        """
-        data = self._encode("state", state)
-        with self.db.tx("join a task") as conn:
-            version, current = self._locked(conn)
-            if all(k in current and current[k] == v for k, v in data.items()):
-                return version
-            if version != 0:
-                raise StaleTaskStateError(self.task_id, 0, version)
-            return self._write(conn, version, {**current, **data})
-
-
-__all__ = [
-    "MIGRATIONS",
-    "PgHandledMark",
-    "PostgresBus",
-    "PostgresTaskState",
-]
+__all__ = ["PgHandledMark", "PostgresBus", "PostgresTaskState"]

@@ -1,16 +1,21 @@
 """A tenant's context fabric behind the service: task-shared state and the inter-agent bus.
 
 The routes (:mod:`ctxkeep.server.routes_fabric`) speak to a :class:`TenantFabric`, one per
-tenant, which is one of two things depending on the server's storage URL:
+tenant, which is one of three things depending on the server's storage URL:
 
-* :class:`LocalFabric` (``memory://``, ``sqlite:///``, ``postgresql://``): the library's
+* :class:`LocalFabric` (``memory://``, ``sqlite:///``): the library's
   :class:`~ctxkeep.ContextFabric` with its :class:`~ctxkeep.InProcessBus`, held by the server
   process. Task state and queued messages live as long as that process: they are neither
   durable nor shared by several server processes (ctxkeep has no task-state or bus store on
-  SQLite or PostgreSQL). Use a ``redis://`` server for a fabric that survives restarts.
+  SQLite), so a SQLite server is one process.
 * :class:`RedisFabric` (``redis://``): :class:`~ctxkeep.fabric.redis_state.RedisTaskState`
   and :class:`~ctxkeep.fabric.redis_bus.RedisStreamBus` under the tenant's key prefix, shared
   by every server process (each one a consumer of the agents' inboxes).
+* :class:`PostgresFabric` (``postgresql://``):
+  :class:`~ctxkeep.fabric.postgres_state.PostgresTaskState` and
+  :class:`~ctxkeep.fabric.postgres.PostgresBus` in the tenant's schema, shared by every server
+  process. They are all one consumer of the agents' inboxes (:data:`SERVICE_CONSUMER`), so
+  ``recover`` finds the messages a client received through any of them.
 
 Both give the same answers through the same checks: an agent joins a task (a new task starts
 from the state given; joining an existing one may only repeat what it holds), reads the
@@ -40,6 +45,7 @@ from ctxkeep.fabric.bus import DeadLetter, MessageBus
 from ctxkeep.fabric.jsondata import json_copy
 
 if TYPE_CHECKING:
+    from ctxkeep.fabric.postgres import PostgresBus
     from ctxkeep.fabric.redis_bus import RedisStreamBus
     from ctxkeep.fabric.redis_state import RedisTaskState
 
@@ -282,8 +288,70 @@ class RedisFabric(TenantFabric):
         self.bus.close()
 
 
+SERVICE_CONSUMER = "ctxkeep-serve"
+"""The one consumer name of every server process on a PostgreSQL fabric: a client's messages
+are pending for the service, not for the worker that happened to answer its receive, so any
+worker's ``recover`` puts them back (a worker killed mid-request leaves nothing behind either:
+its messages are pending, and are claimed after ``claim_idle_ms``)."""
+
+
+class PostgresFabric(TenantFabric):
+    """Task states and a bus on PostgreSQL tables in one tenant's schema, over one pool.
+
+    Args:
+        url: the tenant's PostgreSQL URL (its ``search_path`` is the tenant's schema, which
+            must exist).
+        consumer: this process's name among the inboxes' consumers (default: the one every
+            server process shares, :data:`SERVICE_CONSUMER`).
+
+    """
+
+    def __init__(self, url: str, *, consumer: str = SERVICE_CONSUMER) -> None:
+        from ctxkeep.fabric.postgres import PostgresBus
+
+        self.bus: PostgresBus = PostgresBus(url, consumer=consumer)
+
+    def _task(self, agent_id: str) -> str:
+        try:
+            task_id = self.bus.task_of(agent_id)
+        except UnknownAgentError:
+            raise _unknown(agent_id) from None
+        if task_id is None:
+            raise _unknown(agent_id)
+        return task_id
+
+    def join(self, agent_id: str, task_id: str, state: Mapping[str, Any]) -> TaskState:
+        """See :meth:`TenantFabric.join` (the task is written before the agent is bound)."""
+        _check.text("agent_id", agent_id)
+        _check.text("task_id", task_id)
+        self.bus.task_state(task_id).join(json_state("state", state))
+        self.bus.register(agent_id, task_id)
+        return self.read(agent_id)
+
+    def read(self, agent_id: str) -> TaskState:
+        """See :meth:`TenantFabric.read`."""
+        task_id = self._task(agent_id)
+        version, data = self.bus.task_state(task_id).read()
+        return TaskState(task_id, version, data)
+
+    def update(self, agent_id: str, changes: Mapping[str, Any], expected_version: int) -> TaskState:
+        """See :meth:`TenantFabric.update`."""
+        data = json_state("changes", changes)
+        task_id = self._task(agent_id)
+        task = self.bus.task_state(task_id)
+        task.update(data, expected_version=expected_version)
+        version, current = task.read()
+        return TaskState(task_id, version, current)
+
+    def close(self) -> None:
+        """Close the bus's connections."""
+        self.bus.close()
+
+
 __all__ = [
+    "SERVICE_CONSUMER",
     "LocalFabric",
+    "PostgresFabric",
     "RedisFabric",
     "TaskState",
     "TenantFabric",

@@ -26,8 +26,9 @@ them all too. Three exceptions, all from what ctxkeep's stores support (DESIGN.m
   extension's (created as ``ctxkeep_extensions`` if the database has none), never another
   tenant's;
 * task states and the bus (:mod:`ctxkeep.server.fabric`) are in Redis under the tenant's prefix
-  on a ``redis://`` server, and in this process for the other URLs (ctxkeep has no SQL store
-  for them): there they last as long as the server process.
+  on a ``redis://`` server, in the tenant's schema on a ``postgresql://`` one, and in this
+  process for the other URLs (ctxkeep has no SQLite store for them): there they last as long
+  as the server process.
 
 :class:`TenantStores` keeps at most ``max_open`` tenants' stores open
 (:class:`TenantResources`: the session manager at once, the others on first use), closing the
@@ -57,7 +58,7 @@ from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 from ctxkeep.artifacts import ArtifactStore, open_artifacts
 from ctxkeep.checkpoints import CheckpointStore, open_checkpoints
 from ctxkeep.errors import ConfigError
-from ctxkeep.server.fabric import LocalFabric, RedisFabric, TenantFabric
+from ctxkeep.server.fabric import LocalFabric, PostgresFabric, RedisFabric, TenantFabric
 from ctxkeep.server.keys import KeyRegistry, PostgresKeyRegistry, check_tenant, sqlite_path
 from ctxkeep.server.problems import NotAvailableError
 from ctxkeep.sessions import open_memory
@@ -397,12 +398,17 @@ class TenantStores:
         with self._shared:
             found = self._fabrics.get(tenant)
             if found is None:
-                found = self._fabrics[tenant] = (
-                    RedisFabric(self.records_url(tenant))
-                    if self.scheme in _REDIS
-                    else LocalFabric()
-                )
+                found = self._fabrics[tenant] = self._new_fabric(tenant)
             return found
+
+    def _new_fabric(self, tenant: str) -> TenantFabric:
+        if self.scheme in _REDIS:
+            return RedisFabric(self.records_url(tenant))
+        if self.scheme in _POSTGRES:
+            if isinstance(self.registry, PostgresKeyRegistry):
+                self.registry.create_schema(tenant_schema(_base_schema(self.url), tenant))
+            return PostgresFabric(self.records_url(tenant))
+        return LocalFabric()
 
     # -- the pool --------------------------------------------------------------------------
 
