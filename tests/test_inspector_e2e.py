@@ -343,13 +343,16 @@ def test_prompts_stay_visible_beside_a_300k_history_in_the_window_they_were_buil
                         "of 11,000 prompt tokens · window 12,000, 1,000 kept for the reply"
                     )
 
-                    # Every prompt's bar is drawn tall enough to see beside the history's.
+                    # Every prompt's bar is drawn tall enough to see beside the history's (on
+                    # a linear axis, 8k beside 387k would be 2% of it: 4 pixels).
                     expect(page.locator("#steps-chart svg")).to_have_attribute("data-scale", "log")
                     for step in page.locator("#steps-chart .step").all():
-                        history_bar = _boxes(step, "rect.raw")[0]
-                        prompt = sum(b[3] - b[1] for b in _boxes(step, "rect.seg"))
-                        assert prompt >= 12, (width, step.get_attribute("data-step"), prompt)
-                        assert history_bar[3] - history_bar[1] >= prompt
+                        box = _boxes(step, "rect.raw")[0]
+                        history_px = box[3] - box[1]
+                        prompt_px = sum(b[3] - b[1] for b in _boxes(step, "rect.seg"))
+                        seen = (width, step.get_attribute("data-step"), prompt_px, history_px)
+                        assert min(12, history_px) <= prompt_px <= history_px + 0.5, seen
+                        assert prompt_px >= history_px / 4, seen
 
                     expect(page.locator("#composition-why p")).to_have_count(3)
                     _assert_clean_layout(page, width, tenant="globex")
@@ -426,7 +429,7 @@ def _assert_clean_layout(page: Any, width: int, *, tenant: str) -> None:
     expect(page.locator("header.top #who")).to_contain_text(f"tenant {tenant}")
     head = [b for sel in ("header.top h1", "#who", "#signout") for b in _boxes(page, sel)]
     assert len(head) == 3 and _overlapping(head) == [], (width, head)
-    assert all(_inside(b, (0, 0, width, 10_000)) for b in head), (width, head)
+    assert all(b[0] >= 0 and b[2] <= width for b in head), (width, head)
 
     # The composition bar's labels: 0, the budget and the window, apart, under the bar.
     (bar,) = _boxes(page, "#composition-bar svg")
