@@ -3,7 +3,8 @@ handed is refused before it is stored, with the same typed error on every backen
 through the service; a record already stored that cannot be read is moved to its agent's dead
 letters with the reason, readable and deletable, and every good message around it is delivered
 exactly once. The refusal at send on each bus is in ``BusContract``; here are the Redis
-records corrupted in place, the task states, and the HTTP routes (memory, SQLite, Redis).
+records corrupted in place (PostgreSQL's: ``tests/test_fabric_postgres.py``), the task states,
+and the HTTP routes (memory, SQLite, Redis, PostgreSQL).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from conftest_services import redis_prefix_factory, redis_url
+from _fabric_pg_server import postgres_server_url
+from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
 from ctxkeep import ContextFabric, IPCMessage
 from ctxkeep.errors import CorruptRecordError, InvalidTypeError
 from ctxkeep.fabric.jsondata import MAX_DEPTH, json_copy
@@ -25,7 +27,13 @@ from ctxkeep.server.fabric import LocalFabric, TenantFabric
 from test_server_api import Api, _key
 from test_server_memory_api import make_app, problem
 
-__all__ = ["redis_prefix_factory", "redis_url"]
+__all__ = [
+    "postgres_schema_factory",
+    "postgres_server_url",
+    "postgres_url",
+    "redis_prefix_factory",
+    "redis_url",
+]
 
 DEEP_STATE = 600
 """The task state's depth the issue stored on Redis and could not read back."""
@@ -149,14 +157,24 @@ def redis_fabric(url: str) -> TenantFabric:
     return RedisFabric(url)
 
 
-@pytest.fixture(params=["local", pytest.param("redis", marks=redis_only)])
+@pytest.fixture(
+    params=[
+        "local",
+        pytest.param("redis", marks=redis_only),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
 def tenant_fabric(request: pytest.FixtureRequest) -> Iterator[TenantFabric]:
-    """The service's task states on each backend: in process (memory, SQLite, PostgreSQL
-    servers) or in Redis.
+    """The service's task states on each backend: in process (memory, SQLite servers), in
+    Redis or in PostgreSQL.
     """
     if request.param == "redis":
         redis = request.getfixturevalue("redis_url")
         fabric = redis_fabric(f"{redis}?prefix={request.getfixturevalue('prefix')}")
+    elif request.param == "postgres":
+        from ctxkeep.server.fabric import PostgresFabric
+
+        fabric = PostgresFabric(request.getfixturevalue("postgres_schema_factory")())
     else:
         fabric = LocalFabric()
     yield fabric
@@ -214,11 +232,20 @@ def test_the_library_fabric_refuses_a_deep_task_state_with_the_same_error() -> N
 # -- through the service ------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=redis_only)])
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("redis", marks=redis_only),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[FastAPI, Api]]:
     """A server on each kind of fabric, and its tenant ``acme``."""
     if request.param == "redis":
         url = f"{request.getfixturevalue('redis_url')}?prefix={request.getfixturevalue('prefix')}"
+    elif request.param == "postgres":
+        url = request.getfixturevalue("postgres_server_url")
     elif request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/srv.db"
     else:

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest_services import postgres_schema_factory, postgres_url, with_schema
+from _fabric_pg_server import postgres_server_url
+from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep import ContextFabric, IPCMessage, StaleTaskStateError
 from ctxkeep.errors import (
     ConfigError,
@@ -48,7 +48,7 @@ from test_server_memory_api import make_app, problem  # noqa: E402
 
 pytestmark = pytest.mark.postgres
 
-__all__ = ["postgres_schema_factory", "postgres_url"]
+__all__ = ["postgres_schema_factory", "postgres_server_url", "postgres_url"]
 
 PROC = Path(__file__).with_name("_fabric_pg_proc.py")
 WAIT = 30.0  # seconds any one step may take before the test gives up
@@ -89,22 +89,6 @@ def make_bus(url: str) -> Iterator[MakeBus]:
     yield make
     for bus in made:
         bus.close()
-
-
-@pytest.fixture
-def postgres_server_url(postgres_url: str) -> Iterator[str]:
-    """A service URL on a fresh base schema; the base and tenant ``acme``'s schemas are dropped
-    after the test.
-    """
-    schema = f"ctxkeep_srv_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield with_schema(postgres_url, schema)
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            for s in (f"{schema}_tenant_acme", schema):
-                conn.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')
 
 
 def inbox(sql: Any, agent: str) -> list[tuple[Any, ...]]:
