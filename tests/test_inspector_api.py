@@ -222,6 +222,18 @@ def test_a_cache_stable_prompt_under_its_budget_says_why_it_left_history_out(acm
     assert f"read at least those {stable:,} tokens back from the provider's cache" in saves
 
 
+def test_a_cache_stable_prompt_near_its_budget_says_the_history_does_not_fit(acme: Api) -> None:
+    sid = acme.session(*history(8))
+    seen = _composition(acme, sid, max_prompt_tokens=20_000)
+    report, prune = seen["report"], seen["report"]["prune"]
+    assert report["prompt_tokens"] > int(0.7 * prune["budget"]) and prune["compressed"]
+    why = seen["explanation"][0]
+    assert why.startswith(
+        f"Why are {prune['compressed']} tool outputs compressed? The history does not fit "
+        "the prompt's 18,976 tokens, and this prompt is kept cache-stable."
+    )
+
+
 def test_a_prompt_that_keeps_the_whole_history_needs_no_explanation(acme: Api) -> None:
     sid = acme.session(*history(8))
     seen = _composition(acme, sid, max_prompt_tokens=200_000)

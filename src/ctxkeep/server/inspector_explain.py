@@ -139,13 +139,22 @@ def cache_explanation(report: BuildReport, low_water: float) -> list[str]:
     parts = [f"{_n(dropped, 'message')} left out"] if dropped else []
     parts += [f"{_n(compressed, 'tool output')} compressed"] if compressed else []
     verb = "is" if (dropped or compressed) == 1 else "are"
+    what = " and ".join(parts)
+    if report.prompt_tokens <= low:  # far under the budget: what looks like a bug
+        lead = (
+            f"Why {verb} {what}, though the prompt uses only {report.prompt_tokens:,} of its "
+            f"{report.prompt_budget:,} tokens? This prompt is kept cache-stable."
+        )
+    else:
+        lead = (
+            f"Why {verb} {what}? The history does not fit the prompt's "
+            f"{report.prompt_budget:,} tokens, and this prompt is kept cache-stable."
+        )
     why = (
-        f"Why {verb} {' and '.join(parts)}, though the prompt uses only "
-        f"{report.prompt_tokens:,} of its {budget:,} tokens? This prompt is kept "
-        "cache-stable. A provider reuses the start of a prompt it has "
-        "already seen (its prompt cache): those tokens are read back instead of recomputed, "
-        f"and cost less ({CACHE_PRICES} or less). Dropping the oldest message at every call "
-        "would change the start of every prompt, and nothing would ever be reused."
+        f"{lead} A provider reuses the start of a prompt it has already seen (its prompt "
+        "cache): those tokens are read back instead of recomputed, and cost less "
+        f"({CACHE_PRICES} or less). Dropping the oldest message at every call would change "
+        "the start of every prompt, and nothing would ever be reused."
     )
     how = (
         "So the history is cut in jumps: when it last overflowed the budget, the prompt was "
