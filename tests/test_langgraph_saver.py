@@ -237,6 +237,40 @@ def test_keep_latest_keeps_only_what_the_newest_checkpoint_needs(
         assert s.get_tuple(config("p", checkpoint_ns="")) is None
 
 
+def _view(t: Any) -> Any:
+    """What a read returns of one checkpoint, comparable."""
+    return (t.config, t.parent_config, t.checkpoint, t.metadata, t.pending_writes)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 400])
+def test_a_list_reads_in_bulk_what_each_get_tuple_reads_alone(
+    new_url: Callable[[], str], monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Two threads, two namespaces, channels shared between checkpoints: a list (blobs and
+    writes read by chunks of ``chunk`` keys on SQL) returns each checkpoint as its own
+    get_tuple does."""
+    from ctxkeep.integrations.langgraph import _saver_sql
+
+    monkeypatch.setattr(_saver_sql, "CHUNK", chunk)
+    with CtxkeepSaver(new_url()) as s:
+        made = [*put_chain(s, "t1"), *put_chain(s, "t1", ns="child:1"), *put_chain(s, "t2")]
+        listed = {
+            t.config["configurable"]["checkpoint_id"] + str(t.config): t for t in s.list(None)
+        }
+        assert len(listed) == len(made) == 9
+        for cfg in made:
+            alone = s.get_tuple(cfg)
+            assert alone is not None
+            assert _view(listed[cfg["configurable"]["checkpoint_id"] + str(alone.config)]) == _view(
+                alone
+            )
+            assert alone.checkpoint["channel_values"]["y"] == "same"
+            assert len(alone.pending_writes) == 2
+        assert [_view(t) for t in s.list(config("t1"), limit=2)] == [
+            _view(t) for t in list(s.list(config("t1")))[:2]
+        ]
+
+
 # -- schema versions ------------------------------------------------------------------------------
 
 

@@ -96,6 +96,11 @@ _LATEST = (
 )
 
 
+CHUNK = 400
+"""Keys (checkpoint ids, or channel and version pairs) read per statement: 802 parameters at
+most, far below SQLite's and PostgreSQL's bounds."""
+
+
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
@@ -110,12 +115,26 @@ class _SQLBackend(_Backend):
     def _sql(self, sql: str) -> str:
         return placeholders(sql, self.param)
 
+    def _pairs(self, a: str, b: str, n: int) -> str:
+        """The condition that ``(a, b)`` is one of ``n`` pairs (2n parameters). On SQLite
+        the pairs are OR-ed, which it looks up in the primary key one by one (a row value
+        ``IN (VALUES ...)`` made it scan every blob of the thread); PostgreSQL joins the
+        ``VALUES`` to its index (hundreds of OR-ed pairs cost it more to plan).
+        """
+        if self.param == "?":
+            return " OR ".join([f"({a} = ? AND {b} = ?)"] * n)
+        return f"({a}, {b}) IN (VALUES {', '.join(['(?, ?)'] * n)})"
+
     @abstractmethod
     def _read_tx(self, doing: str) -> AbstractContextManager[Any]:
         """A connection inside one read transaction that sees one snapshot."""
 
+    def _write_tx(self, doing: str) -> AbstractContextManager[Any]:
+        """A connection inside one write transaction (for a step's writes)."""
+        return self.db.tx(doing)
+
     def put(self, row: _Row, blobs: dict[str, tuple[str, Typed]]) -> None:
-        with self.db.tx("put a LangGraph checkpoint") as conn:
+        with self._write_tx("put a LangGraph checkpoint") as conn:
             conn.execute(
                 self._sql(
                     f"INSERT INTO {_CP} ({_CP_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
@@ -146,26 +165,30 @@ class _SQLBackend(_Backend):
                 )
 
     def put_writes(self, thread_id: str, ns: str, checkpoint_id: str, writes: list[_Write]) -> None:
+        """One ``executemany`` per conflict rule (regular writes are kept, special ones
+        replaced), not a statement per write.
+        """
         insert = f"INSERT INTO {_WRITES} ({_WRITE_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
         key = "(thread_id, checkpoint_ns, checkpoint_id, task_id, idx)"
-        with self.db.tx("put LangGraph writes") as conn:
-            for w in writes:
-                conflict = f"{key} DO UPDATE SET {_WRITE_UPDATE}" if w.idx < 0 else "DO NOTHING"
-                conn.execute(
-                    self._sql(insert + conflict),
-                    (
-                        thread_id,
-                        ns,
-                        checkpoint_id,
-                        w.task_id,
-                        w.idx,
-                        w.channel,
-                        *w.value,
-                        w.task_path,
-                    ),
-                )
+        rows = {
+            special: [
+                (thread_id, ns, checkpoint_id, w.task_id, w.idx, w.channel, *w.value, w.task_path)
+                for w in writes
+                if (w.idx < 0) == special
+            ]
+            for special in (False, True)
+        }
+        with self._write_tx("put LangGraph writes") as conn:
+            for special, values in rows.items():
+                if values:
+                    conflict = f"{key} DO UPDATE SET {_WRITE_UPDATE}" if special else "DO NOTHING"
+                    executemany(conn, self._sql(insert + conflict), values)
 
     def read(self, query: _Query, accept: Accept) -> list[_Loaded]:
+        """The checkpoints, then the blobs and the writes of all of them by chunks of
+        :data:`CHUNK` keys (two statements per checkpoint made most of a ``list``), the
+        statements sent before any of their rows is read (PostgreSQL pipelines them).
+        """
         where, params = ["1 = 1"], []
         for column, value in (
             ("thread_id = ?", query.thread_id),
@@ -182,7 +205,7 @@ class _SQLBackend(_Backend):
         )
         if query.limit is not None and not query.filtered:
             sql += f" LIMIT {int(query.limit)}"
-        out: list[_Loaded] = []
+        picked: list[tuple[_Row, dict[str, str], Any]] = []
         with self._read_tx("read LangGraph checkpoints") as conn:
             for r in conn.execute(self._sql(sql), tuple(params)).fetchall():
                 row = _Row(
@@ -197,34 +220,82 @@ class _SQLBackend(_Backend):
                 accepted = accept(row)
                 if accepted is None:
                     continue
-                out.append(self._load(conn, row, *accepted))
-                if query.limit is not None and len(out) >= query.limit:
+                picked.append((row, *accepted))
+                if query.limit is not None and len(picked) >= query.limit:
                     break
+            blob_reads = self._blob_reads(conn, picked)
+            write_reads = self._write_reads(conn, picked)
+            blobs: dict[tuple[str, str, str, str], Typed] = {
+                (t, ns, ch, ver): (kind, bytes(b))
+                for (t, ns), cur in blob_reads
+                for ch, ver, kind, b in cur.fetchall()
+            }
+            writes: dict[tuple[str, str, str], list[_Write]] = {}
+            for (t, ns), cur in write_reads:
+                for cid, task, idx, ch, kind, b, path in cur.fetchall():
+                    writes.setdefault((t, ns, cid), []).append(
+                        _Write(
+                            task_id=task,
+                            idx=idx,
+                            channel=ch,
+                            value=(kind, bytes(b)),
+                            task_path=path,
+                        )
+                    )
+        out = []
+        for row, versions, decoded in picked:
+            t, ns = row.thread_id, row.checkpoint_ns
+            found = {ch: blobs.get((t, ns, ch, ver)) for ch, ver in versions.items()}
+            out.append(
+                _Loaded(
+                    row=row,
+                    decoded=decoded,
+                    blobs={ch: v for ch, v in found.items() if v is not None},
+                    writes=writes.get((t, ns, row.checkpoint_id), []),
+                )
+            )
         return out
 
-    def _load(self, conn: Any, row: _Row, versions: dict[str, str], decoded: Any) -> _Loaded:
-        blobs: dict[str, Typed] = {}
-        if versions:
-            pairs = " OR ".join(["(channel = ? AND version = ?)"] * len(versions))
-            found = conn.execute(
-                self._sql(
-                    f"SELECT channel, type, blob FROM {_BLOBS} "
-                    f"WHERE thread_id = ? AND checkpoint_ns = ? AND ({pairs})"
-                ),
-                (row.thread_id, row.checkpoint_ns, *(x for kv in versions.items() for x in kv)),
-            ).fetchall()
-            blobs = {ch: (t, bytes(b)) for ch, t, b in found}
-        writes = [
-            _Write(task_id=r[0], idx=r[1], channel=r[2], value=(r[3], bytes(r[4])), task_path=r[5])
-            for r in conn.execute(
-                self._sql(
-                    f"SELECT task_id, idx, channel, type, blob, task_path FROM {_WRITES} "
-                    "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
-                ),
-                (row.thread_id, row.checkpoint_ns, row.checkpoint_id),
-            ).fetchall()
-        ]
-        return _Loaded(row=row, decoded=decoded, blobs=blobs, writes=writes)
+    def _blob_reads(
+        self, conn: Any, picked: list[tuple[_Row, dict[str, str], Any]]
+    ) -> list[tuple[tuple[str, str], Any]]:
+        """The statements (run, not read) that read the blobs the picked checkpoints need."""
+        needed: dict[tuple[str, str], dict[tuple[str, str], None]] = {}
+        for row, versions, _ in picked:
+            keys = needed.setdefault((row.thread_id, row.checkpoint_ns), {})
+            keys.update(dict.fromkeys(versions.items()))
+        out = []
+        for (t, ns), keys in needed.items():
+            pairs = list(keys)
+            for start in range(0, len(pairs), CHUNK):
+                chunk = pairs[start : start + CHUNK]
+                pairs_sql = self._pairs("channel", "version", len(chunk))
+                sql = (
+                    f"SELECT channel, version, type, blob FROM {_BLOBS} "
+                    f"WHERE thread_id = ? AND checkpoint_ns = ? AND ({pairs_sql})"
+                )
+                params = (t, ns, *(x for pair in chunk for x in pair))
+                out.append(((t, ns), conn.execute(self._sql(sql), params)))
+        return out
+
+    def _write_reads(
+        self, conn: Any, picked: list[tuple[_Row, dict[str, str], Any]]
+    ) -> list[tuple[tuple[str, str], Any]]:
+        """The statements (run, not read) that read the picked checkpoints' writes."""
+        ids: dict[tuple[str, str], list[str]] = {}
+        for row, _, _ in picked:
+            ids.setdefault((row.thread_id, row.checkpoint_ns), []).append(row.checkpoint_id)
+        out = []
+        for (t, ns), cids in ids.items():
+            for start in range(0, len(cids), CHUNK):
+                chunk = cids[start : start + CHUNK]
+                sql = (
+                    "SELECT checkpoint_id, task_id, idx, channel, type, blob, task_path "
+                    f"FROM {_WRITES} WHERE thread_id = ? AND checkpoint_ns = ? "
+                    f"AND checkpoint_id IN ({_marks(len(chunk))})"
+                )
+                out.append(((t, ns), conn.execute(self._sql(sql), (t, ns, *chunk))))
+        return out
 
     def delete_thread(self, thread_id: str) -> None:
         with self.db.tx("delete a LangGraph thread") as conn:
@@ -329,7 +400,24 @@ class _PostgresBackend(_SQLBackend):
         super().__init__(self.client, "%s")
 
     @contextmanager
+    def _pipelined(self, doing: str) -> Iterator[Any]:
+        """A pooled connection in pipeline mode inside one transaction: its statements go
+        out without waiting for each answer, so a step's write is one round trip, and a read
+        waits only where it needs rows (``BEGIN`` and ``COMMIT`` travel with the statements).
+        """
+        with (
+            self.client.errors(doing),
+            self.client.connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+        ):
+            yield conn
+
+    def _write_tx(self, doing: str) -> AbstractContextManager[Any]:
+        return self._pipelined(doing)
+
+    @contextmanager
     def _read_tx(self, doing: str) -> Iterator[Any]:
-        with self.client.tx(doing) as conn:
+        with self._pipelined(doing) as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield conn
