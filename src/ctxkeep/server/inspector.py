@@ -418,7 +418,7 @@ def window(session_id: IdPath, tenant: TenantDep) -> WindowResponse:
 @router.get(
     "/v1/inspect/tenant",
     response_model=TenantResponse,
-    responses={s: _RESPONSES[s] for s in (401, 503)},
+    responses={s: _RESPONSES[s] for s in (401, 422, 503)},
     tags=["inspect"],
 )
 def tenant_of_key(tenant: TenantDep) -> TenantResponse:
