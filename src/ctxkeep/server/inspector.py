@@ -13,7 +13,8 @@ tenant's data exactly as any other client would:
   and the reserve for the reply) and the pruner's decision on every message, a compressed
   output expandable to its full text from its artifact (``GET /v1/artifacts/{ref}``);
 * the tokens of every step of the session: the history as stored, the prompt built from it;
-* a search box over the tenant's episodic memory (``POST /v1/episodes/search``).
+* a search box over the tenant's episodic memory, showing the episodes ``ctxkeep memory
+  search`` shows (the relevant ones: ``POST /v1/inspect/episodes/search``).
 
 The routes here give what the rest of the API does not:
 

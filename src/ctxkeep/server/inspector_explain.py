@@ -159,9 +159,9 @@ def cache_explanation(report: BuildReport, low_water: float) -> list[str]:
     how = (
         "So the history is cut in jumps: when it last overflowed the budget, the prompt was "
         f"cut once, down to the low-water mark ({low:,} tokens, {round(low_water * 100)}% of "
-        "the budget), leaving out what did not fit under it. Since then each new message is "
-        "only appended, so every call starts the same way, until the budget is full and the "
-        "next cut."
+        "the budget), leaving out or compressing what did not fit under it. Since then each "
+        "new message is only appended, so every call starts the same way, until the budget "
+        "is full and the next cut."
     )
     stable_messages = p.stable_prefix_messages
     stable_tokens = p.stable_prefix_tokens or 0
