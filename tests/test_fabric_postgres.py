@@ -10,6 +10,7 @@ the reason, unless ``CTXKEEP_REQUIRE_SERVICES=1`` makes that a failure.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import queue
 import signal
@@ -51,6 +52,7 @@ pytestmark = pytest.mark.postgres
 __all__ = ["postgres_schema_factory", "postgres_server_url", "postgres_url"]
 
 PROC = Path(__file__).with_name("_fabric_pg_proc.py")
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "two_agents.py"
 WAIT = 30.0  # seconds any one step may take before the test gives up
 
 MakeBus = Callable[..., PostgresBus]
@@ -531,6 +533,18 @@ def test_a_private_value_is_in_no_table(make_bus: MakeBus, sql: Any) -> None:
     for table in tables:
         rows = sql.execute(f"SELECT * FROM {table}").fetchall()
         assert "CANARY-5d1c" not in repr(rows), table
+
+
+def test_the_two_agent_example_runs_on_the_postgres_bus(make_bus: MakeBus) -> None:
+    spec = importlib.util.spec_from_file_location("two_agents_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    on_postgres = example.run(ContextFabric(bus=make_bus("example")))
+    in_process = example.run(ContextFabric())
+    for key in ("plan", "coder_got", "planner_got", "resume_from"):
+        assert on_postgres[key] == in_process[key]
+    assert on_postgres["coder_got"] and on_postgres["planner_got"]
 
 
 # -- the service --------------------------------------------------------------------------------
