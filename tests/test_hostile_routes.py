@@ -108,6 +108,11 @@ PATH_OVERRIDES: dict[tuple[str, str], dict[str, str]] = {
 Body = Callable[[World], Any]
 
 BODIES: dict[tuple[str, str], Body] = {
+    ("POST", "/v1/inspect/episodes/search"): lambda w: {
+        "query": "parser bug",
+        "top_k": 3,
+        "filters": {"session_id": w.ids["main"], "agent_id": "agent", "metadata": {"k": "v"}},
+    },
     ("POST", "/v1/sessions"): lambda w: {
         "agent_id": "agent",
         "task_id": "task",
