@@ -65,6 +65,9 @@ def test_chat_stores_both_turns(memory: MemoryManager, oai: ScriptedServer) -> N
         "cache_write_tokens": 0,
     }
     assert reply.metadata["stop_reason"] == "stop"
+    # the window the prompt was built in, as the inspector reads it
+    assert reply.metadata["max_prompt_tokens"] == client.context_window
+    assert reply.metadata["reserve_output_tokens"] == client.max_output_tokens
     assert result.message.id == reply.id
     (request,) = oai.requests
     assert request.body["messages"] == [

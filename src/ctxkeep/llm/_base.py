@@ -444,12 +444,25 @@ class BaseChatClient:
         return turn_id, Message("user", _check.text("text", text), turn_id=turn_id)
 
     @staticmethod
-    def _reply(result: ChatResult, turn_id: str, parent_id: str | None) -> Message:
-        """The reply as stored: the turn's id, its parent, and the call in its metadata."""
+    def _reply(
+        result: ChatResult, turn_id: str, parent_id: str | None, report: Any = None
+    ) -> Message:
+        """The reply as stored: the turn's id, its parent, and the call in its metadata, with
+        the window its prompt was built in (``report``'s ``max_prompt_tokens`` and
+        ``reserve_output_tokens``: the inspector shows a session's prompts in that window).
+        """
+        window = (
+            {}
+            if report is None
+            else {
+                "max_prompt_tokens": report.max_prompt_tokens,
+                "reserve_output_tokens": report.reserve_output_tokens,
+            }
+        )
         return result.message.replace(
             turn_id=turn_id,
             parent_id=parent_id,
-            metadata={**result.message.metadata, **result.metadata()},
+            metadata={**result.message.metadata, **result.metadata(), **window},
         )
 
     def __repr__(self) -> str:

@@ -207,7 +207,9 @@ class ChatClient(BaseChatClient):
             max_tokens=max_tokens,
             options=options,
         )
-        stored = memory.add_structured_message(session_id, self._reply(result, turn_id, parent))
+        stored = memory.add_structured_message(
+            session_id, self._reply(result, turn_id, parent, built.report)
+        )
         return stored_result(result, stored)
 
     def close(self) -> None:
@@ -328,7 +330,7 @@ class AsyncChatClient(BaseChatClient):
             max_tokens=max_tokens,
             options=options,
         )
-        reply = self._reply(result, turn_id, parent)
+        reply = self._reply(result, turn_id, parent, built.report)
         stored = await asyncio.to_thread(memory.add_structured_message, session_id, reply)
         return stored_result(result, stored)
 
