@@ -10,13 +10,15 @@ Code blocks. Every fenced block of every page under ``docs/`` is one of:
 * ``json``, ``toml``, ``yaml``: parsed (configuration shown, not run);
 * ``text``: output or a layout, not run.
 
-What the test changes in the pasted text, all in :func:`adapted`: the service's port 8765 is
-the test's own free port, a ``ctxkeep serve ... &`` line gets ``--port`` and a wait for
-``/healthz`` after it, and ``pip install`` lines are not run (the venv is the test's; each
-names the clone, ``.`` or ``'.[extra]'``, and :func:`test_every_pip_command_names_real_extras`
-checks the extras exist). A block that cannot run offline (it needs a real provider's key) is
-marked on the line before its fence with ``<!-- docs: not run (the reason) -->``; such blocks
-are still compiled (python) and there may be at most :data:`MAX_NOT_RUN` of them.
+What the test changes in the pasted text, all in :func:`adapted`: the ports the docs give the
+service (8765) and the MCP server over HTTP (8766) are the test's own free ports, a
+``ctxkeep serve ... &`` line gets ``--port`` and a wait for ``/healthz`` after it, a
+``ctxkeep mcp ... &`` line a wait for its port, and ``pip install`` lines are not run (the
+venv is the test's; each names the clone, ``.`` or ``'.[extra]'``, and
+:func:`test_every_pip_command_names_real_extras` checks the extras exist). A block that cannot
+run offline (it needs a real provider's key, or a program that is not ctxkeep's) is marked on
+the line before its fence with ``<!-- docs: not run (the reason) -->``; such blocks are still
+compiled (python) and there may be at most :data:`MAX_NOT_RUN` of them.
 
 The reference. Every name in ``ctxkeep.__all__`` and in the ``__all__`` of the public
 subpackages (:data:`PUBLIC_MODULES`) has an entry: a ``::: path`` directive of mkdocstrings in
@@ -102,16 +104,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def adapted(code: str, *, port: int) -> str:
-    """A bash block's text as the test runs it (see the module docstring)."""
+SERVICE_PORT = "8765"
+MCP_PORT = "8766"
+"""The ports the docs give ``ctxkeep serve`` and ``ctxkeep mcp --transport http``."""
+
+
+def adapted(code: str, ports: dict[str, int], *, bash: bool) -> str:
+    """A block's text as the test runs it (see the module docstring): the docs' ports are the
+    test's free ones; in bash, ``pip install`` is not run and a server started in the
+    background (``... &``) is waited for.
+    """
+    for doc_port, port in ports.items():
+        code = code.replace(f"127.0.0.1:{doc_port}", f"127.0.0.1:{port}")
+        code = code.replace(f"--port {doc_port}", f"--port {port}")
+    if not bash:
+        return code
     code = PIP.sub(r"true  # not run here: pip install \1", code)
-    code = code.replace("127.0.0.1:8765", f"127.0.0.1:{port}")
-    return re.sub(
+    service, mcp = ports[SERVICE_PORT], ports[MCP_PORT]
+    code = re.sub(
         r"^ctxkeep serve(.*?) &(.*)$",
-        rf"ctxkeep serve\1 --port {port} &\2\nwait_for http://127.0.0.1:{port}/healthz",
+        rf"ctxkeep serve\1 --port {service} &\2\nwait_for http://127.0.0.1:{service}/healthz",
         code,
         flags=re.M,
     )
+    return re.sub(r"^(ctxkeep mcp .*&.*)$", rf"\1\nwait_for_port {mcp}", code, flags=re.M)
 
 
 WAIT_FOR = """wait_for() {
@@ -127,23 +143,32 @@ for _ in range(600):
 else:
     raise SystemExit(f'{sys.argv[1]} did not answer')
 PYEOF
+}
+wait_for_port() {
+  python - "$1" <<'PYEOF'
+import socket, sys, time
+for _ in range(600):
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+else:
+    raise SystemExit(f'nothing listens on port {sys.argv[1]}')
+PYEOF
 }"""
 
 
-def session_script(page: Path, port: int) -> str:
+def session_script(page: Path, ports: dict[str, int]) -> str:
     lines = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT", WAIT_FOR]
     for n, (language, code, reason) in enumerate(blocks(page)):
         if reason is not None or language not in ("python", "bash"):
             continue
         lines.append(f"echo '== {page.name} block {n} ({language})'")
         if language == "bash":
-            lines.append(adapted(code, port=port))
+            lines.append(adapted(code, ports, bash=True))
         else:
-            lines += [
-                "python - <<'PYEOF'",
-                code.replace("127.0.0.1:8765", f"127.0.0.1:{port}"),
-                "PYEOF",
-            ]
+            lines += ["python - <<'PYEOF'", adapted(code, ports, bash=False), "PYEOF"]
     return "\n".join(lines) + "\n"
 
 
@@ -159,7 +184,7 @@ def test_every_code_block_of_the_page_runs_as_pasted(
 
     work = tmp_path / "work"
     work.mkdir()
-    port = free_port()
+    ports = {SERVICE_PORT: free_port(), MCP_PORT: free_port()}
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -169,7 +194,7 @@ def test_every_code_block_of_the_page_runs_as_pasted(
     with running(openai_default) as model:
         env["OPENAI_BASE_URL"] = model.url + "/v1"
         done = subprocess.run(
-            ["bash", "-c", session_script(page, port)],
+            ["bash", "-c", session_script(page, ports)],
             cwd=work,
             env=env,
             capture_output=True,
