@@ -181,6 +181,9 @@ class PostgresBus:
         block_ms: how long a waiting receive sleeps at most between two reads when no
             notification wakes it (a check for idle messages to claim).
         handled_ttl: how long (seconds) handled ids are remembered to skip redeliveries.
+        min_size: connections the pool keeps open when idle (0: an idle bus holds none after
+            the pool's ``max_idle``, 10 minutes; a service with many tenants holds one bus
+            each).
         max_size: the most connections the bus's pool opens (the listener has one more).
 
     Raises:
@@ -198,6 +201,7 @@ class PostgresBus:
         claim_idle_ms: int = 30_000,
         block_ms: int = 5_000,
         handled_ttl: float = 7 * 24 * 3600,
+        min_size: int = 0,
         max_size: int = 4,
     ) -> None:
         if not isinstance(consumer, str) or not consumer or "\x00" in consumer:
@@ -209,11 +213,13 @@ class PostgresBus:
         ):
             if _check.number(name, value) <= 0:
                 raise ConfigError(f"{name} must be positive, got {value!r}")
-        _check.integer("max_size", max_size, minimum=1)
+        _check.integer("min_size", min_size, minimum=0)
+        _check.integer("max_size", max_size, minimum=max(min_size, 1))
         self.url = url
         self.db = PgClient(
-            url, name="ctxkeep-fabric", meta_key=META_KEY, migrations=MIGRATIONS, max_size=max_size
-        )
+            url, name="ctxkeep-fabric", meta_key=META_KEY, migrations=MIGRATIONS,
+            min_size=min_size, max_size=max_size,
+        )  # fmt: skip
         self.where = self.db.where
         self.consumer = consumer
         self.claim_idle_ms = int(claim_idle_ms)
