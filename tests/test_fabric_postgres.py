@@ -18,12 +18,15 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from _fabric_pg_server import postgres_server_url
 from conftest_services import postgres_schema_factory, postgres_url
@@ -478,6 +481,55 @@ def test_update_with_loses_no_concurrent_write(url: str) -> None:
     assert version == 80
     assert sorted(data["log"]) == sorted(f"{w}:{i}" for w in range(4) for i in range(20))
     state.close()
+
+
+WRITES_ST = st.lists(
+    st.tuples(
+        st.sampled_from(["mine", "theirs"]),
+        st.dictionaries(st.sampled_from(["goal", "plan", "eta"]), st.integers(0, 9), max_size=2),
+        st.integers(-1, 1),
+    ),
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(writes=WRITES_ST)
+def test_random_writes_from_two_writers_follow_the_in_process_fabric(
+    url: str, writes: list[tuple[str, dict[str, int], int]]
+) -> None:
+    """Each write is based on the version its writer last saw (plus a skew of -1, 0 or 1): the
+    PostgreSQL task state accepts and refuses exactly the writes the in-process fabric does,
+    and ends in the same state. (Each example writes a task of its own, so the examples may
+    share the test's schema.)
+    """
+    task = f"t-{uuid.uuid4().hex[:8]}"
+    model = ContextFabric()
+    model.set_task_context("mine", {}, task_id=task)
+    model.set_task_context("theirs", {}, task_id=task)
+    states = {w: PostgresTaskState(url, task) for w in ("mine", "theirs")}
+    seen = dict.fromkeys(states, 0)
+    try:
+        for writer, changes, skew in writes:
+            expected = max(seen[writer] + skew, 0)
+            try:
+                want: int | str = model.update_task_context(
+                    writer, changes, expected_version=expected
+                )
+            except StaleTaskStateError:
+                want = "stale"
+            try:
+                got: int | str = states[writer].update(changes, expected_version=expected)
+            except StaleTaskStateError:
+                got = "stale"
+            assert got == want
+            seen[writer] = states[writer].read()[0]
+        assert states["mine"].read() == (model.task_version(task), model.task_context("mine"))
+    finally:
+        for state in states.values():
+            state.close()
 
 
 @pytest.mark.parametrize("stored", [deep_json(300), deep_json(100_000), '"\\ud800"', "{not json"])
