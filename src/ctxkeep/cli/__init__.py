@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from ctxkeep._version import __version__
 from ctxkeep.errors import CtxkeepError
 
-_GROUPS = ("count", "replay", "sessions", "memory", "keys", "serve", "eval")
+_GROUPS = ("count", "replay", "sessions", "memory", "keys", "serve", "mcp", "eval")
 """The command modules, in the order ``--help`` lists their commands."""
 
 _COMMANDS = {**{g: g for g in _GROUPS}, "demo": "replay"}
