@@ -35,7 +35,7 @@ def _fill(url: str) -> str:
 
 def _reads_work(url: str, sid: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="ctxkeep.sessions.base"):
-        mem = open_memory(url)
+        mem = open_memory(url, MemoryConfig(access_resolution=0))  # every read tries to touch
         try:
             before = mem.backend.info(sid, touch=None, ttl=None)
             assert [m.content for m in mem.get_messages(sid)] == ["m1", "m2"]

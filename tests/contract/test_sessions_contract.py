@@ -102,7 +102,10 @@ class TestRedisBackend(SessionContract):
             mem.close()
 
     def test_every_access_moves_the_expiry_deadline(self, url: str) -> None:
-        mem = open_memory(url, MemoryConfig(session_ttl=600, max_sessions=None))
+        # access_resolution=0: every read writes (the default writes past a second)
+        mem = open_memory(
+            url, MemoryConfig(session_ttl=600, max_sessions=None, access_resolution=0)
+        )
         backend = mem.backend
         assert isinstance(backend, RedisBackend)
         client = redis.Redis.from_url(_redis_url_of(url), decode_responses=True)

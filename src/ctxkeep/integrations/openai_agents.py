@@ -73,6 +73,7 @@ from ctxkeep.errors import (
     BudgetExceededError,
     InvalidMessageError,
     MissingDependencyError,
+    MissingToolResultError,
     SessionChangedError,
     SessionExistsError,
     SessionNotFoundError,
@@ -175,8 +176,8 @@ class CtxkeepSession:
         """
         batch = [dict(i) for i in cast("list[dict[str, Any]]", list(items))]
         if batch:
-            from_responses(batch)  # fail on a malformed item before touching the store
-            await asyncio.to_thread(self._add, batch)
+            messages = from_responses(batch)  # fails on a malformed item before any I/O
+            await asyncio.to_thread(self._add, batch, messages)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item; None when the session is empty."""
@@ -226,42 +227,43 @@ class CtxkeepSession:
         """
         return self.memory.reads.decoded(self.session_id)
 
-    def _add(self, items: list[dict[str, Any]]) -> None:
+    def _add(self, items: list[dict[str, Any]], messages: list[Message]) -> None:
+        """Append ``messages`` (``items`` converted): one write transaction in the common
+        case; the session is created on first use, and a batch that continues the newest
+        message (calls wait that it does not answer) is joined with it.
+        """
         with self._lock:
-            self._ensure_session()
-            try:
-                self._append(items)
-            except SessionNotFoundError:
-                # Expired, evicted or cleared by another process since the check: start anew.
-                self._ensure_session()
-                self._append(items)
+            for _ in range(_RETRIES):
+                try:
+                    self.memory.add_messages(self.session_id, messages)
+                    return
+                except SessionNotFoundError:
+                    # New, or expired, evicted or cleared by another process: start anew.
+                    with contextlib.suppress(SessionExistsError):
+                        self.memory.create_session(self.agent_id, session_id=self.session_id)
+                except MissingToolResultError:
+                    if messages[0].role == "tool" or not self._join(items):
+                        raise  # an output while other calls still wait: the caller's error
+                    return
+            raise SessionChangedError(self.session_id)
 
-    def _append(self, items: list[dict[str, Any]]) -> None:
-        messages = from_responses(items)
+    def _join(self, items: list[dict[str, Any]]) -> bool:
+        """Calls wait and ``items`` do not answer them: they continue the newest message (a
+        run of function calls split over two batches, or items that came after it), as one
+        list of items would. Replaces that message by it joined with ``items``, in one
+        transaction; False if no call waits (the batch itself is invalid).
+        """
         for _ in range(_RETRIES):
-            info = self.memory.get_session(self.session_id)
-            if not info.pending or messages[0].role == "tool":
-                self.memory.add_messages(self.session_id, messages)
-                return
-            # Calls wait and the batch does not answer them: it continues the newest message
-            # (a run of function calls split over two batches, or items that came after
-            # it), as one list of items would. Replace that message by it joined with the
-            # batch, in one transaction.
+            if not self.memory.get_session(self.session_id).pending:
+                return False
             newest = self.memory.get_messages(self.session_id, limit=1)
             if not newest or not newest[0].id:
                 continue  # taken back meanwhile: look again
             joined = from_responses(to_responses(newest) + items)
             with contextlib.suppress(SessionChangedError):
                 self.memory.replace_newest(self.session_id, joined, newest_id=newest[0].id)
-                return
+                return True
         raise SessionChangedError(self.session_id)
-
-    def _ensure_session(self) -> None:
-        if self.memory.has_session(self.session_id):
-            return
-        # Another instance or process may have created it since the check.
-        with contextlib.suppress(SessionExistsError):
-            self.memory.create_session(self.agent_id, session_id=self.session_id)
 
     def _pop_item(self) -> TResponseInputItem | None:
         with self._lock:

@@ -98,6 +98,10 @@ class Backend(ABC):
     """True if the store expires idle sessions itself (Redis key TTL): the manager then passes
     ``ttl`` to :meth:`create`, :meth:`info` and :meth:`append`, and expects a session to vanish
     without an eviction of its own (the contract checks both)."""
+    touch_writes: bool = True
+    """True if updating a session's access time is a write transaction of the store (SQL,
+    Redis): the manager then writes it on a read only past ``MemoryConfig.access_resolution``.
+    False where it costs an attribute store (in process): every read sets it exactly."""
     name: str = "backend"
 
     @abstractmethod

@@ -140,6 +140,12 @@ class MemoryConfig:
     """Sessions kept; beyond it the least recently accessed is evicted."""
     archive_evicted: bool = True
     """Keep trimmed and evicted messages in the backend's archive (for episodic memory)."""
+    access_resolution: float = 1.0
+    """Seconds: on a store where it is a write (SQL, Redis), a read writes the session's
+    access time only when the stored one is at least this old (or a hundredth of
+    ``session_ttl``, if less), so reads do not each cost a write transaction (a commit, an
+    fsync under ``synchronous=full``). Writes always set it; in process every read does. The
+    TTL and the LRU order are then exact to this resolution; 0 makes every read write."""
 
     def __post_init__(self) -> None:
         for name in ("max_history", "max_sessions"):
@@ -154,6 +160,24 @@ class MemoryConfig:
             or ttl <= 0
         ):
             raise ConfigError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
+        res = self.access_resolution
+        if (
+            isinstance(res, bool)
+            or not isinstance(res, int | float)
+            or not math.isfinite(res)
+            or res < 0
+        ):
+            raise ConfigError(
+                f"access_resolution must be a finite number of seconds >= 0, got {res!r}"
+            )
+
+    @property
+    def touch_resolution(self) -> float:
+        """How old a session's stored access time must be for a read to write it:
+        ``access_resolution``, or a hundredth of the TTL where that is less.
+        """
+        ttl = self.session_ttl
+        return self.access_resolution if ttl is None else min(self.access_resolution, ttl / 100)
 
 
 def default_memory_config() -> MemoryConfig:
@@ -238,6 +262,7 @@ class MemoryManager:
         self._clock = clock
         # A TTL is handed to a backend only if it expires sessions by itself.
         self._native_ttl = self.config.session_ttl if backend.supports_native_ttl else None
+        self._touch_resolution = self.config.touch_resolution if backend.touch_writes else 0.0
         # session id -> its decoded history, keyed by generation; most recently used last.
         self._prompt_cache: dict[str, CachedHistory] = {}
         self._cache_lock = threading.Lock()
@@ -522,24 +547,46 @@ class MemoryManager:
     def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
         """The session's messages, oldest first (copies); the newest ``limit`` if given."""
         _check.optional_integer("limit", limit, minimum=0)
-        self._live(session_id, touch=True)
+        session_id = check_session_id(session_id)
         if limit is not None:
             # The newest messages by themselves: O(limit), whatever the session's length.
             if limit == 0:
+                self._live(session_id, touch=True)
                 return []
-            rows = self._newest_rows(session_id, limit)
+            info, rows = self._newest_rows(session_id, limit)
+            self._accessed(session_id, info)
             return [record_to_message(r, session_id=session_id, seq=seq) for seq, r in rows]
         # The decoded-history cache (keyed by generation and revision, trimmed to first_seq)
         # reads only the rows appended since the last read.
-        return [m.copy() for m in self._history(session_id)[1]]
+        info, history = self._history(session_id)
+        self._accessed(session_id, info)
+        return [m.copy() for m in history]
 
-    def _newest_rows(self, session_id: str, limit: int) -> list[Row]:
-        """The session's newest ``limit`` rows, oldest first, read by themselves."""
+    def _newest_rows(self, session_id: str, limit: int) -> tuple[SessionInfo, list[Row]]:
+        """The session's info and its newest ``limit`` rows, oldest first, read by
+        themselves at one instant.
+        """
         tail = self.backend.read_tail(session_id, limit=limit)
         if tail is None:
             self._forget(session_id)
             raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
-        return tail.rows[-limit:]
+        return tail.info, tail.rows[-limit:]
+
+    def _accessed(self, session_id: str, info: SessionInfo) -> None:
+        """After a read whose snapshot held the session's ``info``: the TTL test and the
+        access-time update :meth:`_live` makes, without reading the session's row again.
+
+        Raises:
+            SessionNotFoundError: the session was idle past its TTL (it is reclaimed, as by
+                any access, unless another process touched it since the read).
+
+        """
+        now = self._clock()
+        ttl = self.config.session_ttl
+        if ttl is not None and info.accessed_at < now - ttl:
+            self._live(session_id, touch=True)  # reclaims and raises, or it was touched
+        else:
+            self._touch(session_id, info, now)
 
     def pop_message(self, session_id: str) -> Message | None:
         """Take back the session's newest message and return it (None if it holds none).
@@ -586,25 +633,34 @@ class MemoryManager:
         _check.text("newest_id", newest_id)
         now = self._clock()
         stamped = self._stamped(messages, now)
-        self._live(session_id, touch=False)
-        rows = self._newest_rows(session_id, 1)  # the newest by itself, not the session
-        if not rows or rows[-1][1].get("id") != newest_id:
-            raise SessionChangedError(session_id)
+        session_id = check_session_id(session_id)
+        ttl = self.config.session_ttl
         checked: list[SessionInfo] = []
 
         def check(info: SessionInfo) -> tuple[str, ...]:
+            if ttl is not None and info.accessed_at < now - ttl:
+                raise _Idle(session_id)  # as in add_messages: no read before the write
             checked[:] = [info]
             return advance_pending(info.pending, stamped)
 
+        # The newest message is read and compared by id inside the append's transaction.
         batch = Append(
             records=[message_to_record(m) for m in stamped],
             check=check,
             now=now,
             ttl=self._native_ttl,
-            replaces=rows[-1][0],
+            replaces_id=newest_id,
         )
         try:
             seqs = self.backend.append(session_id, batch)
+        except _Idle:
+            self._live(session_id, touch=False)  # reclaims it and raises
+            raise SessionChangedError(session_id) from None  # touched meanwhile: read again
+        except SessionNotFoundError:
+            self._forget(session_id)
+            raise SessionNotFoundError(
+                f"no session {session_id!r} (unknown, deleted or expired)"
+            ) from None
         except AlreadyStored as found:
             # Held elsewhere in the session: a retry of this replace would have found
             # another newest message (SessionChangedError), so this is a reused id.
@@ -799,11 +855,20 @@ class MemoryManager:
             self._forget(session_id)
             raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
         if touch:
-            try:
-                info = self.backend.info(session_id, touch=now, ttl=self._native_ttl) or info
-            except StorageError as exc:
-                if not self._refused(exc, "the access-time update of a read"):
-                    raise
+            info = self._touch(session_id, info, now)
+        return info
+
+    def _touch(self, session_id: str, info: SessionInfo, now: float) -> SessionInfo:
+        """The session's access time set to ``now`` (and its native expiry moved) where
+        ``info``'s is older than the touch resolution; the session's info after.
+        """
+        if now - info.accessed_at < self._touch_resolution:
+            return info
+        try:
+            return self.backend.info(session_id, touch=now, ttl=self._native_ttl) or info
+        except StorageError as exc:
+            if not self._refused(exc, "the access-time update of a read"):
+                raise
         return info
 
     def _refused(self, exc: StorageError, what: str) -> bool:
@@ -939,8 +1004,9 @@ class HistoryReads:
             SessionNotFoundError: unknown, deleted or expired session.
 
         """
-        self.manager.get_session(session_id)
+        session_id = check_session_id(session_id)
         info, rows = self.since(session_id)
+        self.manager._accessed(session_id, info)
         return [
             record_to_message(r, session_id=session_id, seq=seq)
             for seq, r in rows

@@ -81,6 +81,7 @@ class MemoryBackend(Backend):
     """Session storage in a dict, for one process. Thread-safe; evicts nothing by itself."""
 
     name = "memory"
+    touch_writes = False
     supports_folds = True
 
     def __init__(self) -> None:
@@ -118,12 +119,13 @@ class MemoryBackend(Backend):
             if s is None:
                 raise SessionNotFoundError(f"no session {session_id!r}")
             info, rows = s.info, s.rows
-            if batch.replaces is not None:
-                if not rows or rows[-1][0] != batch.replaces:
+            if batch.replacing:
+                newest = load_record(session_id, *rows[-1]) if rows else None
+                if newest is None or not batch.takes(rows[-1][0], newest):
                     raise SessionChangedError(session_id)
                 info = replace(
                     info,
-                    pending=pending_after_pop(info.pending, load_record(session_id, *rows[-1])),
+                    pending=pending_after_pop(info.pending, newest),
                     revision=info.revision + 1,
                 )
                 rows = rows[:-1]

@@ -114,7 +114,7 @@ class PostgresBackend(SQLBackend):
         (:data:`APPEND_SQL`); a replacement of the newest message, and an append of an id
         already stored, take the shared path (a transaction that locks the row first).
         """
-        if batch.replaces is not None:
+        if batch.replacing:
             self._known.forget(session_id)
             return super().append(session_id, batch)
         texts = [dumps(r) for r in batch.records]

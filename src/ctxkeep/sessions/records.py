@@ -454,6 +454,21 @@ class Append:
     (``pending`` as :func:`pending_after_pop` says, ``revision`` + 1) before ``check`` runs,
     or raises :class:`~ctxkeep.errors.SessionChangedError` if the newest message is no longer
     that one."""
+    replaces_id: str | None = None
+    """Like :attr:`replaces`, by the ``id`` of the message the caller read as the newest: the
+    backend reads the newest message inside its transaction and takes it only if it has this
+    id (one round trip where the caller would otherwise read the newest seq first)."""
+
+    @property
+    def replacing(self) -> bool:
+        """Whether this append takes the newest message's place."""
+        return self.replaces is not None or self.replaces_id is not None
+
+    def takes(self, seq: int, record: dict[str, Any]) -> bool:
+        """Whether the newest message, ``seq`` holding ``record``, is the one to replace."""
+        return (self.replaces is None or seq == self.replaces) and (
+            self.replaces_id is None or record.get("id") == self.replaces_id
+        )
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

@@ -786,7 +786,7 @@ class RedisBackend(Backend):
         compare-and-set (:func:`~ctxkeep.sessions.base.cas_append`); a replacement of the
         newest message takes the WATCH path (:meth:`_replace`).
         """
-        if batch.replaces is not None:
+        if batch.replacing:
             return self._replace(session_id, batch)
         keys = self.keys
         script_keys = [*keys.own(session_id), keys.accessed, keys.expires]
@@ -843,7 +843,7 @@ class RedisBackend(Backend):
         self._known.forget(session_id)
         keys = self.keys
         records, check, now, ttl = batch.records, batch.check, batch.now, batch.ttl
-        replaces = batch.replaces
+        replacing = batch.replacing
 
         def body(pipe: Pipeline) -> list[int]:
             fields = self._hash(pipe, session_id)
@@ -851,9 +851,9 @@ class RedisBackend(Backend):
                 raise SessionNotFoundError(f"no session {session_id!r}")
             info = session_from_fields(session_id, fields)
             taken: str | None = None
-            if replaces is not None:
+            if replacing:
                 newest = cast("list[str]", pipe.zrange(keys.messages(session_id), -1, -1))
-                if not newest or parse_member(session_id, newest[0])[0] != replaces:
+                if not newest or not batch.takes(*parse_member(session_id, newest[0])):
                     raise SessionChangedError(session_id)
                 taken = newest[0]
                 info = replace(
@@ -898,7 +898,7 @@ class RedisBackend(Backend):
             return seqs
 
         watched = [keys.session(session_id)]
-        if replaces is not None:
+        if replacing:
             watched.append(keys.messages(session_id))
         return self._atomic(watched, body)
 

@@ -342,8 +342,8 @@ class SQLBackend(Backend):
             if row is None:
                 raise SessionNotFoundError(f"no session {session_id!r}")
             info = row_to_info(row)
-            if batch.replaces is not None:
-                info = self._take_newest(conn, info, batch.replaces)
+            if batch.replacing:
+                info = self._take_newest(conn, info, batch)
             settle_ids(session_id, batch.records, self._rows_with_ids(conn, session_id, batch))
             pending = batch.check(info)
             seqs = list(range(info.next_seq, info.next_seq + len(texts)))
@@ -394,9 +394,9 @@ class SQLBackend(Backend):
             out += [(seq, load_record(session_id, seq, text)) for seq, text in rows]
         return out
 
-    def _take_newest(self, conn: Any, info: SessionInfo, seq: int) -> SessionInfo:
-        """Inside an append's transaction: delete the newest message, which must be ``seq``;
-        the session as it is without it.
+    def _take_newest(self, conn: Any, info: SessionInfo, batch: Append) -> SessionInfo:
+        """Inside an append's transaction: delete the newest message, which must be the one
+        ``batch`` replaces (:meth:`Append.takes`); the session as it is without it.
         """
         newest = conn.execute(
             self._sql(
@@ -405,16 +405,19 @@ class SQLBackend(Backend):
             ),
             (info.session_id,),
         ).fetchone()
-        if newest is None or newest[0] != seq:
+        if newest is None:
+            raise SessionChangedError(info.session_id)
+        record = load_record(info.session_id, *newest)
+        if not batch.takes(newest[0], record):
             raise SessionChangedError(info.session_id)
         conn.execute(
             self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = ?"),
-            (info.session_id, seq),
+            (info.session_id, newest[0]),
         )
         return replace(
             info,
             message_count=info.message_count - 1,
-            pending=pending_after_pop(info.pending, load_record(info.session_id, *newest)),
+            pending=pending_after_pop(info.pending, record),
             revision=info.revision + 1,
         )
 
