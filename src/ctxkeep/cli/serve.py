@@ -1,4 +1,4 @@
-"""``ctxkeep serve``: run the HTTP service with uvicorn.
+"""``ctxkeep serve``: run the HTTP service with uvicorn, in one process or N workers.
 
 Before uvicorn starts, the command checks that the port is free (a busy port is one line
 naming ``--port``, not uvicorn's ``[Errno 98]`` and exit 3), and prints where the server
@@ -10,19 +10,26 @@ from __future__ import annotations
 
 import argparse
 import errno
-import logging
+import os
+import shutil
+import signal
 import socket
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Any
 
-from ctxkeep.cli._args import positive_int
+from ctxkeep.cli._args import finite_float, positive_int
 from ctxkeep.errors import ConfigError, MissingDependencyError
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from ctxkeep.server.keys import KeyRegistry
 
 HELP = """Serve session memory, prompt building, artifacts, episodic memory, checkpoints and
-the context fabric over HTTP (JSON under /v1, OpenAPI at /openapi.json, health at /healthz).
+the context fabric over HTTP (JSON under /v1, OpenAPI at /openapi.json). No key is needed for
+/healthz (liveness: the process answers), /readyz (readiness: the store answers; 503 while it
+does not) and /metrics (Prometheus text format, with the extra ctxkeep[metrics]; else 501).
 
 Requests authenticate with `Authorization: Bearer <key>`; create keys with
 `ctxkeep keys create --tenant NAME --db <the same URL>`. Each tenant's records live in stores
@@ -49,12 +56,26 @@ seconds and its body within --body-timeout more (else 408 and the connection is 
 most --max-connections connections are open at once (a request beyond: 503), and a body holds
 at most --max-body-bytes and --max-append-messages messages (else 413 or 422, nothing stored).
 
+--workers N runs N uvicorn worker processes on one port, over one store: on redis:// and
+postgresql:// only (SQLite and memory:// keep the fabric inside one process, and serve refuses
+more than one worker there). /metrics then adds up every worker's counts (prometheus-client's
+multiprocess mode, in $PROMETHEUS_MULTIPROC_DIR, or a temporary directory serve makes and
+removes). On SIGTERM (or Ctrl-C) the server stops accepting connections and lets requests in
+flight finish, for at most --graceful-timeout seconds, then exits 0.
+
+--otel traces every request and its store calls with OpenTelemetry (the extra ctxkeep[otel]),
+configured by the standard variables: OTEL_TRACES_EXPORTER (otlp, the default, needs
+opentelemetry-exporter-otlp; console; none), OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME
+(default ctxkeep)...; a provider set up already (opentelemetry-instrument) is used as it is.
+
 examples:
   ctxkeep serve
   ctxkeep serve --db sqlite:///srv/ctxkeep.db --port 8765
   ctxkeep serve --db redis://127.0.0.1:6379/0 --host 0.0.0.0 --port 9000
   ctxkeep serve --db memory:// --embedder hash     # prints a key for tenant demo
   ctxkeep serve --header-timeout 5 --max-connections 200 --max-append-messages 500
+  ctxkeep serve --db postgresql://ctxkeep@db/ctxkeep --workers 4 --graceful-timeout 20
+  OTEL_TRACES_EXPORTER=console ctxkeep serve --otel
 """
 
 DEFAULT_PORT = 8765
@@ -64,12 +85,24 @@ expiry: a client that waits about 5 s between calls, an LLM call between two app
 sends a request on a connection the server is closing and gets a read error). Longer than any
 client's, the client closes first (75 s: nginx's default)."""
 
+DEFAULT_GRACEFUL_TIMEOUT = 30.0
+"""Seconds a stopping server waits for requests in flight (gunicorn's default), then cancels
+them: long enough for any request the limits allow but a body trickled to its end."""
+
 DEFAULT_MAX_CONNECTIONS = 1000
 """uvicorn's ``limit_concurrency`` (it sets none of its own): a request arriving on a connection
 that makes this many open (itself included), or while this many requests are in flight, is
 answered 503 (uvicorn's, in plain text). Below the 1,024 open files a process gets by default,
 so the server refuses with 503 before the operating system refuses it sockets. Connections
 that send no request are closed by the header timeout."""
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds above 0 (argparse ``type``)."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
 
 
 def register(sub: Any) -> None:
@@ -132,6 +165,27 @@ def register(sub: Any) -> None:
         help="serve from a Redis that would lose the API keys and the data on a restart "
         "(no AOF, no RDB snapshots, an allkeys-* eviction policy, or settings it cannot read); "
         "without it serve refuses to start there",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="worker processes (default 1); more than one on redis:// or postgresql:// only",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=positive_seconds,
+        default=DEFAULT_GRACEFUL_TIMEOUT,
+        metavar="SECONDS",
+        help=f"on SIGTERM, how long requests in flight may take to finish before they are "
+        f"cancelled (default {DEFAULT_GRACEFUL_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--otel",
+        action="store_true",
+        help="trace requests and store calls with OpenTelemetry (ctxkeep[otel]; exporter and "
+        "endpoint from the OTEL_* variables)",
     )
     p.add_argument(
         "--embedder",
@@ -218,44 +272,113 @@ def startup_lines(url: str, keys: KeyRegistry, tenant: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the app and serve it until interrupted."""
+    """Build the app (or have each worker build it) and serve it until stopped."""
     try:
         import uvicorn
     except ImportError as exc:
         raise MissingDependencyError("uvicorn", "server") from exc
-    from ctxkeep.server import app as server
+    from ctxkeep.server import workers
+    from ctxkeep.server.app import HeaderTimeout
     from ctxkeep.server.keys import check_tenant
-    from ctxkeep.server.models import DEFAULT_MAX_APPEND_MESSAGES
     from ctxkeep.sessions import default_url
 
     url = args.db or default_url()
+    workers.check_workers(url, args.workers)
     if url == "memory://":
         check_tenant(args.tenant)
     check_port(args.host, args.port)
-    app = server.create_app(
-        url,
-        max_body_bytes=args.max_body_bytes or server.DEFAULT_MAX_BODY_BYTES,
-        body_timeout=args.body_timeout or server.DEFAULT_BODY_TIMEOUT,
-        max_append_messages=args.max_append_messages or DEFAULT_MAX_APPEND_MESSAGES,
+    given = {
+        "max_body_bytes": args.max_body_bytes,
+        "body_timeout": args.body_timeout,
+        "max_append_messages": args.max_append_messages,
+        "header_timeout": args.header_timeout,
+    }
+    settings = workers.ServeSettings(
+        db=url,
         embedder=args.embedder,
         require_persistent_keys=not args.allow_volatile_redis,
+        otel=args.otel,
+        **{name: value for name, value in given.items() if value is not None},
     )
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    access = logging.getLogger(server.ACCESS_LOGGER)
-    access.addHandler(handler)
-    access.setLevel(logging.INFO)
-    access.propagate = False
-    for line in startup_lines(url, app.state.ctxkeep.keys, args.tenant):
-        print(line, file=sys.stderr, flush=True)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        access_log=False,
-        log_level="info",
-        timeout_keep_alive=args.keep_alive,
-        http=server.HeaderTimeout.after(args.header_timeout or server.DEFAULT_HEADER_TIMEOUT),
-        limit_concurrency=args.max_connections,
-    )
+    provider = _tracer_provider() if args.otel else None
+    options: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "access_log": False,
+        "log_level": "info",
+        "timeout_keep_alive": args.keep_alive,
+        "limit_concurrency": args.max_connections,
+        "timeout_graceful_shutdown": args.graceful_timeout,
+    }
+    workers.log_access_to_stderr()
+    if args.workers == 1:
+        app = workers.build_app(settings, provider)
+        for line in startup_lines(url, app.state.ctxkeep.keys, args.tenant):
+            print(line, file=sys.stderr, flush=True)
+        _exit_zero_on_sigterm()
+        uvicorn.run(app, http=HeaderTimeout.after(settings.header_timeout), **options)
+        return 0
+    if provider is not None:  # each worker makes its own; this one only checked the settings
+        _shutdown(provider)
+    _print_worker_startup(url, settings, args.workers)
+    os.environ[workers.SETTINGS_ENV] = settings.to_env()
+    made_dir = None
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        made_dir = tempfile.mkdtemp(prefix="ctxkeep-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = made_dir
+    try:
+        uvicorn.run(
+            workers.WORKER_APP,
+            factory=True,
+            workers=args.workers,
+            http=workers.WORKER_PROTOCOL,
+            **options,
+        )
+    finally:
+        if made_dir is not None:
+            shutil.rmtree(made_dir, ignore_errors=True)
     return 0
+
+
+def _print_worker_startup(url: str, settings: Any, count: int) -> None:
+    """Check the key store as each worker will (refused: one line), and say what serves."""
+    from ctxkeep.server.app import refuse_volatile_keys
+    from ctxkeep.server.keys import open_key_registry
+
+    keys = open_key_registry(url)
+    try:
+        if settings.require_persistent_keys:
+            refuse_volatile_keys(keys)
+        lines = startup_lines(url, keys, MEMORY_TENANT)
+    finally:
+        keys.close()
+    for line in [*lines, f"{count} worker processes"]:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _tracer_provider() -> TracerProvider:
+    """The tracer provider of ``--otel`` (its settings checked before anything starts)."""
+    from ctxkeep.server.tracing import provider_from_env
+
+    return provider_from_env()
+
+
+def _shutdown(provider: TracerProvider) -> None:
+    shutdown = getattr(provider, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+
+
+def _exit_zero_on_sigterm() -> None:
+    """Make SIGTERM end the process with 0 once uvicorn has let it go.
+
+    uvicorn stops gracefully on SIGTERM, then raises the signal again under the handler it
+    found (the default one kills the process: exit -15), so that whoever ran it sees the
+    signal. A server asked to stop that stopped cleanly exits 0, as supervisors expect (a
+    SIGTERM before uvicorn takes over ends it with 0 too).
+    """
+
+    def stopped(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stopped)

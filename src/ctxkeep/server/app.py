@@ -3,7 +3,9 @@
 Requests pass, outermost first, through:
 
 1. :class:`AccessLog`: one JSON line per request on the ``ctxkeep.server.access`` logger
-   (method, path template, status, duration in ms, tenant; never a header, so never a key);
+   (method, path template, status, duration in ms, tenant, process id; never a header, so
+   never a key); the request counted for ``/metrics`` (:mod:`ctxkeep.server.metrics`) and,
+   when traces are on, its span (:mod:`ctxkeep.server.tracing`);
 2. :class:`RequestLimits`: a body over ``max_body_bytes`` is refused with 413 before anything
    parses it, one that takes longer than ``body_timeout`` to arrive with 408, and a request
    that writes more than ``max_append_messages`` messages with 422 (a request's work is
@@ -23,6 +25,11 @@ The app imports the routes; the routes never import the app. What both need (the
 the access log, the tenant of an API key) is in :mod:`ctxkeep.server.deps`
 (``tests/test_import_layers.py`` keeps the server's modules free of import circles).
 
+Beside the ``/v1`` routes, three need no key: ``/healthz`` (liveness: the process answers,
+no storage access), ``/readyz`` (readiness: the store answers a key lookup; 503 while it does
+not) and ``/metrics`` (Prometheus' text format; 501 ``missing-dependency`` without the
+``metrics`` extra).
+
 Every error is answered as ``application/problem+json`` (:mod:`ctxkeep.server.problems`):
 ctxkeep's exceptions with their own type, request validation as ``invalid-request`` (422),
 unknown routes 404, a missing or wrong key 401, anything unexpected 500 (logged on
@@ -35,6 +42,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -44,11 +52,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ctxkeep.errors import MissingDependencyError
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer, TracerProvider
+
     from ctxkeep.episodic import Embedder
+    from ctxkeep.server.metrics import Metrics
 
 try:
     import h11
-    from fastapi import FastAPI, Request
+    from fastapi import APIRouter, FastAPI, Request, Response
     from fastapi.exceptions import RequestValidationError
     from fastapi.openapi.utils import get_openapi
     from fastapi.responses import JSONResponse
@@ -60,12 +71,18 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError(exc.name or "fastapi", "server") from exc
 
 from ctxkeep._version import __version__
-from ctxkeep.errors import ConfigError, CtxkeepError
+from ctxkeep.errors import (
+    ConfigError,
+    CorruptRecordError,
+    CtxkeepError,
+    SchemaVersionError,
+    StorageError,
+)
 from ctxkeep.server import problems, routes_fabric, routes_memory
 from ctxkeep.server.deps import ServerState, Unauthorized, request_info
 from ctxkeep.server.inspector import router as inspector_router
-from ctxkeep.server.keys import KeyRegistry, open_key_registry
-from ctxkeep.server.models import APPEND_LIMIT, DEFAULT_MAX_APPEND_MESSAGES
+from ctxkeep.server.keys import KEY_PREFIX, KeyRegistry, open_key_registry
+from ctxkeep.server.models import APPEND_LIMIT, DEFAULT_MAX_APPEND_MESSAGES, Health, Problem
 from ctxkeep.server.routes import router
 from ctxkeep.server.tenants import DEFAULT_MAX_OPEN, TenantStores
 from ctxkeep.server.wire import evicted_to_wire
@@ -212,45 +229,90 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class AccessLog:
-    """One JSON line per request on the ``ctxkeep.server.access`` logger (INFO).
+    """One JSON line per request on the ``ctxkeep.server.access`` logger (INFO), the request
+    counted in ``metrics`` and traced by ``tracer`` (either None: off).
 
     Fields: ``method``, ``path`` (the route's template, such as
     ``/v1/sessions/{session_id}``, so no id or other caller data is logged; ``null`` for a
-    path no route matches), ``status``, ``duration_ms`` and ``tenant`` (``null`` before
-    authentication). Headers are never logged, so neither is an API key.
+    path no route matches), ``status``, ``duration_ms``, ``tenant`` (``null`` before
+    authentication) and ``pid`` (the worker that answered, under ``serve --workers``).
+    Headers are never logged, so neither is an API key.
+
+    A successful answer of a route that writes messages or builds a prompt
+    (:data:`~ctxkeep.server.metrics.BODY_ROUTES`) is read by the metrics for what it did.
     """
 
-    def __init__(self, app: ASGIApp, routes: Callable[[], list[Any]]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: Callable[[], list[Any]],
+        metrics: Metrics | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         self.app = app
         self.routes = routes
+        self.metrics = metrics
+        self.tracer = tracer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app and log the request, however it ends."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.tracer is None:
+            await self._observed(scope, receive, send, None)
+            return
+        from ctxkeep.server import tracing
+
+        with tracing.request_span(self.tracer, scope["method"]) as span:
+            await self._observed(scope, receive, send, span)
+
+    async def _observed(self, scope: Scope, receive: Receive, send: Send, span: Any) -> None:
         start = time.perf_counter()
         info = request_info(scope)
+        method = scope["method"]
         status = 500
+        route: str | None = None
+        body: list[bytes] | None = None
 
         async def sending(message: Message) -> None:
-            nonlocal status
+            nonlocal status, route, body
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                route = self._template(scope)
+                if self.metrics is not None and 200 <= status < 300:
+                    from ctxkeep.server.metrics import BODY_ROUTES
+
+                    if (method, route) in BODY_ROUTES:
+                        body = []
+            elif body is not None and message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
+            seconds = time.perf_counter() - start
+            if route is None:
+                route = self._template(scope)
             record = {
                 "event": "request",
-                "method": scope["method"],
-                "path": self._template(scope),
+                "method": method,
+                "path": route,
                 "status": status,
-                "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+                "duration_ms": round(seconds * 1000, 3),
                 "tenant": info.tenant,
+                "pid": os.getpid(),
             }
             access_log.info(json.dumps(record))
+            if self.metrics is not None:
+                self.metrics.observe_request(method, route, status, seconds)
+                if body is not None:
+                    self.metrics.observe_body(method, route, b"".join(body))
+            if span is not None:
+                from ctxkeep.server import tracing
+
+                tracing.finish(span, method, route, status, info.tenant)
 
     def _template(self, scope: Scope) -> str | None:
         route = scope.get("route")
@@ -406,8 +468,15 @@ def _evicted_member(request: Request) -> dict[str, Any]:
     return {"evicted": [evicted_to_wire(e) for e in evicted]} if evicted else {}
 
 
+STORE_ERRORS = (StorageError, CorruptRecordError, SchemaVersionError)
+"""The failures of a store, counted by ``/metrics`` (by their problem's slug)."""
+
+
 async def _on_ctxkeep_error(request: Request, exc: Exception) -> JSONResponse:
     problem = problems.problem_for(exc)
+    metrics: Metrics | None = getattr(request.app.state, "metrics", None)
+    if metrics is not None and isinstance(exc, STORE_ERRORS):
+        metrics.store_error(problems.kind_of(exc).slug)
     if problem["status"] >= 500 and not isinstance(exc, problems.NotAvailableError):
         log.error("%s %s failed: %r", request.method, request.url.path, exc, exc_info=exc)
     return problem_response({**problem, **_evicted_member(request)})
@@ -481,10 +550,49 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build
 
 
+# -- liveness, readiness, metrics ----------------------------------------------------------------
+
+READY_PROBE = f"{KEY_PREFIX}000000000000_readyz"
+"""The key ``/readyz`` looks up: shaped like a key, so the lookup reaches the store (one read
+by primary key), and no key's (its secret part is not a key's)."""
+
+_ops = APIRouter()
+
+
+@_ops.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"model": Problem, "description": "The store does not answer"}},
+    tags=["health"],
+)
+def readyz(request: Request) -> Health:
+    """The server can serve: its store answers a lookup of an API key (no authentication).
+
+    503 ``storage-unavailable`` while the store does not answer; ``/healthz`` answers as long
+    as the process does (a load balancer takes a server out of rotation on ``/readyz``, a
+    supervisor restarts it on ``/healthz``).
+    """
+    state: ServerState = request.app.state.ctxkeep
+    state.keys.authenticate(READY_PROBE)
+    return Health(status="ok")
+
+
+@_ops.get("/metrics", include_in_schema=False)
+def metrics(request: Request) -> Response:
+    """The service's metrics in Prometheus' text format (no authentication: no tenant's data
+    is in them); 501 ``missing-dependency`` without prometheus-client.
+    """
+    observed: Metrics | None = request.app.state.metrics
+    if observed is None:
+        raise MissingDependencyError("prometheus-client", "metrics")
+    body, content_type = observed.exposition()
+    return Response(body, media_type=content_type)
+
+
 # -- the key store ------------------------------------------------------------------------------
 
 
-def _refuse_volatile_keys(keys: KeyRegistry) -> None:
+def refuse_volatile_keys(keys: KeyRegistry) -> None:
     """Raise ConfigError, saying what would be lost and how to fix it, if ``keys`` could lose
     the API keys (see :mod:`ctxkeep.server.keys`).
     """
@@ -558,6 +666,16 @@ def _warm_prompt_path() -> None:
         )
 
 
+def _open_metrics() -> Metrics | None:
+    """The app's instruments, or None without prometheus-client (``/metrics`` then says so)."""
+    from ctxkeep.server.metrics import open_metrics
+
+    try:
+        return open_metrics()
+    except MissingDependencyError:
+        return None
+
+
 def create_app(
     db_url: str | None = None,
     *,
@@ -569,6 +687,8 @@ def create_app(
     max_open_tenants: int = DEFAULT_MAX_OPEN,
     embedder: str | Embedder = "local",
     require_persistent_keys: bool = False,
+    metrics: bool = True,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """The ctxkeep HTTP service over a storage URL.
 
@@ -591,6 +711,11 @@ def create_app(
             neither AOF nor RDB persistence, or one that evicts any key;
             :meth:`~ctxkeep.server.keys.KeyRegistry.volatility`). ``ctxkeep serve`` sets it
             unless given ``--allow-volatile-redis``; tests on a throwaway Redis leave it off.
+        metrics: count requests, appends, prompt builds, pruning and store errors for
+            ``/metrics`` (:mod:`ctxkeep.server.metrics`; without prometheus-client, or when
+            False, ``/metrics`` answers 501).
+        tracer_provider: trace every request and its store calls with this OpenTelemetry
+            provider (:mod:`ctxkeep.server.tracing`; None: no traces).
 
     Returns:
         The FastAPI application; ``app.state.ctxkeep`` is its :class:`ServerState` (closed
@@ -606,13 +731,30 @@ def create_app(
     _check_positive("max_append_messages", max_append_messages, whole=True)
     _check_positive("body_timeout", body_timeout, whole=False)
     url = db_url or default_url()
+    observed = _open_metrics() if metrics else None
+    tracer: Tracer | None = None
+    if tracer_provider is not None:
+        from ctxkeep.server import tracing
+
+        tracer = tracing.tracer_of(tracer_provider)
     keys = open_key_registry(url)
     try:
         if require_persistent_keys:
-            _refuse_volatile_keys(keys)
-        stores = TenantStores(
-            url, keys, config=config, clock=clock, max_open=max_open_tenants, embedder=embedder
-        )
+            refuse_volatile_keys(keys)
+        if tracer is None:
+            stores = TenantStores(
+                url, keys, config=config, clock=clock, max_open=max_open_tenants, embedder=embedder
+            )
+        else:
+            stores = tracing.TracedTenantStores(
+                url,
+                keys,
+                config=config,
+                clock=clock,
+                max_open=max_open_tenants,
+                embedder=embedder,
+                tracer=tracer,
+            )
     except BaseException:
         keys.close()
         raise
@@ -639,7 +781,9 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.ctxkeep = state
+    app.state.metrics = observed
     app.include_router(router)
+    app.include_router(_ops)
     app.include_router(routes_memory.router)
     app.include_router(routes_fabric.router)
     app.include_router(inspector_router)
@@ -654,6 +798,6 @@ def create_app(
         body_timeout=body_timeout,
         max_append_messages=max_append_messages,
     )
-    app.add_middleware(AccessLog, routes=lambda: app.routes)
+    app.add_middleware(AccessLog, routes=lambda: app.routes, metrics=observed, tracer=tracer)
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app
