@@ -23,7 +23,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
-from _cli import ctxkeep_script
+from _cli import assert_one_line_error, ctxkeep_script, run_script
 from conftest_services import redis_prefix_factory, redis_url  # noqa: F401 - fixtures
 from ctxkeep.cli import main
 
@@ -415,3 +415,19 @@ def test_without_the_sdk_the_command_names_the_extra() -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ctxkeep: error: mcp is not installed")
     assert "ctxkeep[mcp]" in lines[0]
+
+
+def test_a_store_it_cannot_open_is_one_line_and_exit_2() -> None:
+    done = run_script("mcp", "--db", "ftp://example.org/x")
+    assert done.returncode == 2
+    assert_one_line_error(done.stderr, "unsupported memory URL")
+
+
+def test_a_busy_port_is_one_line_naming_the_option(db: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = run_script(*server_args(db, "--transport", "http", "--port", str(port)))
+    assert done.returncode == 2
+    assert_one_line_error(done.stderr, f"port {port}", "--port")

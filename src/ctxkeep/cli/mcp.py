@@ -26,7 +26,9 @@ an error result of that call; the server keeps answering.
 
 --transport stdio (the default) talks over standard input and output: the client starts the
 command. --transport http serves streamable HTTP at http://HOST:PORT/mcp, for clients that
-connect to a URL; several clients share it. Logs go to standard error.
+connect to a URL; several clients share it. The endpoint asks for no key: listen on
+127.0.0.1 (the default) unless TLS and a firewall stand in front (`ctxkeep serve` is the
+service with API keys). Logs go to standard error.
 
 --db takes a URL (sqlite:///path.db, redis://host:port/db, postgresql://...); the default is the
 embedded SQLite file ($CTXKEEP_DB or the user data directory), the one the other commands use.
