@@ -195,6 +195,31 @@ def test_a_notification_for_another_agent_does_not_hand_over_its_message(
     assert [m.payload for m in receiver.receive("c")] == ["for c"]
 
 
+def test_a_receiver_whose_listen_connection_dies_is_still_woken(
+    make_bus: MakeBus, sql: Any
+) -> None:
+    """The listener connects again; a message sent while it was away is found when it is back
+    (a reconnection wakes every waiting receiver), one sent after is notified.
+    """
+    receiver = make_bus("receiver", block_ms=600_000)
+    sender = make_bus("sender")
+    receiver.receive("b", timeout=0.01)  # the listener is up
+    (killed,) = sql.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE query = 'LISTEN ctxkeep_bus' AND pid <> pg_backend_pid()"
+    ).fetchone()
+    assert killed == 1
+    for payload in ("while away", "after"):
+        timer = threading.Timer(0.1, lambda p=payload: sender.send(
+            IPCMessage(sender="a", recipient="b", payload=p)))  # fmt: skip
+        timer.start()
+        try:
+            got = receiver.receive("b", timeout=WAIT)
+        finally:
+            timer.join()
+        assert [m.payload for m in got] == [payload]
+
+
 # -- acknowledgement and redelivery -------------------------------------------------------------
 
 

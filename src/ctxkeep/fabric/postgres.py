@@ -124,9 +124,12 @@ class _Listener:
             return self._cond.wait_for(lambda: self._listening or self._stop, timeout)
 
     def mark(self, key: str) -> tuple[int, int]:
-        """Where the notifications for ``key`` stand now (pass it to :meth:`wait`)."""
+        """Where the notifications for ``key`` stand now (pass it to :meth:`wait`); from now
+        on they are counted (only the keys of agents received for here are, so the counts stay
+        as many as this process's agents, whatever the database's other agents).
+        """
         with self._cond:
-            return self._epoch, self._seen.get(key, 0)
+            return self._epoch, self._seen.setdefault(key, 0)
 
     def wait(self, key: str, since: tuple[int, int], timeout: float) -> None:
         """Return when a notification for ``key`` came after ``since``, or after ``timeout``."""
@@ -136,10 +139,12 @@ class _Listener:
     def _run(self) -> None:
         import psycopg  # present: ctxkeep._pg imported it (or named the extra to install)
 
+        failures = 0
         while not self._stop:
             try:
                 with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    failures = 0
                     with self._cond:
                         self._listening = True
                         self._epoch += 1
@@ -147,14 +152,18 @@ class _Listener:
                     while not self._stop:
                         for note in conn.notifies(timeout=self.TICK):
                             with self._cond:
-                                self._seen[note.payload] = self._seen.get(note.payload, 0) + 1
-                                self._cond.notify_all()
+                                if note.payload in self._seen:
+                                    self._seen[note.payload] += 1
+                                    self._cond.notify_all()
             except psycopg.Error as exc:
-                log.warning("bus listener on %s lost its connection: %s", self._where, exc)
+                if not failures:
+                    log.warning("bus listener on %s lost its connection: %s", self._where, exc)
+                failures += 1
             with self._cond:
                 self._listening = False
-            if not self._stop:
-                time.sleep(self.TICK)
+            if not self._stop:  # try again, backing off to one attempt in 5 s
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stop, min(5.0, self.TICK * 2**failures))
 
     def close(self) -> None:
         """Stop the thread (it closes its connection) and wait for it."""
@@ -439,22 +448,25 @@ class PostgresBus:
         with self.db.errors(doing), self.db.connection() as conn:
             return int(conn.execute(sql, params).rowcount)
 
-    def _listening(self) -> _Listener | None:
-        """The listener, started (and its ``LISTEN`` in place) on first use."""
+    def _listening(self, timeout: float) -> _Listener | None:
+        """The listener, started on first use, after waiting up to ``timeout`` s for its
+        ``LISTEN`` to be in place (a listener that cannot connect leaves the receive to read
+        every ``block_ms``).
+        """
         with self._lock:
             if self._closed:
                 return None
             if self._listener is None:
                 self._listener = _Listener(self.url, self.where)
             listener = self._listener
-        listener.ready(timeout=10)
+        listener.ready(timeout)
         return listener
 
     def _read(self, agent_id: str, max_messages: int, timeout: float) -> list[IPCMessage]:
         if max_messages <= 0:
             return []
         deadline = time.monotonic() + timeout
-        listener = self._listening() if timeout > 0 else None
+        listener = self._listening(min(timeout, 10.0)) if timeout > 0 else None
         key = wake_key(self.schema, agent_id)
         while True:
             since = listener.mark(key) if listener is not None else (0, 0)
