@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -41,14 +42,18 @@ from ctxkeep.errors import (
     UnknownAgentError,
 )
 
-psycopg = pytest.importorskip(
-    "psycopg", reason="psycopg is not installed: pip install 'ctxkeep[postgres]'"
-)
+if importlib.util.find_spec("psycopg") is None:  # as conftest_services does for the server
+    _REASON = "psycopg is not installed: pip install 'ctxkeep[postgres]'"
+    if os.environ.get("CTXKEEP_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{_REASON} (CTXKEEP_REQUIRE_SERVICES=1)", pytrace=False)
+    pytest.skip(_REASON, allow_module_level=True)
 
-from ctxkeep.fabric.postgres import PostgresBus, PostgresTaskState  # noqa: E402
-from ctxkeep.server.fabric import PostgresFabric  # noqa: E402
-from test_server_api import Api, _key  # noqa: E402
-from test_server_memory_api import make_app, problem  # noqa: E402
+import psycopg
+
+from ctxkeep.fabric.postgres import PostgresBus, PostgresTaskState
+from ctxkeep.server.fabric import PostgresFabric
+from test_server_api import Api, _key
+from test_server_memory_api import make_app, problem
 
 pytestmark = pytest.mark.postgres
 
