@@ -17,7 +17,7 @@ tenant, which is one of three things depending on the server's storage URL:
   process. They are all one consumer of the agents' inboxes (:data:`SERVICE_CONSUMER`), so
   ``recover`` finds the messages a client received through any of them.
 
-Both give the same answers through the same checks: an agent joins a task (a new task starts
+All three give the same answers through the same checks: an agent joins a task (a new task starts
 from the state given; joining an existing one may only repeat what it holds), reads the
 task's shared state with its version, changes it by compare-and-set
 (:class:`~ctxkeep.errors.StaleTaskStateError` when someone wrote since), subscribes to topics,
