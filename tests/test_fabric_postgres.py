@@ -384,6 +384,7 @@ POISON_ROWS = {
     "nested-100000": (1, stored_message(deep_json(100_000))),
     "not-json": (1, "{not json"),
     "newer": (2, stored_message('"from the future"')),
+    "another-id": (1, stored_message('"x"').replace('"poison"', '"not the row\'s"')),
 }
 
 

@@ -489,12 +489,12 @@ class PostgresBus:
             },
         )
         out: list[IPCMessage] = []
-        for _, entry_id, version, text in sorted(rows, key=lambda r: (r[0], r[1])):
+        for _, entry_id, message_id, version, text in sorted(rows, key=lambda r: (r[0], r[1])):
             try:
-                out.append(decode_message(version, text))
+                out.append(decode_message(message_id, version, text))
             except (InvalidMessageError, SchemaVersionError) as exc:
                 log.warning("bus entry %s of %s moved to dead letters: %s", entry_id, agent_id, exc)
-                record = {"v": str(version), "m": text, "entry_id": str(entry_id)}
+                record = {"v": str(version), "m": text, "entry_id": str(entry_id), "id": message_id}
                 self._run(
                     "move an entry to dead letters",
                     DEAD_LETTER_SQL,

@@ -147,7 +147,7 @@ UPDATE ctxkeep_bus_inbox i
 SET consumer = %(me)s, replay = false, delivered_at = clock_timestamp(),
     deliveries = i.deliveries + 1
 FROM picked WHERE i.entry_id = picked.entry_id
-RETURNING picked.rank, i.entry_id, i.version, i.message
+RETURNING picked.rank, i.entry_id, i.message_id, i.version, i.message
 """
 
 DEAD_LETTER_SQL = """
@@ -202,13 +202,14 @@ def encode_message(message: IPCMessage) -> str:
     return json.dumps(message.to_dict(), allow_nan=False)
 
 
-def decode_message(version: int, text: str) -> IPCMessage:
+def decode_message(message_id: str, version: int, text: str) -> IPCMessage:
     """The message an inbox row holds (a fresh copy).
 
     Raises:
         SchemaVersionError: a row written by a newer ctxkeep.
-        InvalidMessageError: a corrupt row (not JSON, not a message, or a payload no receiver
-            could be handed: a lone surrogate, nesting too deep).
+        InvalidMessageError: a corrupt row (not JSON, not a message, a payload no receiver
+            could be handed: a lone surrogate, nesting too deep; or another id than the row's,
+            by which no ack could find it).
 
     """
     if version > MESSAGE_VERSION:
@@ -217,9 +218,14 @@ def decode_message(version: int, text: str) -> IPCMessage:
             f"({MESSAGE_VERSION}); upgrade ctxkeep"
         )
     try:
-        return IPCMessage.from_dict(json.loads(text))
+        message = IPCMessage.from_dict(json.loads(text))
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidMessageError(f"corrupt bus entry: {exc}") from exc
+    if message.id != message_id:
+        raise InvalidMessageError(
+            f"corrupt bus entry: its record's id {message.id!r} is not the row's {message_id!r}"
+        )
+    return message
 
 
 def wake_key(schema: str, agent_id: str) -> str:
