@@ -89,6 +89,8 @@ MIGRATIONS: list[str] = [
         handled_at TIMESTAMPTZ NOT NULL,
         PRIMARY KEY (agent_id, message_id)
     );
+    CREATE INDEX IF NOT EXISTS ctxkeep_bus_handled_age
+        ON ctxkeep_bus_handled (agent_id, handled_at);
     CREATE TABLE IF NOT EXISTS ctxkeep_bus_dead (
         dead_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         agent_id TEXT NOT NULL,
