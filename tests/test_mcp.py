@@ -25,6 +25,7 @@ from mcp.types import CallToolResult
 
 from _cli import assert_one_line_error, ctxkeep_script, run_script
 from conftest_services import redis_prefix_factory, redis_url  # noqa: F401 - fixtures
+from ctxkeep.artifacts import artifact_ref
 from ctxkeep.cli import main
 
 BIG_OUTPUT = "\n".join(
@@ -183,15 +184,53 @@ def test_build_prompt_holds_the_budget_and_the_compressed_output_reads_back(db: 
             full = await client.read_resource(f"ctxkeep://artifacts/{ref}")
             assert full.contents[0].text == BIG_OUTPUT  # type: ignore[union-attr]
 
+    run(body)
+
+
+def test_a_refused_build_stores_no_artifact(db: str) -> None:
+    async def body() -> None:
+        async with Client(stdio_server(db)) as client:
+            sid = (await call(client, "create_session", agent_id="a"))["session_id"]
+            await call(client, "append_message", session_id=sid, role="user", content="Status?")
+            await call(
+                client,
+                "append_message",
+                session_id=sid,
+                role="assistant",
+                content=None,
+                tool_calls=[{"id": "c1", "name": "status", "arguments": "{}"}],
+            )
+            await call(
+                client,
+                "append_message",
+                session_id=sid,
+                role="tool",
+                content=BIG_OUTPUT,
+                tool_call_id="c1",
+            )
+            uri = f"ctxkeep://artifacts/{artifact_ref(BIG_OUTPUT)}"
             refusal = await refused(
                 client,
                 "build_prompt",
                 session_id=sid,
                 max_prompt_tokens=60,
                 reserve_output_tokens=0,
-                system="Watch every ship of the fleet. " * 20,
+                system="Watch every ship. " * 20,
             )
-            assert "BudgetExceededError" in refusal
+            assert "BudgetExceededError" in refusal and "60 tokens" in refusal
+            with pytest.raises(MCPError, match="ArtifactNotFoundError"):
+                await client.read_resource(uri)
+
+            built = await call(
+                client,
+                "build_prompt",
+                session_id=sid,
+                max_prompt_tokens=900,
+                reserve_output_tokens=0,
+            )
+            assert [c["artifact_ref"] for c in built["compressed"]] == [artifact_ref(BIG_OUTPUT)]
+            full = await client.read_resource(uri)
+            assert full.contents[0].text == BIG_OUTPUT  # type: ignore[union-attr]
 
     run(body)
 

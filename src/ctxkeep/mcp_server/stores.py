@@ -244,6 +244,7 @@ class Stores:
             ConfigError / InvalidTypeError: a bad number or encoding.
 
         """
+        from ctxkeep.artifacts import MemoryArtifactStore
         from ctxkeep.builder import ContextBuilder
         from ctxkeep.builder.compose import prompt_budget
         from ctxkeep.prune import TokenPruner
@@ -255,11 +256,15 @@ class Stores:
         _check.integer("preserve_last_n", preserve_last_n, minimum=0)
         _check.optional_text("system", system, empty=True)
         counter = get_counter(_check.optional_text("encoding", encoding))
+        # The full texts go to a staging store first, and to the artifact store only once the
+        # build succeeds: a refused build (a system prompt over the budget) stores nothing, as
+        # the service's prompt route does (issue 25).
+        staged = MemoryArtifactStore()
         pruner = TokenPruner(
             max(1, prompt_budget(max_prompt_tokens, reserve_output_tokens, counter=counter)),
             preserve_last_n,
             counter=counter,
-            artifacts=self.artifacts(),
+            artifacts=staged,
         )
         builder = ContextBuilder(
             self.memory,
@@ -270,6 +275,10 @@ class Stores:
         )
         built = builder.build(session_id, system=system)
         report = built.report
+        store = self.artifacts()
+        for d in report.prune.decisions:
+            if d.artifact_ref is not None and d.artifact_ref not in store:
+                store.put(staged.get(d.artifact_ref))
         not_kept = [
             {
                 "index": d.index,
