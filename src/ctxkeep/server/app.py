@@ -325,7 +325,11 @@ class AccessLog:
 def _match(routes: list[Any], scope: Scope) -> str | None:
     """The template of the route that would take ``scope`` (included routers searched)."""
     for route in routes:
+        # An included router keeps its routes in ``routes`` or, in FastAPI 0.165, on
+        # ``original_router`` (the app includes its routers with no prefix).
         inner = getattr(route, "routes", None)
+        if inner is None:
+            inner = getattr(getattr(route, "original_router", None), "routes", None)
         if isinstance(inner, list) and not isinstance(getattr(route, "path", None), str):
             found = _match(inner, scope)
             if found is not None:
@@ -565,15 +569,24 @@ _ops = APIRouter()
     responses={503: {"model": Problem, "description": "The store does not answer"}},
     tags=["health"],
 )
-def readyz(request: Request) -> Health:
+def readyz(request: Request) -> Health | JSONResponse:
     """The server can serve: its store answers a lookup of an API key (no authentication).
 
     503 ``storage-unavailable`` while the store does not answer; ``/healthz`` answers as long
     as the process does (a load balancer takes a server out of rotation on ``/readyz``, a
-    supervisor restarts it on ``/healthz``).
+    supervisor restarts it on ``/healthz``). A failed probe is one warning line in the log,
+    not a traceback per probe while the store is down.
     """
     state: ServerState = request.app.state.ctxkeep
-    state.keys.authenticate(READY_PROBE)
+    try:
+        state.keys.authenticate(READY_PROBE)
+    except StorageError as exc:
+        log.warning("not ready: %s", exc)
+        problem = problems.problem_for(exc)
+        metrics: Metrics | None = request.app.state.metrics
+        if metrics is not None:
+            metrics.store_error(problem["type"].removeprefix(problems.PROBLEM_TYPE_PREFIX))
+        return problem_response(problem)
     return Health(status="ok")
 
 
