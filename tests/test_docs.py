@@ -63,6 +63,7 @@ PUBLIC_MODULES = [
     "ctxkeep.integrations.openai_agents",
     "ctxkeep.integrations.pydantic_ai",
     "ctxkeep.llm",
+    "ctxkeep.mcp_server",
     "ctxkeep.messages",
     "ctxkeep.prune",
     "ctxkeep.responses",
@@ -312,3 +313,48 @@ def test_the_site_builds_strict_with_every_entry_rendered(tmp_path: Path) -> Non
     assert not unrendered, unrendered
     benchmarks = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
     assert "Current figures" in benchmarks and "--8&lt;--" not in benchmarks
+
+
+def mcp_configurations() -> list[dict[str, Any]]:
+    """Every ``mcpServers`` entry of the docs' JSON blocks."""
+    found = [
+        server
+        for page in pages()
+        for language, code, _ in blocks(page)
+        if language == "json" and "mcpServers" in code
+        for server in json.loads(code)["mcpServers"].values()
+    ]
+    assert found
+    return found
+
+
+def test_the_mcp_client_configurations_start_the_server(
+    isolated_environment: Path, tmp_path: Path
+) -> None:
+    """Each configuration the MCP page gives a client (Claude Desktop, Claude Code, Cursor)
+    starts ``ctxkeep mcp`` over stdio as that client would, and the server lists its tools; a
+    URL configuration names the endpoint ``ctxkeep mcp --transport http`` serves by default.
+    """
+    import anyio
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from ctxkeep.cli.mcp import DEFAULT_PORT
+
+    async def tools(command: str, args: list[str]) -> set[str]:
+        server = StdioServerParameters(
+            command=command, args=args, env=dict(os.environ), cwd=tmp_path
+        )
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            return {tool.name for tool in (await session.list_tools()).tools}
+
+    venv_bin = Path(sys.executable).parent
+    for server in mcp_configurations():
+        if "url" in server:
+            assert server["url"] == f"http://127.0.0.1:{DEFAULT_PORT}/mcp"
+            continue
+        command = server["command"].replace("/path/to/venv/bin/", f"{venv_bin}/")
+        if "/" not in command:
+            command = str(venv_bin / command)
+        assert {"remember", "recall", "build_prompt"} <= anyio.run(tools, command, server["args"])
