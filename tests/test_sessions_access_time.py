@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ctxkeep.errors import ConfigError, SessionNotFoundError
+from ctxkeep import Message
+from ctxkeep.errors import (
+    ConfigError,
+    InvalidMessageError,
+    OrphanToolResultError,
+    SessionNotFoundError,
+)
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig
 
@@ -95,3 +101,26 @@ def test_reads_and_replace_of_a_session_idle_past_its_ttl_reclaim_it(
                 read(sid)
             assert mem.backend.info(sid, touch=None, ttl=None) is None  # reclaimed
             assert [m.content for m in mem.archived_messages(sid)] == ["hi"]
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite"])
+def test_add_messages_creating_makes_the_session_only_where_there_is_none(
+    tmp_path: Path, url: str
+) -> None:
+    now = [1_000.0]
+    url = f"sqlite:///{tmp_path / 's.db'}" if url == "sqlite" else url
+    with open_memory(url, MemoryConfig(session_ttl=60), clock=lambda: now[0]) as mem:
+        mem.add_messages_creating("s", "agent", [Message("user", "one")])
+        mem.add_messages_creating("s", "other-agent", [Message("user", "two")])
+        info = mem.get_session("s")
+        assert (info.agent_id, info.message_count) == ("agent", 2)
+        now[0] += 61  # idle past the TTL: the next add starts a new session
+        mem.add_messages_creating("s", "agent-2", [Message("user", "three")])
+        assert [m.content for m in mem.get_messages("s")] == ["three"]
+        assert mem.get_session("s").agent_id == "agent-2"
+        with pytest.raises(InvalidMessageError):  # refused before any I/O: nothing made
+            mem.add_messages_creating("t", "agent", [Message("user", "x", id="a\x00b")])
+        assert not mem.has_session("t")
+        with pytest.raises(OrphanToolResultError):  # refused by the append's own check
+            mem.add_messages_creating("s", "agent", [Message("tool", "x", tool_call_id="c")])
+        assert [m.content for m in mem.get_messages("s")] == ["three"]

@@ -75,7 +75,6 @@ from ctxkeep.errors import (
     MissingDependencyError,
     MissingToolResultError,
     SessionChangedError,
-    SessionExistsError,
     SessionNotFoundError,
     describe,
 )
@@ -233,19 +232,11 @@ class CtxkeepSession:
         message (calls wait that it does not answer) is joined with it.
         """
         with self._lock:
-            for _ in range(_RETRIES):
-                try:
-                    self.memory.add_messages(self.session_id, messages)
-                    return
-                except SessionNotFoundError:
-                    # New, or expired, evicted or cleared by another process: start anew.
-                    with contextlib.suppress(SessionExistsError):
-                        self.memory.create_session(self.agent_id, session_id=self.session_id)
-                except MissingToolResultError:
-                    if messages[0].role == "tool" or not self._join(items):
-                        raise  # an output while other calls still wait: the caller's error
-                    return
-            raise SessionChangedError(self.session_id)
+            try:
+                self.memory.add_messages_creating(self.session_id, self.agent_id, messages)
+            except MissingToolResultError:
+                if messages[0].role == "tool" or not self._join(items):
+                    raise  # an output while other calls still wait: the caller's error
 
     def _join(self, items: list[dict[str, Any]]) -> bool:
         """Calls wait and ``items`` do not answer them: they continue the newest message (a

@@ -39,6 +39,7 @@ import time
 import uuid
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self, cast
@@ -51,6 +52,7 @@ from ctxkeep.errors import (
     InvalidTypeError,
     MessageIdConflictError,
     SessionChangedError,
+    SessionExistsError,
     SessionNotFoundError,
     StorageError,
 )
@@ -397,6 +399,27 @@ class MemoryManager:
         return self.backend.count()
 
     # -- messages ----------------------------------------------------------------------
+
+    def add_messages_creating(
+        self, session_id: str, agent_id: str, messages: Iterable[Any]
+    ) -> list[Message]:
+        """:meth:`add_messages`, creating the session for ``agent_id`` first where there is
+        none (unknown, or expired, evicted or deleted meanwhile): what a framework's own store
+        does on an add. One write transaction when the session exists; the session is made
+        (once, whichever process is first) only when the append finds none.
+
+        Raises:
+            As :meth:`add_messages`.
+
+        """
+        batch = list(_check.iterable("messages", messages))
+        for _ in range(3):
+            try:
+                return self.add_messages(session_id, batch)
+            except SessionNotFoundError:
+                with suppress(SessionExistsError):  # another writer made it first
+                    self.create_session(agent_id, session_id=session_id)
+        raise SessionNotFoundError(f"session {session_id!r} vanished three times while adding")
 
     def add_message(self, session_id: str, role: str, content: Any, **fields: Any) -> Message:
         """Append one message built from ``role``, ``content`` and any Message fields."""

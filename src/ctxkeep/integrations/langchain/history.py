@@ -8,14 +8,12 @@ TTL, LRU and ``max_history`` on SQLite, Redis or PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 
 from ctxkeep import _check
 from ctxkeep.errors import (
     ConfigError,
     MissingDependencyError,
-    SessionExistsError,
     SessionNotFoundError,
 )
 from ctxkeep.integrations.langchain.convert import _from_ctxkeep, to_ctxkeep_messages
@@ -105,12 +103,7 @@ class CtxkeepChatMessageHistory(BaseChatMessageHistory):
         batch = to_ctxkeep_messages(list(messages))
         if not batch:
             return
-        self._ensure_session()
-        try:
-            self.memory.add_messages(self.session_id, batch)
-        except SessionNotFoundError:  # expired or cleared since the check: start anew
-            self._ensure_session()
-            self.memory.add_messages(self.session_id, batch)
+        self.memory.add_messages_creating(self.session_id, self.agent_id, batch)
 
     def clear(self) -> None:
         """Delete the history (the ctxkeep session)."""
@@ -132,9 +125,3 @@ class CtxkeepChatMessageHistory(BaseChatMessageHistory):
         """Close the store if this history opened it."""
         if self._owns_memory:
             self.memory.close()
-
-    def _ensure_session(self) -> None:
-        if self.memory.has_session(self.session_id):
-            return
-        with contextlib.suppress(SessionExistsError):  # another process was first
-            self.memory.create_session(self.agent_id, session_id=self.session_id)
