@@ -79,8 +79,9 @@ def http_server(db: str, tmp_path: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        code = proc.wait(timeout=30)
         log.close()
+    assert code == 0, (tmp_path / "mcp-http.log").read_text()  # a clean stop on SIGTERM
 
 
 def run(body: Callable[[], Awaitable[None]]) -> None:

@@ -88,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
     from ctxkeep.mcp_server.app import run as serve
 
     if args.transport == "http":
-        from ctxkeep.cli.serve import check_port
+        from ctxkeep.cli.serve import _exit_zero_on_sigterm, check_port
 
         check_port(args.host, args.port)
+        _exit_zero_on_sigterm()  # stopped by a supervisor: the stores closed, exit 0
     with Stores(args.db, args.tenant, embedder=args.embedder) as stores:
         if args.transport == "http":
             print(

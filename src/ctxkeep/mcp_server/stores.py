@@ -78,9 +78,10 @@ class Stores:
     def close(self) -> None:
         """Close every store opened."""
         with self._lock:
-            if self._episodic is not None:
-                self._episodic.close()
-                self._episodic = None
+            for store in (self._episodic, self._artifacts):
+                if store is not None:
+                    store.close()
+            self._episodic = self._artifacts = None
             self._exit.close()
 
     def __enter__(self) -> Stores:
