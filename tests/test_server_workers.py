@@ -1,0 +1,216 @@
+"""``ctxkeep serve`` past one process, and how it stops (issue 28): ``--workers N`` on Redis
+starts N processes that all answer and whose ``/metrics`` add up; SQLite and ``memory://``
+refuse more than one with one line; SIGTERM lets a request in flight finish and exits 0, and
+``--graceful-timeout`` bounds the wait.
+
+Every server here is the console script in a subprocess; a request is held in flight by
+sending its head and half its body, the rest after the signal (no slow route is needed, and
+no timing is asserted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from _cli import assert_one_line_error, run_script
+from _server import start_serve
+from conftest_services import redis_prefix_factory, redis_url
+from ctxkeep.server.keys import open_key_registry
+
+__all__ = ["redis_prefix_factory", "redis_url"]
+
+pytest.importorskip(
+    "prometheus_client", reason="prometheus-client is not installed: pip install 'ctxkeep[metrics]'"
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def _key(url: str, tenant: str = "acme") -> dict[str, str]:
+    registry = open_key_registry(url)
+    try:
+        _, token = registry.create(tenant)
+    finally:
+        registry.close()
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _pids(log: Path) -> set[int]:
+    """The worker pids of the access log lines written so far."""
+    found = set()
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            if record.get("event") == "request":
+                found.add(int(record["pid"]))
+    return found
+
+
+def _created(base: str) -> float:
+    """``POST /v1/sessions`` answered 201, as ``/metrics`` counts them."""
+    answer = httpx.get(f"{base}/metrics", timeout=10)
+    assert answer.status_code == 200, answer.text
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            labels = sample.labels
+            if (
+                sample.name == "ctxkeep_http_requests_total"
+                and labels.get("route") == "/v1/sessions"
+                and labels.get("status") == "201"
+            ):
+                return float(sample.value)
+    return 0.0
+
+
+def _stop(proc: subprocess.Popen[Any]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=60)
+
+
+# -- --workers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.redis
+def test_two_workers_on_redis_both_answer_and_metrics_add_up(
+    redis_url: str, redis_prefix_factory: Any, tmp_path: Path
+) -> None:
+    url = f"{redis_url}?prefix={redis_prefix_factory()}"
+    auth = _key(url)
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc, base = start_serve(
+            "--db", url, "--workers", "2", "--embedder", "hash", "--allow-volatile-redis",
+            stderr=err,
+        )  # fmt: skip
+        try:
+            created = 0
+            # each request on a new connection: the kernel hands connections to either worker
+            while len(_pids(log)) < 2 and created < 400:
+                answer = httpx.post(f"{base}/v1/sessions", json={"agent_id": "a"}, headers=auth)
+                assert answer.status_code == 201, answer.text
+                created += 1
+            assert len(_pids(log)) == 2, log.read_text()
+            # whichever worker answers the scrape, it shows every worker's count
+            for _ in range(6):
+                assert _created(base) == created
+            listed = httpx.get(f"{base}/v1/sessions?limit=1000", headers=auth).json()
+            assert len(listed["sessions"]) == created  # one store behind both
+        finally:
+            code = _stop(proc)
+    assert code == 0
+    text = log.read_text()
+    assert "2 worker processes" in text
+    assert not re.search(r"Traceback", text), text
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_more_than_one_worker_on_sqlite_or_memory_is_refused_in_one_line(
+    kind: str, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'srv.db'}" if kind == "sqlite" else "memory://"
+    done = run_script("serve", "--db", url, "--workers", "2")
+    assert done.returncode == 2
+    assert_one_line_error(
+        done.stderr, f"--workers 2 on {kind}", "a single process is the rule", "PostgreSQL or Redis"
+    )
+    assert not (tmp_path / "srv.db").exists()  # refused before anything is made
+
+
+# -- graceful shutdown ----------------------------------------------------------------------------
+
+
+def _held_append(base: str, auth: dict[str, str], sid: str) -> tuple[socket.socket, bytes]:
+    """An append whose head and first bytes of body are sent: its socket and the rest."""
+    body = json.dumps({"messages": [{"role": "user", "content": "in flight"}]}).encode()
+    head = (
+        f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: {auth['Authorization']}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    port = int(base.rsplit(":", 1)[1])
+    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conn.sendall(head + body[:10])
+    return conn, body[10:]
+
+
+def _response(conn: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while chunk := conn.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _serve_sqlite(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[Any], str, dict[str, str]]:
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    auth = _key(url)
+    log = (tmp_path / "serve.log").open("w")
+    proc, base = start_serve("--db", url, "--embedder", "hash", *args, stderr=log)
+    log.close()  # the child has its own descriptor
+    return proc, base, auth
+
+
+def test_sigterm_lets_a_request_in_flight_finish_and_exits_0(tmp_path: Path) -> None:
+    proc, base, auth = _serve_sqlite(tmp_path)
+    try:
+        made = httpx.post(f"{base}/v1/sessions", json={"agent_id": "a"}, headers=auth)
+        sid = made.json()["session"]["session_id"]
+        conn, rest = _held_append(base, auth, sid)
+        time.sleep(0.5)  # the head is read: the request is in flight
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while True:  # the server stops taking connections ...
+            try:
+                httpx.get(f"{base}/healthz", timeout=2)
+            except httpx.TransportError:
+                break
+            assert time.monotonic() < deadline, "the server still accepts connections"
+            time.sleep(0.1)
+        assert proc.poll() is None  # ... but waits for the request in flight
+        conn.sendall(rest)
+        answer = _response(conn)
+        conn.close()
+        assert answer.startswith(b"HTTP/1.1 201 "), answer[:200]
+        assert b"in flight" in answer
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    # the append is stored
+    from ctxkeep.sessions import open_memory
+
+    with open_memory(f"sqlite:///{tmp_path / 'srv.tenants' / 'acme.db'}") as memory:
+        assert [m.content for m in memory.get_messages(sid)] == ["in flight"]
+
+
+def test_graceful_timeout_bounds_the_wait_for_a_request_that_never_ends(tmp_path: Path) -> None:
+    proc, base, auth = _serve_sqlite(tmp_path, "--graceful-timeout", "1")
+    try:
+        made = httpx.post(f"{base}/v1/sessions", json={"agent_id": "a"}, headers=auth)
+        conn, _ = _held_append(base, auth, made.json()["session"]["session_id"])
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        # the body never comes (its own timeout is 60 s): the server gives up after 1 s
+        assert proc.wait(timeout=30) == 0
+        conn.settimeout(10)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):  # closed under the request
+            answer = _response(conn)
+        assert not answer.startswith(b"HTTP/1.1 2")
+        conn.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert "timeout graceful shutdown exceeded" in (tmp_path / "serve.log").read_text()
