@@ -671,3 +671,19 @@ def test_two_server_processes_on_one_postgresql_share_one_fabric(
         assert a("POST", "/v1/fabric/agents/coder/messages/receive", json={}).json() == {
             "messages": []
         }
+
+
+def test_each_tenant_has_a_fabric_of_its_own(postgres_server_url: str) -> None:
+    app = make_app(postgres_server_url)
+    with TestClient(app) as client:
+        acme, beta = Api(client, _key(app, "acme")), Api(client, _key(app, "beta"))
+        body = {"task_id": "t", "state": {"secret": "acme's"}}
+        assert acme("PUT", "/v1/fabric/agents/a/task", json=body).status_code == 200
+        problem(beta("GET", "/v1/fabric/agents/a/task"), 404, "unknown-agent")
+        assert beta("PUT", "/v1/fabric/agents/a/task", json={"task_id": "t"}).json()["state"] == {}
+        direct = {"sender": "a", "recipient": "b", "payload": "for acme's b"}
+        assert acme("POST", "/v1/fabric/messages", json=direct).status_code == 201
+        beta("PUT", "/v1/fabric/agents/b/task", json={"task_id": "t"})
+        assert beta("POST", "/v1/fabric/agents/b/messages/receive", json={}).json() == {
+            "messages": []
+        }
