@@ -144,6 +144,12 @@ def test_the_session_tools_round_trip_over_stdio(db: str) -> None:
             assert [s["session_id"] for s in listed["sessions"]] == [sid]
             assert listed["sessions"][0]["message_count"] == 5
             assert (await call(client, "list_sessions", agent_id="nobody"))["sessions"] == []
+            other = (await call(client, "create_session", agent_id="agent-2"))["session_id"]
+            first = await call(client, "list_sessions", limit=1)
+            assert [s["session_id"] for s in first["sessions"]] == [other]  # newest first
+            second = await call(client, "list_sessions", limit=1, offset=first["next_offset"])
+            assert [s["session_id"] for s in second["sessions"]] == [sid]
+            assert second["next_offset"] is None
 
     run(body)
     # The CLI reads what the MCP server stored: the same store.
@@ -153,7 +159,7 @@ def test_the_session_tools_round_trip_over_stdio(db: str) -> None:
         text=True,
         check=True,
     )
-    assert json.loads(with_cli.stdout)[0]["agent_id"] == "agent-1"
+    assert [s["agent_id"] for s in json.loads(with_cli.stdout)] == ["agent-2", "agent-1"]
 
 
 def test_build_prompt_holds_the_budget_and_the_compressed_output_reads_back(db: str) -> None:

@@ -156,14 +156,22 @@ class Stores:
         limit: int = DEFAULT_PAGE,
         offset: int = 0,
     ) -> dict[str, Any]:
-        """Live sessions, newest first, one page."""
+        """Live sessions, newest first, one page (``next_offset``: where the next one starts,
+        None after the last).
+        """
+        _check.integer("limit", limit, minimum=1)
+        # One more than the page, to know whether another follows.
         infos = self.memory.list_sessions(
-            agent_id=agent_id, task_id=task_id, limit=limit, offset=offset
+            agent_id=agent_id,
+            task_id=task_id,
+            limit=min(limit + 1, _check.INT64_MAX),
+            offset=offset,
         )
+        page = infos[:limit]
         return {
-            "sessions": [i.to_dict() for i in infos],
+            "sessions": [i.to_dict() for i in page],
             "offset": offset,
-            "next_offset": offset + len(infos) if len(infos) == limit else None,
+            "next_offset": offset + limit if len(infos) > limit else None,
         }
 
     def read_session(
