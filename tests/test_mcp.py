@@ -114,8 +114,13 @@ async def tool_session(client: Client) -> str:
         "append_message",
         session_id=sid,
         role="assistant",
-        content=None,
-        tool_calls=[{"id": "c1", "name": "status", "arguments": '{"all": true}'}],
+        tool_calls=[  # OpenAI's form; stored in ctxkeep's
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "status", "arguments": '{"all": true}'},
+            }
+        ],
     )
     await call(
         client, "append_message", session_id=sid, role="tool", content=BIG_OUTPUT, tool_call_id="c1"
@@ -258,11 +263,12 @@ def test_the_session_resource_reads_the_current_history(db: str) -> None:
             assert doc["session"]["session_id"] == sid
             assert [m["content"] for m in doc["messages"]] == ["one"]
 
-            await call(client, "append_message", session_id=sid, role="assistant", content="two")
+            parts = [{"type": "text", "text": "two"}]
+            await call(client, "append_message", session_id=sid, role="assistant", content=parts)
             again = json.loads(
                 (await client.read_resource(f"ctxkeep://sessions/{sid}")).contents[0].text  # type: ignore[union-attr]
             )
-            assert [m["content"] for m in again["messages"]] == ["one", "two"]
+            assert [m["content"] for m in again["messages"]] == ["one", parts]
 
             with pytest.raises(MCPError, match="SessionNotFoundError"):
                 await client.read_resource("ctxkeep://sessions/no-such-session")

@@ -217,8 +217,11 @@ def build_server(stores: Stores) -> MCPServer[Any]:
         role: Annotated[str, Field(description="system, developer, user, assistant or tool.")],
         content: Annotated[
             str | list[dict[str, Any]] | None,
-            Field(description="Text, or a list of content parts as providers take them."),
-        ],
+            Field(
+                description="Text, or a list of content parts as providers take them (none for "
+                "an assistant message that only calls tools)."
+            ),
+        ] = None,
         tool_call_id: Annotated[
             str | None, Field(description="A tool result: the id of the call it answers.")
         ] = None,
