@@ -491,3 +491,63 @@ def test_two_instances_popping_parallel_calls_at_once_lose_and_repeat_nothing(
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("kind", CTXKEEP_KINDS)
+def test_a_warm_reader_sees_every_other_writers_change(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """get_items keeps the items it converted between reads (decoding only what it has not
+    seen): another instance's adds, pops, clears and the trims past max_history must show
+    in its next read exactly as a new instance reads the session.
+    """
+    import random
+
+    url = _store_url(kind, request, tmp_path)
+    config = MemoryConfig(max_history=9)
+    reader = CtxkeepSession("conv", url, config=config)
+    writer = CtxkeepSession("conv", url, config=config)
+    rng = random.Random(7)
+    try:
+        for step in range(120):
+            op = rng.choice(["add", "add", "unit", "pop", "clear", "read-limit"])
+            if op == "add":
+                run(writer.add_items([user(f"u{step}")]))
+            elif op == "unit":
+                run(
+                    writer.add_items(
+                        [
+                            {"type": "function_call", "call_id": f"c{step}", "name": "f",
+                             "arguments": "{}"},
+                            {"type": "function_call_output", "call_id": f"c{step}",
+                             "output": f"out{step}"},
+                            reply(f"r{step}", f"msg_{step}"),
+                        ]
+                    )
+                )  # fmt: skip
+            elif op == "pop":  # an item, and a call it leaves waiting: adds stay valid
+                while (popped := run(writer.pop_item())) is not None and popped.get(
+                    "type"
+                ) == "function_call_output":
+                    pass
+                tail = run(writer.get_items(1))
+                if tail and tail[0].get("type") == "function_call":
+                    run(writer.pop_item())
+            elif op == "clear":
+                run(writer.clear_session())
+            fresh = CtxkeepSession("conv", url, config=config)
+            try:
+                want = run(fresh.get_items())
+                limit = rng.randint(0, 6)
+                assert run(reader.get_items()) == want, (step, op)
+                assert run(reader.get_items(limit)) == (want[-limit:] if limit else [])
+            finally:
+                fresh.close()
+        got = run(reader.get_items())
+        if got:  # the items are the caller's: changing them changes no later read
+            got[-1]["mutated"] = True
+            got.clear()
+            assert run(reader.get_items()) == run(writer.get_items())
+    finally:
+        reader.close()
+        writer.close()

@@ -78,6 +78,7 @@ from ctxkeep.errors import (
     SessionNotFoundError,
     describe,
 )
+from ctxkeep.integrations._items import ConvertedItems
 from ctxkeep.messages import Message
 from ctxkeep.prune import PruneReport, TokenPruner
 from ctxkeep.responses import _owned_to_responses, from_responses, to_responses
@@ -152,6 +153,9 @@ class CtxkeepSession:
         # One instance's operations run one at a time, so a pop's take-back-and-re-add is
         # never seen half done by a task sharing the instance.
         self._lock = threading.Lock()
+        # The session's items kept encoded between reads (checked against the store on
+        # each): get_items decodes only the messages it has not seen.
+        self._items = ConvertedItems(self.memory, session_id, _items_of_message)
 
     # -- the Session protocol -------------------------------------------------------------
 
@@ -200,12 +204,12 @@ class CtxkeepSession:
             limit = None  # SQLite's LIMIT -1: everything
         with self._lock:
             try:
-                if limit is not None:
-                    # Every message stands for at least one item, so the newest ``limit``
-                    # messages hold the newest ``limit`` items (decoded for this read).
-                    messages = self.memory.get_messages(self.session_id, limit=limit)
-                else:
-                    messages = self._stored()
+                if limit is None or self._items.warm:
+                    # Checked against the store; only messages not seen before are decoded.
+                    return cast("list[TResponseInputItem]", self._items.read(limit))
+                # Every message stands for at least one item, so the newest ``limit``
+                # messages hold the newest ``limit`` items (decoded for this read).
+                messages = self.memory.get_messages(self.session_id, limit=limit)
             except SessionNotFoundError:  # unknown, or expired
                 return []
         # The messages were decoded for this read alone: the items may share their values.
@@ -213,18 +217,6 @@ class CtxkeepSession:
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
         return cast("list[TResponseInputItem]", items)
-
-    def _stored(self) -> list[Message]:
-        """The whole session, decoded from its rows for this read alone.
-
-        ``MemoryManager.get_messages`` gives deep copies of its decoded messages, 38% of a
-        read; these are converted and thrown away, so decoding the rows costs less.
-
-        Raises:
-            SessionNotFoundError: unknown or expired session.
-
-        """
-        return self.memory.reads.decoded(self.session_id)
 
     def _add(self, items: list[dict[str, Any]], messages: list[Message]) -> None:
         """Append ``messages`` (``items`` converted): one write transaction in the common
@@ -283,6 +275,11 @@ class CtxkeepSession:
     def _clear(self) -> None:
         with self._lock:
             self.memory.delete_session(self.session_id)
+
+
+def _items_of_message(message: Message) -> list[dict[str, Any]]:
+    """The Responses items ``message`` stands for (it was decoded for this conversion)."""
+    return _owned_to_responses([message])
 
 
 # -- the model-input filter ----------------------------------------------------------------

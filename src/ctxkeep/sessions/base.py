@@ -1018,6 +1018,16 @@ class HistoryReads:
         """
         return self.manager._read(session_id, after_seq)
 
+    def accessed(self, session_id: str, info: SessionInfo) -> None:
+        """After a read by :meth:`since` (or any read whose snapshot held ``info``): the TTL
+        test and access-time update a read makes (:meth:`MemoryManager.get_messages`'s).
+
+        Raises:
+            SessionNotFoundError: the session was idle past its TTL (it is reclaimed).
+
+        """
+        self.manager._accessed(session_id, info)
+
     def decoded(self, session_id: str) -> list[Message]:
         """The session's messages decoded from its rows for this caller alone (no copies of
         the manager's cache: an adapter that converts and drops them pays the decode only),
@@ -1029,7 +1039,7 @@ class HistoryReads:
         """
         session_id = check_session_id(session_id)
         info, rows = self.since(session_id)
-        self.manager._accessed(session_id, info)
+        self.accessed(session_id, info)
         return [
             record_to_message(r, session_id=session_id, seq=seq)
             for seq, r in rows

@@ -1,0 +1,115 @@
+"""A session's messages converted to a framework's items, kept encoded between reads.
+
+A framework's own store gives back what it was given: the Agents SDK's ``SQLiteSession``
+parses one JSON text per item. ctxkeep stores messages, so an adapter converts every message
+on every read (decode the record, build the message, convert it). :class:`ConvertedItems`
+keeps each message's items as JSON bytes, keyed by the message's seq, and checks them against
+the store on each read the way the manager's prompt cache does: one snapshot gives the
+session's generation, revision and first seq with the rows appended since the newest seq
+held; another generation or revision (a session made again, a message taken back) drops
+them all, a trim drops those below the first seq. So a read decodes only the messages it has
+not seen, and hands the caller new objects parsed from the bytes (nothing shared between
+reads).
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ctxkeep.messages import Message
+from ctxkeep.sessions import MemoryManager
+from ctxkeep.sessions.records import record_to_message
+
+
+@dataclass
+class _Held:
+    generation: str
+    revision: int
+    seqs: list[int] = field(default_factory=list)
+    """The seq of each message held, ascending."""
+    items: list[list[bytes]] = field(default_factory=list)
+    """Each held message's items, each as JSON bytes."""
+
+
+class ConvertedItems:
+    """One session's items, converted by ``convert`` (a message to its items, JSON-ready
+    values) and kept encoded; :meth:`read` gives them all, or the newest ``limit``.
+    """
+
+    def __init__(
+        self,
+        memory: MemoryManager,
+        session_id: str,
+        convert: Callable[[Message], list[Any]],
+    ) -> None:
+        self.memory = memory
+        self.session_id = session_id
+        self.convert = convert
+        self._held: _Held | None = None
+        self._lock = threading.Lock()
+
+    def read(self, limit: int | None = None) -> list[Any]:
+        """The session's items, oldest first (the newest ``limit`` if given), new objects.
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session.
+
+        """
+        with self._lock:
+            held = self._refresh()
+            start = 0
+            if limit is not None:  # from the newest message back until it holds enough items
+                start, n = len(held.items), 0
+                while start > 0 and n < limit:
+                    start -= 1
+                    n += len(held.items[start])
+            parts = [item for items in held.items[start:] for item in items]
+            if limit is not None:
+                parts = parts[max(len(parts) - limit, 0) :] if limit else []
+        return list(orjson.loads(b"[" + b",".join(parts) + b"]"))
+
+    @property
+    def warm(self) -> bool:
+        """Whether anything is held (else a read reads the whole session)."""
+        return self._held is not None
+
+    def forget(self) -> None:
+        """Drop what is held (the next read reads the whole session)."""
+        with self._lock:
+            self._held = None
+
+    def _refresh(self) -> _Held:
+        reads = self.memory.reads
+        sid = self.session_id
+        held = self._held
+        try:
+            info, rows = reads.since(sid, held.seqs[-1] if held and held.seqs else 0)
+            if held is not None and (held.generation, held.revision) != (
+                info.generation,
+                info.revision,
+            ):
+                held = None  # another session under this id, or messages taken back
+                info, rows = reads.since(sid)
+            reads.accessed(sid, info)
+        except Exception:
+            self._held = None
+            raise
+        if held is None:
+            held = _Held(info.generation, info.revision)
+        keep = bisect_left(held.seqs, info.first_seq)  # trimmed since: not held any more
+        if keep:
+            del held.seqs[:keep], held.items[:keep]
+        for seq, record in rows:
+            if seq < info.first_seq:  # passed by a trim, not yet removed
+                continue
+            message = record_to_message(record, session_id=sid, seq=seq)
+            held.seqs.append(seq)
+            held.items.append([orjson.dumps(item) for item in self.convert(message)])
+        self._held = held
+        return held
