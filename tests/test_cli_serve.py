@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from _cli import assert_one_line_error, run_script
-from _server import start_serve
+from _server import free_port, start_serve
 from ctxkeep.cli import main
 from ctxkeep.cli.serve import startup_lines
 from ctxkeep.server.keys import open_key_registry
@@ -105,3 +105,31 @@ def test_keys_create_quiet_prints_only_the_key(
         assert record is not None and record.tenant == "acme"
     finally:
         registry.close()
+
+
+def test_the_help_names_workers_shutdown_traces_and_the_probes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--workers", "--graceful-timeout", "--otel", "/readyz", "/metrics"):
+        assert option in out
+    assert "OTEL_TRACES_EXPORTER" in out and "PROMETHEUS_MULTIPROC_DIR" in out
+
+
+def test_a_graceful_timeout_of_zero_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve", "--db", "memory://", "--graceful-timeout", "0"])
+    assert stopped.value.code == 2
+    assert "--graceful-timeout: must be more than 0 seconds" in capsys.readouterr().err
+
+
+def test_otel_with_an_unknown_exporter_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="opentelemetry is not installed")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "carrier-pigeon")
+    port = str(free_port())
+    assert main(["serve", "--db", "memory://", "--otel", "--port", port]) == 2
+    assert_one_line_error(capsys.readouterr().err, "OTEL_TRACES_EXPORTER='carrier-pigeon'")

@@ -26,7 +26,9 @@ import pytest
 from _cli import assert_one_line_error, run_script
 from _server import start_serve
 from conftest_services import redis_prefix_factory, redis_url
+from ctxkeep.errors import ConfigError
 from ctxkeep.server.keys import open_key_registry
+from ctxkeep.server.workers import SETTINGS_ENV, ServeSettings, worker_app
 
 __all__ = ["redis_prefix_factory", "redis_url"]
 
@@ -90,7 +92,7 @@ def test_two_workers_on_redis_both_answer_and_metrics_add_up(
     with log.open("w") as err:
         proc, base = start_serve(
             "--db", url, "--workers", "2", "--embedder", "hash", "--allow-volatile-redis",
-            stderr=err,
+            "--header-timeout", "2", stderr=err,
         )  # fmt: skip
         try:
             created = 0
@@ -105,6 +107,11 @@ def test_two_workers_on_redis_both_answer_and_metrics_add_up(
                 assert _created(base) == created
             listed = httpx.get(f"{base}/v1/sessions?limit=1000", headers=auth).json()
             assert len(listed["sessions"]) == created  # one store behind both
+            # the workers keep serve's limits: a head that stops is cut off after 2 s
+            port = int(base.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+                slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                assert _response(slow).startswith(b"HTTP/1.1 408 ")
         finally:
             code = _stop(proc)
     assert code == 0
@@ -124,6 +131,22 @@ def test_more_than_one_worker_on_sqlite_or_memory_is_refused_in_one_line(
         done.stderr, f"--workers 2 on {kind}", "a single process is the rule", "PostgreSQL or Redis"
     )
     assert not (tmp_path / "srv.db").exists()  # refused before anything is made
+
+
+def test_a_worker_reads_back_the_settings_serve_left_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = ServeSettings(
+        db="redis://127.0.0.1:6379/0", max_body_bytes=1024, header_timeout=3.5, otel=True
+    )
+    monkeypatch.setenv(SETTINGS_ENV, settings.to_env())
+    assert ServeSettings.from_env() == settings
+
+
+def test_the_worker_factory_outside_serve_says_what_runs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    with pytest.raises(ConfigError, match="ctxkeep serve --workers N"):
+        worker_app()
 
 
 # -- graceful shutdown ----------------------------------------------------------------------------
