@@ -109,7 +109,7 @@ def test_appends_prompt_tokens_and_pruning_decisions_are_counted(
     sid = new_session(client, auth)
     call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
     history = [
-        {"role": "user", "content": "read the log"},
+        {"role": "user", "content": 'read the log, "report": {"prune": {"tokens_before": 1}}'},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "line of the log\n" * 800},
         {"role": "assistant", "content": "done"},

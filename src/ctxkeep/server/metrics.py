@@ -62,6 +62,38 @@ PRUNE_ACTIONS = ("compressed", "dropped", "summarised")
 """The report's counts of messages the pruner did not keep as they were."""
 
 
+_REPORT_KEY = b'"report":'
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def _report(body: bytes) -> Any:
+    """The ``report`` of a prompt's answer, decoded alone.
+
+    The answer's members come in the model's order (``format``, ``messages``, ``system``,
+    ``report``, ``evicted``), so its last ``"report":`` is the report's key: a quote inside a
+    message's text is escaped, and nothing after the report is a mapping with a member of
+    that name. Decoding the report alone skips the messages, most of the bytes (0.7 MB of
+    2,000 messages: 2-10 ms for the whole, against a prompt build of 25-50 ms). Anything
+    else found there: the whole answer is decoded.
+    """
+    at = body.rfind(_REPORT_KEY)
+    if at >= 0:
+        try:
+            report, _ = json.JSONDecoder().raw_decode(body[at + len(_REPORT_KEY) :].decode())
+        except ValueError:
+            report = None
+        if isinstance(report, dict) and "prune" in report:
+            return report
+    answer = _json(body)
+    return answer.get("report") if isinstance(answer, dict) else None
+
+
 def open_metrics() -> Metrics:
     """The instruments of a new application.
 
@@ -145,18 +177,13 @@ class Metrics:
 
     def observe_body(self, method: str, route: str | None, body: bytes) -> None:
         """Count what a successful answer of one of :data:`BODY_ROUTES` says it did."""
-        try:
-            answer = json.loads(body)
-        except ValueError:
-            return
-        if not isinstance(answer, dict):
-            return
         if (method, route) in APPEND_ROUTES:
-            stored = answer.get("messages")
+            answer = _json(body)
+            stored = answer.get("messages") if isinstance(answer, dict) else None
             if isinstance(stored, list):
                 self.appended.inc(len(stored))
             return
-        report = answer.get("report")
+        report = _report(body)
         prune = report.get("prune") if isinstance(report, dict) else None
         if not isinstance(report, dict) or not isinstance(prune, dict):
             return
