@@ -402,11 +402,12 @@ class MemoryManager:
 
     def add_messages_creating(
         self, session_id: str, agent_id: str, messages: Iterable[Any]
-    ) -> list[Message]:
+    ) -> None:
         """:meth:`add_messages`, creating the session for ``agent_id`` first where there is
         none (unknown, or expired, evicted or deleted meanwhile): what a framework's own store
         does on an add. One write transaction when the session exists; the session is made
-        (once, whichever process is first) only when the append finds none.
+        (once, whichever process is first) only when the append finds none. Returns nothing:
+        its callers keep no copy of what they stored.
 
         Raises:
             As :meth:`add_messages`.
@@ -415,7 +416,8 @@ class MemoryManager:
         batch = list(_check.iterable("messages", messages))
         for _ in range(3):
             try:
-                return self.add_messages(session_id, batch)
+                self._append(session_id, batch)
+                return
             except SessionNotFoundError:
                 with suppress(SessionExistsError):  # another writer made it first
                     self.create_session(agent_id, session_id=session_id)
@@ -451,6 +453,12 @@ class MemoryManager:
             MessageIdConflictError: an id the session holds with another message, or a
                 batch of which only some ids are stored (not a retry; nothing is stored).
 
+        """
+        return [m.copy() for m in self._append(session_id, messages)]
+
+    def _append(self, session_id: str, messages: Iterable[Any]) -> list[Message]:
+        """:meth:`add_messages`, returning the stored messages themselves (the caller's to
+        copy or drop: an adapter that drops them pays no copies).
         """
         now = self._clock()
         stamped = self._stamped(messages, now)
@@ -495,7 +503,7 @@ class MemoryManager:
         first = self._first_seq(checked[0]) if checked else 0
         if self._may_exceed(seqs, first):
             self._trim(session_id, first, seqs[-1] if seqs else 0)
-        return [m.copy() for m in stamped]
+        return stamped
 
     def _trim_point_from_head(
         self, session_id: str, limit: int, first_seq: int, newest_seq: int
