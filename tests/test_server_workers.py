@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,69 @@ def test_graceful_timeout_bounds_the_wait_for_a_request_that_never_ends(tmp_path
             proc.kill()
             proc.wait(timeout=30)
     assert "timeout graceful shutdown exceeded" in (tmp_path / "serve.log").read_text()
+
+
+@pytest.mark.redis
+def test_sigterm_during_a_load_run_on_two_workers_loses_no_acknowledged_append(
+    redis_url: str, redis_prefix_factory: Any, tmp_path: Path
+) -> None:
+    url = f"{redis_url}?prefix={redis_prefix_factory()}"
+    auth = _key(url)
+    args = ("--db", url, "--embedder", "hash", "--allow-volatile-redis")
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc, base = start_serve(*args, "--workers", "2", stderr=err)
+    sids = [
+        httpx.post(f"{base}/v1/sessions", json={"agent_id": f"a{i}"}, headers=auth).json()[
+            "session"
+        ]["session_id"]
+        for i in range(4)
+    ]
+    acknowledged: dict[str, list[str]] = {sid: [] for sid in sids}
+    running = threading.Event()
+
+    def load(sid: str) -> None:
+        with httpx.Client(base_url=base, headers=auth, timeout=30) as client:
+            for n in range(100_000):
+                text = f"{sid} {n}"
+                try:
+                    answer = client.post(
+                        f"/v1/sessions/{sid}/messages",
+                        json={"messages": [{"role": "user", "content": text}]},
+                    )
+                except httpx.TransportError:
+                    return  # the server is gone, or closed this connection: stop
+                if answer.status_code == 201:
+                    acknowledged[sid].append(text)
+                    running.set()
+
+    threads = [threading.Thread(target=load, args=(sid,)) for sid in sids]
+    for t in threads:
+        t.start()
+    try:
+        assert running.wait(30)
+        time.sleep(1)
+        code = _stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for t in threads:
+            t.join(60)
+    assert code == 0
+    assert all(acknowledged.values())
+    # a new server over the same store has every acknowledged append
+    proc, base = start_serve(*args, stderr=subprocess.DEVNULL)
+    try:
+        for sid, sent in acknowledged.items():
+            # beyond max_history the oldest are trimmed to the archive, in order
+            kept = [
+                m["content"]
+                for path in ("archived", "messages")
+                for m in httpx.get(f"{base}/v1/sessions/{sid}/{path}", headers=auth).json()[
+                    "messages"
+                ]
+            ]
+            assert kept[: len(sent)] == sent
+    finally:
+        assert _stop(proc) == 0
