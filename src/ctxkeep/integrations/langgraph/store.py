@@ -344,7 +344,7 @@ class CtxkeepStore(BaseStore):
 
         Without a query, the item table filters, orders and pages (rows are built for the
         page only); with one, recall ranks (:meth:`_recall`), and rows are built for its hits
-        and for the first ``offset + limit`` of the order only.
+        and, when they do not fill the page, for the first ``offset + limit`` of the order.
         """
         prefix = _ns_text(op.namespace_prefix) if op.namespace_prefix else None
         flt = _filter(op.filter)
@@ -353,11 +353,13 @@ class CtxkeepStore(BaseStore):
             page = self._items.scan(prefix, now, flt, op.offset, op.limit)
             return [(row, None) for row in page]
         ranked = self._recall(op.query, prefix, flt, want, now)
+        if len(ranked) >= want:
+            return ranked[op.offset : want]
         seen = {row.address for row, _ in ranked}
         # The first ``want`` of the order hold every row of the page not ranked.
-        rest = (
+        rest = [
             (r, None) for r in self._items.scan(prefix, now, flt, 0, want) if r.address not in seen
-        )
+        ]
         return list(itertools.islice(itertools.chain(ranked, rest), op.offset, want))
 
     def _recall(
