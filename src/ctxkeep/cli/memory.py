@@ -14,12 +14,12 @@ from ctxkeep.cli import memory_import
 from ctxkeep.cli._args import Option, add_action, add_shared_options, finite_float, positive_int
 from ctxkeep.cli._io import console as make_console
 from ctxkeep.cli._stores import TENANT_OPTION, episodic_url
+from ctxkeep.episodic.base import DEFAULT_MIN_SCORE
 from ctxkeep.errors import ConfigError, EpisodeNotFoundError, InvalidMessageError
 
 if TYPE_CHECKING:
     from ctxkeep.episodic import EpisodicMemoryStore, Hit
 
-DEFAULT_MIN_SCORE = 0.0
 MIN_ID_PREFIX = 4
 
 HELP = """Add, search, forget and import episodes of episodic memory.
@@ -146,11 +146,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def relevant(hits: Sequence[Hit], min_score: float = DEFAULT_MIN_SCORE) -> list[Hit]:
-    """The hits that are relevant: lexical evidence and a score of at least ``min_score``."""
-    return [h for h in hits if h.is_relevant(min_score)]
-
-
 def parse_metadata(text: str | None) -> dict[str, Any] | None:
     """``--meta``: a JSON object, or ``None`` when not given.
 
@@ -262,7 +257,7 @@ def _search(store: EpisodicMemoryStore, args: argparse.Namespace) -> int:
         if v
     }
     ranked = store.search(args.query, args.top_k, filters=filters)
-    hits = ranked if args.all else relevant(ranked, args.min_score)
+    hits = ranked if args.all else [h for h in ranked if h.is_relevant(args.min_score)]
     if args.json:
         rows = [
             {

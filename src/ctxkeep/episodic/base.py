@@ -77,6 +77,12 @@ class Episode:
         return f"{self.task_goal}\n{self.summary}" if self.task_goal else self.summary
 
 
+DEFAULT_MIN_SCORE = 0.0
+"""The fused score a relevant hit needs by default (:meth:`Hit.is_relevant`): no less than the
+average searched episode. ``ctxkeep memory search``, the inspector and ``ctxkeep mcp``'s recall
+use it."""
+
+
 @dataclass(frozen=True)
 class Hit:
     """A search result: the episode, its fused score and the two scores fused."""
@@ -86,7 +92,7 @@ class Hit:
     lexical: float = 0.0
     dense: float = 0.0
 
-    def is_relevant(self, min_score: float = 0.0) -> bool:
+    def is_relevant(self, min_score: float = DEFAULT_MIN_SCORE) -> bool:
         """Whether the hit is evidence, not just the nearest of unrelated episodes: some query
         word matched (in the episode or its session neighbours) and the fused score, a z-score
         over the searched episodes, is at least ``min_score`` (0: no worse than average).

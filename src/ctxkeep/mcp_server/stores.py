@@ -364,7 +364,6 @@ class Stores:
         (lexical evidence and a fused score of at least ``min_score``: no unrelated hit),
         as the ``### Prior Historical Context`` block a prompt takes and as structured hits.
         """
-        from ctxkeep.cli.memory import relevant
         from ctxkeep.episodic import format_prior_context
 
         _check.text("query", query)
@@ -375,7 +374,8 @@ class Stores:
             for k, v in (("session_id", session_id), ("agent_id", agent_id), ("task_id", task_id))
             if v is not None
         }
-        hits = relevant(self.episodic().search(query, top_k, filters=filters), min_score)
+        found = self.episodic().search(query, top_k, filters=filters)
+        hits = [h for h in found if h.is_relevant(min_score)]
         return {"context": format_prior_context(hits), "hits": [_hit(h) for h in hits]}
 
     def forget(
