@@ -278,8 +278,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise MissingDependencyError("uvicorn", "server") from exc
     from ctxkeep.server import workers
-    from ctxkeep.server.app import HeaderTimeout
     from ctxkeep.server.keys import check_tenant
+    from ctxkeep.server.protocol import HeaderTimeout
     from ctxkeep.sessions import default_url
 
     url = args.db or default_url()

@@ -7,7 +7,7 @@ the parent's objects crosses: each worker imports :func:`worker_app` by name and
 (an app factory), and it reads the settings back from the environment the parent left them
 in (:data:`SETTINGS_ENV`, JSON). The header timeout crosses the same way, in the protocol
 class :class:`WorkerHeaderTimeout`, which uvicorn too imports by name (a class made at run
-time, as :meth:`~ctxkeep.server.app.HeaderTimeout.after` makes, cannot be sent to a spawned
+time, as :meth:`~ctxkeep.server.protocol.HeaderTimeout.after` makes, cannot be sent to a spawned
 process).
 
 N workers are N copies of the app over one store: every request must get the same answer
@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from ctxkeep.errors import ConfigError
 from ctxkeep.server import app as server
 from ctxkeep.server.models import DEFAULT_MAX_APPEND_MESSAGES
+from ctxkeep.server.protocol import DEFAULT_HEADER_TIMEOUT, HeaderTimeout
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -56,7 +57,7 @@ class ServeSettings:
     """The episodic embedder's name."""
     require_persistent_keys: bool = True
     """Refuse a store that could lose the API keys."""
-    header_timeout: float = server.DEFAULT_HEADER_TIMEOUT
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
     """Seconds a request's head may take."""
     otel: bool = False
     """Trace requests and store calls (:func:`~ctxkeep.server.tracing.provider_from_env`)."""
@@ -139,11 +140,11 @@ def worker_app() -> FastAPI:
 
 def _header_timeout_from_env() -> float:
     raw = os.environ.get(SETTINGS_ENV)
-    return json.loads(raw)["header_timeout"] if raw else server.DEFAULT_HEADER_TIMEOUT
+    return json.loads(raw)["header_timeout"] if raw else DEFAULT_HEADER_TIMEOUT
 
 
-class WorkerHeaderTimeout(server.HeaderTimeout):
-    """:class:`~ctxkeep.server.app.HeaderTimeout` with the deadline of the settings in
+class WorkerHeaderTimeout(HeaderTimeout):
+    """:class:`~ctxkeep.server.protocol.HeaderTimeout` with the deadline of the settings in
     :data:`SETTINGS_ENV` (read when a worker imports it).
     """
 
