@@ -1,5 +1,5 @@
 """``ctxkeep serve`` past one process, and how it stops (issue 28): ``--workers N`` on Redis
-starts N processes that all answer and whose ``/metrics`` add up; SQLite and ``memory://``
+and PostgreSQL starts N processes that all answer and whose ``/metrics`` add up; SQLite and ``memory://``
 refuse more than one with one line; SIGTERM lets a request in flight finish and exits 0, and
 ``--graceful-timeout`` bounds the wait.
 
@@ -26,12 +26,17 @@ import pytest
 
 from _cli import assert_one_line_error, run_script
 from _server import start_serve
-from conftest_services import redis_prefix_factory, redis_url
+from conftest_services import (
+    postgres_schema_factory,
+    postgres_url,
+    redis_prefix_factory,
+    redis_url,
+)
 from ctxkeep.errors import ConfigError
 from ctxkeep.server.keys import open_key_registry
 from ctxkeep.server.workers import SETTINGS_ENV, ServeSettings, worker_app
 
-__all__ = ["redis_prefix_factory", "redis_url"]
+__all__ = ["postgres_schema_factory", "postgres_url", "redis_prefix_factory", "redis_url"]
 
 pytest.importorskip(
     "prometheus_client", reason="prometheus-client is not installed: pip install 'ctxkeep[metrics]'"
@@ -83,11 +88,22 @@ def _stop(proc: subprocess.Popen[Any]) -> int:
 # -- --workers ------------------------------------------------------------------------------------
 
 
-@pytest.mark.redis
-def test_two_workers_on_redis_both_answer_and_metrics_add_up(
-    redis_url: str, redis_prefix_factory: Any, tmp_path: Path
-) -> None:
-    url = f"{redis_url}?prefix={redis_prefix_factory()}"
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def shared_store(request: pytest.FixtureRequest) -> str:
+    """The URL of a fresh store N workers can share: a Redis key prefix, a PostgreSQL schema."""
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        return f"{url}?prefix={request.getfixturevalue('redis_prefix_factory')()}"
+    return str(request.getfixturevalue("postgres_schema_factory")())
+
+
+def test_two_workers_both_answer_and_metrics_add_up(shared_store: str, tmp_path: Path) -> None:
+    url = shared_store
     auth = _key(url)
     log = tmp_path / "serve.log"
     with log.open("w") as err:
