@@ -133,3 +133,24 @@ def test_otel_with_an_unknown_exporter_is_one_line(
     port = str(free_port())
     assert main(["serve", "--db", "memory://", "--otel", "--port", port]) == 2
     assert_one_line_error(capsys.readouterr().err, "OTEL_TRACES_EXPORTER='carrier-pigeon'")
+
+
+def test_otel_traces_each_request_with_the_configured_exporter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="opentelemetry is not installed")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")  # spans as JSON on stdout
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    proc, base = start_serve(
+        "--db", "memory://", "--embedder", "hash", "--otel",
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert httpx.get(f"{base}/readyz").status_code == 200
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert '"name": "GET /readyz"' in out
+    assert '"http.response.status_code": 200' in out
+    assert '"service.name": "ctxkeep"' in out
