@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from ctxkeep.server.keys import KeyRegistry
+    from ctxkeep.server.workers import ServeSettings
 
 HELP = """Serve session memory, prompt building, artifacts, episodic memory, checkpoints and
 the context fabric over HTTP (JSON under /v1, OpenAPI at /openapi.json). No key is needed for
@@ -340,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_worker_startup(url: str, settings: Any, count: int) -> None:
+def _print_worker_startup(url: str, settings: ServeSettings, count: int) -> None:
     """Check the key store as each worker will (refused: one line), and say what serves."""
     from ctxkeep.server.app import refuse_volatile_keys
     from ctxkeep.server.keys import open_key_registry
