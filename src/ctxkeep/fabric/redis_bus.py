@@ -8,15 +8,21 @@ of processes agree on who belongs to which task and who listens to what.
 How it maps onto Redis:
 
 * Each agent has an inbox stream with a consumer group named after the agent. Every process
-  serving the agent reads the group as its own *consumer* (the ``consumer`` argument), so a
-  message goes to one of them. ``send`` appends a direct message to the recipient's inbox; a
+  serving the agent reads the group as a *consumer* (the ``consumer`` argument), so a message
+  goes to one of them. Processes may share one consumer name (``ctxkeep serve``'s workers all
+  do): its pending messages are then theirs together, and any of them acks or recovers what
+  another received. ``send`` appends a direct message to the recipient's inbox; a
   topic message is fanned out to every subscriber's inbox in one ``MULTI``/``EXEC`` (all or
   none), under ``WATCH`` of the subscriptions so a concurrent (un)subscribe is never half-seen.
 * ``receive`` first takes over (``XAUTOCLAIM``) messages that another consumer of the agent
   received but has not acked for ``claim_idle_ms``: that consumer is presumed dead, and its
   messages are redelivered here. Then it reads new messages (``XREADGROUP >``), waiting up to
   ``timeout`` in steps of ``block_ms``. Received messages stay pending until ``ack``
-  (``XACK``, then ``XDEL``: an acked message is gone from the inbox).
+  (``XACK``, then ``XDEL``: an acked message is gone from the inbox). Every receive notes
+  which entries it handed out under each message id in Redis (``bus:pending:{agent}``), so an
+  ack settles a message by its id in whichever process it lands, in one script with the
+  ``XACK``, and :meth:`RedisStreamBus.recover` keeps its replay cursor there too
+  (``bus:replay:{agent}``), so the next receive replays whichever process takes it.
 * ``handle`` skips messages whose id is already marked handled for the agent, runs the handler
   on the rest, then marks and acks each in one transaction. A message is marked only after its
   handler returned, so a consumer killed mid-handler loses nothing: the message is redelivered
@@ -47,13 +53,21 @@ key                              type    holds
 ``bus:handled:{agent}``          zset    ids of messages the agent handled, by time; entries
                                          older than ``handled_ttl`` seconds are trimmed
 ``bus:dead:{agent}``             stream  entries no ctxkeep could decode, with the reason
+``bus:pending:{agent}``          hash    message id -> the ids of its inbox entries handed out
+                                         and not acked (space-separated; one message id may
+                                         have been sent twice)
+``bus:replay:{agent}``           hash    consumer -> where its next receive replays its pending
+                                         entries from (set by ``recover``, gone when done)
 ``fabric:task:{task}``           hash    a task's shared state (``redis_state.py``)
 ``meta``                         hash    field ``bus``: the layout's schema version (field
                                          ``fabric``: the task states')
 ===============================  ======  ========================================================
 
 The connection, error translation and schema versions are ``ctxkeep._redis.RedisClient``'s;
-every stream entry carries its own version too (``v``).
+every stream entry carries its own version too (``v``). The ``pending`` and ``replay`` hashes
+came within layout version 1 (created as needed; nothing to migrate): a message an older
+ctxkeep handed out is noted by the first receive of this one that takes it again (after
+``recover`` or ``claim_idle_ms``), and acks by id from then on.
 
 Multi-key transactions need one Redis node (no Redis Cluster). Durability is the server's:
 see ``ctxkeep.sessions.redis``.
@@ -72,7 +86,15 @@ from typing import Any, cast
 from urllib.parse import quote
 
 from ctxkeep import _check
-from ctxkeep._redis import DEFAULT_PREFIX, Migration, Pipeline, RedisClient, redis, translated
+from ctxkeep._redis import (
+    DEFAULT_PREFIX,
+    LuaScript,
+    Migration,
+    Pipeline,
+    RedisClient,
+    redis,
+    translated,
+)
 from ctxkeep.errors import (
     ConfigError,
     InvalidMessageError,
@@ -135,6 +157,14 @@ class RedisBusKeys:
     def dead(self, agent_id: str) -> str:
         """Entries of the agent's inbox that could not be decoded."""
         return f"{self.prefix}bus:dead:{agent_id}"
+
+    def pending(self, agent_id: str) -> str:
+        """Message id -> the entry ids of the agent's inbox handed out and not acked."""
+        return f"{self.prefix}bus:pending:{agent_id}"
+
+    def replay(self, agent_id: str) -> str:
+        """Consumer -> the cursor of its replay of the agent's pending entries."""
+        return f"{self.prefix}bus:replay:{agent_id}"
 
     def task_state(self, task_id: str) -> str:
         """A task's shared state (:class:`RedisTaskState`)."""
@@ -225,6 +255,43 @@ class HandledMark:
         return client.zscore(self.key, self.message_id) is not None
 
 
+NOTE_PENDING = """
+for i = 1, #ARGV, 2 do
+  local have = redis.call('HGET', KEYS[1], ARGV[i])
+  if not have then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  elseif not string.find(' ' .. have .. ' ', ' ' .. ARGV[i + 1] .. ' ', 1, true) then
+    redis.call('HSET', KEYS[1], ARGV[i], have .. ' ' .. ARGV[i + 1])
+  end
+end
+return 0
+"""
+"""Note entries handed out: ``KEYS`` the pending hash; ``ARGV`` pairs of message id, entry id."""
+
+SETTLE = """
+local entries = {}
+for i = 4, #ARGV do
+  local have = redis.call('HGET', KEYS[1], ARGV[i])
+  if have then
+    for e in string.gmatch(have, '%S+') do entries[#entries + 1] = e end
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+  if ARGV[2] ~= '' then redis.call('ZADD', KEYS[3], 'NX', ARGV[2], ARGV[i]) end
+end
+if ARGV[2] ~= '' then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[3]) end
+for i = 1, #entries, 500 do
+  local chunk = {unpack(entries, i, math.min(i + 499, #entries))}
+  redis.call('XACK', KEYS[2], ARGV[1], unpack(chunk))
+  redis.call('XDEL', KEYS[2], unpack(chunk))
+end
+return #entries
+"""
+"""Ack and delete the entries noted under message ids, whoever received them, and forget the
+notes; with a mark, mark the ids handled and forget old marks, all at once. ``KEYS``: the
+pending hash, the inbox, the handled zset; ``ARGV``: the group, the mark's time (empty: no
+mark), the time before which marks are forgotten, then the message ids. Returns how many
+entries were settled."""
+
 RawFields = dict[bytes, bytes]
 """A stream entry's fields as Redis holds them: bytes, which need not be UTF-8."""
 
@@ -275,8 +342,10 @@ class RedisStreamBus:
 
     Args:
         url: ``redis://[user:password@]host:port/db``, optionally with ``?prefix=...``.
-        consumer: this process's name among the processes serving the same agents (e.g. host
-            and pid); a restarted process may reuse its old name or take a new one.
+        consumer: this process's name among the consumers of the agents' inboxes (e.g. host
+            and pid); a restarted process may reuse its old name or take a new one. Processes
+            that share a name share its pending messages: :meth:`recover` in any of them
+            replays what another received (``ctxkeep serve``'s workers are one consumer).
         prefix: the key prefix (default: the URL's ``?prefix=``, else ``ctxkeep:``).
         claim_idle_ms: a message received by another consumer and not acked for this long is
             redelivered here (keep it above the longest handler).
@@ -322,9 +391,9 @@ class RedisStreamBus:
         self.handled_ttl = float(handled_ttl)
         self._lock = threading.Lock()
         self._groups: set[str] = set()
-        self._pending: dict[str, dict[str, set[str]]] = {}  # agent -> message id -> entry ids
-        self._claim_from: dict[str, str] = {}  # agent -> XAUTOCLAIM cursor
-        self._replay_from: dict[str, str] = {}  # agent -> cursor in this consumer's own PEL
+        self._claim_from: dict[str, str] = {}  # agent -> XAUTOCLAIM cursor (a hint, per process)
+        self._note_pending = LuaScript(self.db.conn, NOTE_PENDING)
+        self._settle_script = LuaScript(self.db.conn, SETTLE)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -435,8 +504,8 @@ class RedisStreamBus:
 
     @translated
     def ack(self, agent_id: str, ids: Iterable[str]) -> None:
-        """Mark messages received here as handled: they leave the inbox for good. Ids this
-        bus did not hand out are ignored.
+        """Mark received messages handled: they leave the inbox for good, whichever process
+        of the consumer group received them. Ids not pending are ignored.
         """
         check_agent(agent_id)
         self._settle(agent_id, check_ids(ids), mark=False)
@@ -487,9 +556,9 @@ class RedisStreamBus:
 
     @translated
     def recover(self, agent_id: str) -> int:
-        """Redeliver this consumer's own unacked messages on the next receive, without waiting
-        ``claim_idle_ms`` (for a process restarted under its old consumer name); returns how
-        many there are.
+        """Redeliver this consumer's unacked messages on the next receive of any process under
+        its name, without waiting ``claim_idle_ms`` (for a process restarted under its old
+        consumer name, or a client of the service after a crash); returns how many there are.
         """
         check_agent(agent_id)
         self._ensure_group(agent_id)
@@ -497,8 +566,7 @@ class RedisStreamBus:
         mine = sum(
             int(c["pending"]) for c in summary.get("consumers") or [] if c["name"] == self.consumer
         )
-        with self._lock:
-            self._replay_from[agent_id] = "0"
+        self.db.conn.hset(self.keys.replay(agent_id), self.consumer, "0")
         return mine
 
     # -- dead letters --------------------------------------------------------------------
@@ -549,10 +617,10 @@ class RedisStreamBus:
                 raise
             self._groups.discard(agent_id)  # the inbox was deleted under us: start again
             got = self._read(agent_id, max_messages, timeout)
-        with self._lock:
-            pending = self._pending.setdefault(agent_id, {})
-            for entry_id, message in got:
-                pending.setdefault(message.id, set()).add(entry_id)
+        if got:
+            self._note_pending(
+                [self.keys.pending(agent_id)], *(x for e, m in got for x in (m.id, e))
+            )
         return got
 
     def _read(
@@ -573,9 +641,9 @@ class RedisStreamBus:
             block = max(1, min(self.block_ms, left_ms))
 
     def _replay(self, agent_id: str, count: int) -> list[tuple[str, IPCMessage]]:
-        """This consumer's own pending messages, once, after :meth:`recover`."""
-        with self._lock:
-            cursor = self._replay_from.get(agent_id)
+        """This consumer's pending messages, once, after :meth:`recover` (in any process)."""
+        replay = self.keys.replay(agent_id)
+        cursor = cast("str | None", self.db.conn.hget(replay, self.consumer))
         if cursor is None:
             return []
         raw = _entries(
@@ -583,11 +651,10 @@ class RedisStreamBus:
                 agent_id, self.consumer, {self.keys.inbox(agent_id): cursor}, count=count
             )
         )
-        with self._lock:
-            if len(raw) >= count:
-                self._replay_from[agent_id] = raw[-1][0]
-            else:  # done: what this receive reads next is new, and must not be replayed
-                self._replay_from.pop(agent_id, None)
+        if len(raw) >= count:
+            self.db.conn.hset(replay, self.consumer, raw[-1][0])
+        else:  # done: what this receive reads next is new, and must not be replayed
+            self.db.conn.hdel(replay, self.consumer)
         return self._decode(agent_id, raw)
 
     def _claim(self, agent_id: str, count: int) -> list[tuple[str, IPCMessage]]:
@@ -650,25 +717,21 @@ class RedisStreamBus:
         self._settle(agent_id, ids, mark=mark)
 
     def _settle(self, agent_id: str, ids: list[str], *, mark: bool) -> None:
-        """Ack (and delete) the entries of ``ids``; with ``mark``, mark them handled in the
-        same transaction and forget marks older than ``handled_ttl``.
+        """Ack (and delete) the entries handed out under ``ids``, by any process; with
+        ``mark``, mark them handled in the same script and forget marks older than
+        ``handled_ttl``.
         """
-        with self._lock:
-            pending = self._pending.get(agent_id, {})
-            entry_ids = sorted({e for i in ids for e in pending.pop(i, ())})
-        if not entry_ids and not mark:
+        if not ids:
             return
-        inbox = self.keys.inbox(agent_id)
-        with self.db.conn.pipeline(transaction=True) as pipe:
-            if mark:
-                now = time.time()
-                handled = self.keys.handled(agent_id)
-                pipe.zadd(handled, dict.fromkeys(ids, now), nx=True)
-                pipe.zremrangebyscore(handled, "-inf", now - self.handled_ttl)
-            if entry_ids:
-                pipe.xack(inbox, agent_id, *entry_ids)
-                pipe.xdel(inbox, *entry_ids)
-            pipe.execute()
+        now = time.time()
+        keys = self.keys
+        self._settle_script(
+            [keys.pending(agent_id), keys.inbox(agent_id), keys.handled(agent_id)],
+            agent_id,
+            repr(now) if mark else "",
+            repr(now - self.handled_ttl),
+            *ids,
+        )
 
 
 def check_name(what: str, value: object) -> None:

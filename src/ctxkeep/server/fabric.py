@@ -10,12 +10,16 @@ tenant, which is one of three things depending on the server's storage URL:
   SQLite), so a SQLite server is one process.
 * :class:`RedisFabric` (``redis://``): :class:`~ctxkeep.fabric.redis_state.RedisTaskState`
   and :class:`~ctxkeep.fabric.redis_bus.RedisStreamBus` under the tenant's key prefix, shared
-  by every server process (each one a consumer of the agents' inboxes).
+  by every server process.
 * :class:`PostgresFabric` (``postgresql://``):
   :class:`~ctxkeep.fabric.postgres_state.PostgresTaskState` and
   :class:`~ctxkeep.fabric.postgres.PostgresBus` in the tenant's schema, shared by every server
-  process. They are all one consumer of the agents' inboxes (:data:`SERVICE_CONSUMER`), so
-  ``recover`` finds the messages a client received through any of them.
+  process.
+
+On Redis and PostgreSQL every server process is one consumer of the agents' inboxes
+(:data:`SERVICE_CONSUMER`): a message a client received is pending for the service, not for
+the worker that answered the receive, so an ack or a ``recover`` settles or replays it
+whichever worker takes it, and N processes behind a load balancer answer as one.
 
 All three give the same answers through the same checks: an agent joins a task (a new task starts
 from the state given; joining an existing one may only repeat what it holds), reads the
@@ -29,8 +33,6 @@ but join and send's ``recipient``. An agent's private layer never crosses the se
 
 from __future__ import annotations
 
-import os
-import socket
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -216,9 +218,12 @@ class LocalFabric(TenantFabric):
             raise _unknown(agent_id) from None
 
 
-def consumer_name() -> str:
-    """This server process's name among the consumers of the agents' inboxes."""
-    return f"ctxkeep-serve-{socket.gethostname()}-{os.getpid()}"
+SERVICE_CONSUMER = "ctxkeep-serve"
+"""The one consumer name of every server process on a Redis or PostgreSQL fabric: a client's
+messages are pending for the service, not for the worker that happened to answer its receive,
+so any worker's ack settles them and any worker's ``recover`` puts them back (a worker killed
+mid-request leaves nothing behind either: its messages are pending, and are claimed after
+``claim_idle_ms``)."""
 
 
 class RedisFabric(TenantFabric):
@@ -226,14 +231,16 @@ class RedisFabric(TenantFabric):
 
     Args:
         url: the tenant's Redis URL (its ``?prefix=`` is the tenant's).
+        consumer: this process's name among the inboxes' consumers (default: the one every
+            server process shares, :data:`SERVICE_CONSUMER`).
 
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, consumer: str = SERVICE_CONSUMER) -> None:
         from ctxkeep.fabric.redis_bus import RedisStreamBus
 
         self.url = url
-        self.bus: RedisStreamBus = RedisStreamBus(url, consumer=consumer_name())
+        self.bus: RedisStreamBus = RedisStreamBus(url, consumer=consumer)
 
     @contextmanager
     def _state(self, task_id: str) -> Iterator[RedisTaskState]:
@@ -286,13 +293,6 @@ class RedisFabric(TenantFabric):
     def close(self) -> None:
         """Close the bus's connections."""
         self.bus.close()
-
-
-SERVICE_CONSUMER = "ctxkeep-serve"
-"""The one consumer name of every server process on a PostgreSQL fabric: a client's messages
-are pending for the service, not for the worker that happened to answer its receive, so any
-worker's ``recover`` puts them back (a worker killed mid-request leaves nothing behind either:
-its messages are pending, and are claimed after ``claim_idle_ms``)."""
 
 
 class PostgresFabric(TenantFabric):
@@ -355,6 +355,5 @@ __all__ = [
     "RedisFabric",
     "TaskState",
     "TenantFabric",
-    "consumer_name",
     "json_state",
 ]
