@@ -390,3 +390,16 @@ def test_otel_names_the_service_ctxkeep_unless_told(monkeypatch: pytest.MonkeyPa
     provider = provider_from_env()
     assert provider.resource.attributes["service.name"] == "memory-api"
     provider.shutdown()
+
+
+def test_the_app_imports_prometheus_client_only_when_it_counts() -> None:
+    code = (
+        "import sys\n"
+        "from ctxkeep.server import create_app\n"
+        "create_app('memory://', embedder='hash', metrics=False)\n"
+        "assert 'prometheus_client' not in sys.modules\n"
+        "create_app('memory://', embedder='hash')\n"
+        "assert 'prometheus_client' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
