@@ -121,15 +121,9 @@ class Stores:
         with self._lock:
             if self._artifacts is None:
                 from ctxkeep.artifacts import open_artifacts
-                from ctxkeep.cli._stores import _tenant_store_url
+                from ctxkeep.cli._stores import artifacts_url
 
-                url = self.url if self.tenant is None else _tenant_store_url(self.url, self.tenant)
-                if urlparse(url).scheme in _REDIS:
-                    from ctxkeep._redis import take_params
-                    from ctxkeep.server.tenants import SESSION_PARAMS
-
-                    url = take_params(url, SESSION_PARAMS)[0]
-                self._artifacts = open_artifacts(url)
+                self._artifacts = open_artifacts(artifacts_url(self.db, self.tenant))
             return self._artifacts
 
     # -- sessions and messages -----------------------------------------------------------
