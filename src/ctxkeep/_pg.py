@@ -1,20 +1,52 @@
-"""PostgreSQL plumbing shared by the stores that are not sessions: a pool, one place that
-translates psycopg's errors, transactions, and versioned schema setup under an advisory lock.
+"""PostgreSQL plumbing shared by every PostgreSQL store: one connection pool per server for the
+whole process, one place that translates psycopg's errors, transactions, and versioned schema
+setup under an advisory lock.
+
+One pool per server, whatever the schemas. A store's URL names its schema through libpq's
+``options`` (``?options=-csearch_path%3Dacme``); a service gives each tenant its own schema, so
+a pool per store made 4 or more pools per open tenant, and 32 tenants passed PostgreSQL's
+default of 100 connections. Instead every :class:`PgClient` of the process whose URL is the
+same but for the ``search_path`` (the *address*: host, port, database, user, other options)
+shares one psycopg :class:`~psycopg_pool.ConnectionPool`, and keeps its own ``search_path``:
+
+* a connection taken by a client gets the client's ``search_path`` set first, but only when the
+  one it holds differs (the pool notes each connection's, so a process serving one schema, or a
+  connection used again by the same tenant, pays no round trip); it is set outside any
+  transaction (the pool's connections are autocommit), so every transaction of a client runs
+  under that client's ``search_path`` and no other;
+* a connection whose setting did not go through (an error) is set again on its next use, and a
+  broken connection is dropped with what was noted of it; a new one starts from the server's
+  default, which :meth:`PgClient.connection` restores (``RESET``) for a client whose URL names
+  no ``search_path``;
+* the pool opens with its first client and closes with its last (:meth:`PgClient.close`
+  releases a client's share; the others go on using the pool).
+
+The budget. A pool opens at most :func:`configured_pool_max` connections: the ``pool_max`` its first
+client was given, else ``CTXKEEP_PG_POOL_MAX``, else ``pg_pool_max`` in the config file
+(:mod:`ctxkeep.config`), else the largest ``max_size`` any of its clients asks for (the stores'
+own keyword, 8 for sessions). So a process holds at most that many connections to one server
+however many tenants it serves, and ``N`` server workers hold ``N`` times it; the fabric's
+``LISTEN`` connection (:mod:`ctxkeep.fabric.postgres`) is its own, outside the pool.
+
+Prepared statements stay right across schemas: PostgreSQL parses a prepared statement again
+when the ``search_path`` it was prepared under has changed.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ctxkeep.config import setting_int
 from ctxkeep.errors import ConfigError, MissingDependencyError, SchemaVersionError, StorageError
 
 try:
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg_pool import ConnectionPool
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("psycopg", "postgres") from exc
@@ -23,6 +55,71 @@ _MIGRATION_LOCK = 0x6374786B  # the same lock as the session store: one schema s
 
 ALIVE_BYPASS = 0.5
 """Seconds after its last use in which a pooled connection is handed out without a ping."""
+
+POOL_MAX_SETTING = "pg_pool_max"
+"""The setting of a pool's maximum (``CTXKEEP_PG_POOL_MAX``, or ``pg_pool_max`` in the config
+file); see the module docstring."""
+
+
+def configured_pool_max(explicit: int | None = None) -> int | None:
+    """The configured maximum of a pool: ``explicit``, else ``CTXKEEP_PG_POOL_MAX``, else the
+    config file's ``pg_pool_max``; None when none is set (the pool is then as large as the
+    largest ``max_size`` its clients ask for).
+
+    Raises:
+        ConfigError: a value that is not a positive integer.
+
+    """
+    if explicit is not None and (
+        isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < 1
+    ):
+        raise ConfigError(f"pool_max must be a positive integer, got {explicit!r}")
+    return setting_int(POOL_MAX_SETTING, explicit, None)
+
+
+def split_options(options: str) -> tuple[str, str | None]:
+    """The libpq ``options`` without their ``search_path`` setting, and that setting's value
+    (None if there is none; the last one counts, as in PostgreSQL). Understands ``-cname=v``,
+    ``-c name=v`` and ``--name=v``.
+    """
+    kept: list[str] = []
+    path: str | None = None
+    words = options.split()
+    i = 0
+    while i < len(words):
+        word = words[i]
+        setting = None
+        if (word.startswith("-c") and len(word) > 2) or (word.startswith("--") and "=" in word):
+            setting = word[2:]
+        elif word == "-c" and i + 1 < len(words):
+            setting, i = words[i + 1], i + 1
+        name, _, value = (setting or "").partition("=")
+        if setting is not None and name.replace("-", "_") == "search_path":
+            path = value
+        elif setting is not None:
+            kept.append(f"-c{setting}")
+        else:
+            kept.append(word)
+        i += 1
+    return " ".join(kept), path
+
+
+def split_url(url: str) -> tuple[str, str | None]:
+    """A libpq URL or conninfo as the address of its server (a conninfo, keys sorted, without
+    the ``search_path``) and its ``search_path`` (None: the server's default).
+
+    Raises:
+        ConfigError: an invalid URL.
+
+    """
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise ConfigError(f"invalid PostgreSQL URL: {exc}") from exc
+    options, path = split_options(str(params.pop("options", "") or ""))
+    if options:
+        params["options"] = options
+    return make_conninfo("", **dict(sorted(params.items()))), path
 
 
 class _Liveness:
@@ -53,8 +150,132 @@ class _Liveness:
         self._used[conn] = time.monotonic()
 
 
+_UNKNOWN = "\x00unknown"
+"""The noted ``search_path`` of a connection whose setting failed half way (no real value:
+PostgreSQL refuses NUL in text), so the next user sets it again."""
+
+
+class SharedPool:
+    """One server's pool, shared by the process's clients of that address (see the module
+    docstring); made and released by :class:`PgClient`.
+    """
+
+    def __init__(self, address: str, *, min_size: int, max_size: int, timeout: float) -> None:
+        self.address = address
+        self.clients = 0
+        """How many open clients share the pool (changed under the registry's lock)."""
+        self.configured: int | None = None
+        """The configured maximum, if one was (then clients' ``max_size`` is not read)."""
+        self.liveness = liveness = _Liveness()
+        self.paths: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+        """Each connection's ``search_path`` as last set (absent: the server's default)."""
+        self.pool: ConnectionPool[Any] = ConnectionPool(
+            address,
+            min_size=min(min_size, max_size),
+            max_size=max_size,
+            timeout=timeout,
+            kwargs={"autocommit": True},
+            check=liveness.check,
+            open=False,
+            name="ctxkeep-pg",
+        )
+
+    def fit(self, configured: int | None, asked: int, min_size: int) -> None:
+        """Size the pool for a new client: the configured maximum if there is one, else at
+        least what the client asks for (called under the registry's lock).
+        """
+        if configured is not None:
+            self.configured = configured
+        size = self.pool.max_size
+        wanted = self.configured if self.configured is not None else max(size, asked)
+        low = min(max(self.pool.min_size, min_size), wanted)
+        if (wanted, low) != (size, self.pool.min_size):
+            self.pool.resize(low, wanted)
+
+    def use(self, conn: Any, path: str | None) -> None:
+        """Give ``conn`` the ``search_path`` ``path`` (None: the default) unless it has it."""
+        paths = self.paths
+        if paths.get(conn) == path:
+            return
+        paths[conn] = _UNKNOWN
+        if path is None:
+            conn.execute("RESET search_path")
+        else:
+            conn.execute("SELECT set_config('search_path', %s, false)", (path,))
+        paths[conn] = path
+
+
+_POOLS: dict[str, SharedPool] = {}
+_POOLS_LOCK = threading.Lock()
+_OPENING: dict[str, threading.Lock] = {}
+
+
+def _join(
+    address: str, *, configured: int | None, min_size: int, max_size: int, timeout: float
+) -> SharedPool:
+    """The address's pool with one more client, opened (waiting up to ``timeout``) if new.
+
+    Raises:
+        psycopg.Error: the server did not answer.
+
+    """
+    with _POOLS_LOCK:
+        opening = _OPENING.setdefault(address, threading.Lock())
+    with opening:  # one opener per address; the others wait and share its pool
+        with _POOLS_LOCK:
+            shared = _POOLS.get(address)
+            if shared is not None:
+                shared.clients += 1
+                shared.fit(configured, max_size, min_size)
+                return shared
+        size = configured if configured is not None else max_size
+        shared = SharedPool(address, min_size=min_size, max_size=size, timeout=timeout)
+        shared.configured = configured
+        try:
+            shared.pool.open(wait=True, timeout=timeout)
+        except BaseException:
+            shared.pool.close()
+            raise
+        with _POOLS_LOCK:
+            shared.clients = 1
+            _POOLS[address] = shared
+        return shared
+
+
+def _leave(shared: SharedPool) -> None:
+    """One client fewer; the last closes the pool."""
+    with _POOLS_LOCK:
+        shared.clients -= 1
+        if shared.clients > 0:
+            return
+        if _POOLS.get(shared.address) is shared:
+            del _POOLS[shared.address]
+    shared.pool.close()
+
+
 class PgClient:
-    """A pooled connection to PostgreSQL with versioned schema setup."""
+    """A schema of a PostgreSQL server (the URL's ``search_path``) over the process's shared
+    pool of that server, with versioned schema setup.
+
+    Args:
+        url: a libpq URI or conninfo; its ``search_path`` (in ``options``) is this client's.
+        name: what the client is, for messages.
+        meta_key: the key of the store's schema version in ``ctxkeep_meta``.
+        migrations: the store's schema, one statement per version.
+        min_size: connections the shared pool keeps open when idle (the largest any client
+            asks for, at most the pool's maximum).
+        max_size: the pool size this client asks for when no maximum is configured (the pool
+            is as large as the largest asked).
+        timeout: seconds to wait for a connection (and for a new pool to connect).
+        pool_max: the pool's maximum, ahead of ``CTXKEEP_PG_POOL_MAX``
+            (:func:`configured_pool_max`).
+
+    Raises:
+        ConfigError: an invalid URL or pool maximum.
+        StorageError: the server does not answer.
+        SchemaVersionError: the schema was written by a newer ctxkeep.
+
+    """
 
     def __init__(
         self,
@@ -66,29 +287,31 @@ class PgClient:
         min_size: int = 1,
         max_size: int = 8,
         timeout: float = 30.0,
+        pool_max: int | None = None,
     ) -> None:
-        try:
-            params = conninfo_to_dict(url)
-        except psycopg.Error as exc:
-            raise ConfigError(f"invalid PostgreSQL URL: {exc}") from exc
+        address, self.search_path = split_url(url)
+        params = conninfo_to_dict(address)
+        self.name = name
         self.where = f"{params.get('host') or 'localhost'}/{params.get('dbname') or ''}"
-        self._liveness = liveness = _Liveness()
-        self.pool: ConnectionPool[Any] = ConnectionPool(
-            url,
-            min_size=min_size,
-            max_size=max_size,
-            timeout=timeout,
-            kwargs={"autocommit": True},
-            check=liveness.check,
-            open=False,
-            name=name,
-        )
+        self.timeout = timeout
+        configured = configured_pool_max(pool_max)
+        self._lock = threading.Lock()
+        self._shared: SharedPool | None = None
+        with self.errors("cannot connect"):
+            shared = _join(
+                address,
+                configured=configured,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=timeout,
+            )
+        self._shared = shared
+        self.pool: ConnectionPool[Any] = shared.pool
+        """The shared pool (for its statistics)."""
         try:
-            with self.errors("cannot connect"):
-                self.pool.open(wait=True, timeout=timeout)
             self._migrate(meta_key, migrations)
         except BaseException:
-            self.pool.close()
+            self.close()
             raise
 
     @contextmanager
@@ -101,12 +324,24 @@ class PgClient:
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
-        """A connection from the pool (autocommit), noted as just used when it goes back."""
-        with self.pool.connection() as conn:
+        """A connection from the pool (autocommit) under this client's ``search_path``, noted
+        as just used when it goes back.
+
+        Raises:
+            StorageError: the client is closed.
+
+        """
+        shared = self._shared
+        if shared is None:
+            raise StorageError(f"PostgreSQL at {self.where}: {self.name} is closed")
+        with shared.pool.connection(timeout=self.timeout) as conn:
             try:
+                shared.use(conn, self.search_path)
                 yield conn
             finally:
-                self._liveness.returned(conn)
+                shared.liveness.returned(conn)
+                if conn.broken or conn.closed:
+                    shared.paths.pop(conn, None)
 
     @contextmanager
     def tx(self, doing: str) -> Iterator[Any]:
@@ -157,5 +392,10 @@ class PgClient:
         return int(row[0]) if row and str(row[0]).isdigit() else None
 
     def close(self) -> None:
-        """Close the pool."""
-        self.pool.close()
+        """Release this client's share of the pool (the last client's closes it); again is
+        a no-op.
+        """
+        with self._lock:
+            shared, self._shared = self._shared, None
+        if shared is not None:
+            _leave(shared)

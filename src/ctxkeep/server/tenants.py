@@ -38,6 +38,12 @@ never closed before the server stops, nor are the in-process fabrics. The stores
 ctxkeep stores over the shared storage, so several server processes can serve the same
 tenants at once.
 
+Connections. On PostgreSQL every tenant's stores (and the key registry) share the process's
+one pool of the server (:mod:`ctxkeep._pg`): a tenant's schema is chosen per connection as a
+store takes it, so a server process holds at most the pool's maximum of connections
+(``CTXKEEP_PG_POOL_MAX``) however many tenants are open, and ``N`` workers ``N`` times that;
+a tenant's bus adds its ``LISTEN`` connection once a receive waits.
+
 Evictions. Every manager reports the messages it trims or evicts to the request that caused
 it (:func:`collect_evictions`), so a response can tell its client (and a remote client's
 evict hooks) what left the session.
@@ -124,9 +130,11 @@ def tenant_url(url: str, tenant: str) -> str:
 
 def with_search_path(url: str, *schemas: str) -> str:
     """A PostgreSQL URL with its ``search_path`` replaced by ``schemas`` (checked names)."""
+    from ctxkeep._pg import split_options
+
     parsed = urlparse(url)
     query = parse_qsl(parsed.query, keep_blank_values=True)
-    kept, _ = _without_search_path(next((v for k, v in reversed(query) if k == "options"), ""))
+    kept, _ = split_options(next((v for k, v in reversed(query) if k == "options"), ""))
     rest = [(k, v) for k, v in query if k != "options"]
     rest.append(("options", f"{kept} -csearch_path={','.join(schemas)}".strip()))
     return urlunparse(parsed._replace(query=urlencode(rest)))
@@ -134,32 +142,12 @@ def with_search_path(url: str, *schemas: str) -> str:
 
 def _base_schema(url: str) -> str:
     """The first ``search_path`` schema of a PostgreSQL URL (``ctxkeep`` if none)."""
+    from ctxkeep._pg import split_options
+
     options = parse_qsl(urlparse(url).query, keep_blank_values=True)
-    return _without_search_path(next((v for k, v in reversed(options) if k == "options"), ""))[1]
-
-
-def _without_search_path(options: str) -> tuple[str, str]:
-    """The libpq ``options`` without its ``search_path`` setting, and that setting's first schema
-    (``ctxkeep`` if none).
-    """
-    kept: list[str] = []
-    base = "ctxkeep"
-    words = options.split()
-    i = 0
-    while i < len(words):
-        word = words[i]
-        setting = word[2:] if word.startswith("-c") and len(word) > 2 else None
-        if word == "-c" and i + 1 < len(words):
-            setting, i = words[i + 1], i + 1
-        if setting is not None and setting.startswith("search_path="):
-            first = setting.split("=", 1)[1].split(",")[0].strip().strip('"')
-            base = first or base
-        elif setting is not None:
-            kept.append(f"-c{setting}")
-        else:
-            kept.append(word)
-        i += 1
-    return " ".join(kept), base
+    path = split_options(next((v for k, v in reversed(options) if k == "options"), ""))[1]
+    first = (path or "").split(",")[0].strip().strip('"')
+    return first or "ctxkeep"
 
 
 def tenant_schema(base: str, tenant: str) -> str:

@@ -1,0 +1,360 @@
+"""One PostgreSQL pool per server for the whole process (issue 28): every store of every tenant
+shares it, each under its own ``search_path``, within the configured maximum of connections.
+
+Each test runs in a database of its own, so ``pg_stat_activity`` counts only its connections.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import quote, urlencode, urlparse
+
+import pytest
+
+from conftest_services import postgres_url  # noqa: F401
+from ctxkeep import _pg
+from ctxkeep._pg import PgClient, split_url
+from ctxkeep.errors import StorageError
+
+pytestmark = pytest.mark.postgres
+
+psycopg = pytest.importorskip("psycopg")
+
+TENANTS = 40
+POOL_MAX = 6
+
+
+@pytest.fixture
+def db(postgres_url: str) -> Iterator[str]:  # noqa: F811
+    """The URL of a fresh database on the test server, dropped after the test."""
+    name = f"ctxkeep_pool_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield urlparse(postgres_url)._replace(path=f"/{name}").geturl()
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def in_schema(url: str, schema: str) -> str:
+    """``url`` with ``search_path`` ``schema`` (created first)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    sep = "&" if "?" in url else "?"
+    return url + sep + urlencode({"options": f"-csearch_path={schema}"})
+
+
+class Watch:
+    """Counts the database's connections (but its own) every few milliseconds."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def count(self) -> int:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        return int(row[0])
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._stop.wait(0.005):
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ).fetchone()
+                self.peak = max(self.peak, int(row[0]))
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def settled(url: str) -> int:
+    """The database's connections once closed ones are gone (a backend leaves
+    ``pg_stat_activity`` a moment after its client hung up), waiting up to 5 s.
+    """
+    watch = Watch(url)
+    for _ in range(100):
+        if (found := watch.count()) == 0:
+            return 0
+        threading.Event().wait(0.05)
+    return found
+
+
+def schema_of(client: PgClient) -> str:
+    return str(client.q("read the schema", "SELECT current_setting('search_path')")[0][0])
+
+
+def client(url: str, **kwargs: object) -> PgClient:
+    return PgClient(url, name="test", meta_key="pool_test", migrations=[], **kwargs)  # type: ignore[arg-type]
+
+
+# -- the address -------------------------------------------------------------------------------
+
+
+def test_urls_that_differ_only_in_their_search_path_share_an_address() -> None:
+    base = "postgresql://u@h:5/d?application_name=x"
+    plain, no_path = split_url(base)
+    for options, path in [
+        ("-csearch_path=a", "a"),
+        ("-c search_path=a,b", "a,b"),
+        ("--search_path=a", "a"),
+        ("-cstatement_timeout=5 -csearch_path=a -csearch_path=b", "b"),
+    ]:
+        address, found = split_url(f"{base}&{urlencode({'options': options}, quote_via=quote)}")
+        assert found == path
+        if "statement_timeout" in options:  # another setting: another pool
+            assert address != plain and "statement_timeout" in address
+        else:
+            assert address == plain
+    assert no_path is None
+
+
+# -- 40 tenants, one pool ----------------------------------------------------------------------
+
+
+def test_forty_tenants_used_at_once_stay_within_the_pool_and_read_only_their_own(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxkeep.server.keys import PostgresKeyRegistry
+    from ctxkeep.server.tenants import TenantStores
+
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", str(POOL_MAX))
+    tenants = [f"t{i:02d}" for i in range(TENANTS)]
+    base = in_schema(db, "ctxkeep")
+    registry = PostgresKeyRegistry(base)
+    stores = TenantStores(base, registry, max_open=TENANTS, embedder="hash")
+    sessions: dict[str, str] = {}
+    try:
+        with Watch(db) as watch:
+            for tenant in tenants:  # open every store of every tenant
+                with stores.lease_stores(tenant) as res:
+                    sessions[tenant] = res.memory.create_session(f"agent-{tenant}")
+                    res.checkpoints()
+                    res.episodic()
+            assert stores.open_count() == TENANTS
+
+            def work(tenant: str, round_: int) -> None:
+                marker = f"marker-{tenant}-{round_}"
+                with stores.lease_stores(tenant) as res:
+                    res.memory.add_message(sessions[tenant], "user", marker)
+                    res.checkpoints().save(f"agent-{tenant}", {"context": marker})
+                    res.episodic().save_episode(sessions[tenant], f"goal {tenant}", marker)
+                    texts = [m.content for m in res.memory.get_messages(sessions[tenant])]
+                    assert all(t.startswith(f"marker-{tenant}-") for t in texts), texts
+                    assert marker in texts
+                    saved = [c.state.context for c in res.checkpoints().history(f"agent-{tenant}")]
+                    assert all(t.startswith(f"marker-{tenant}-") for t in saved), saved
+                    assert marker in saved
+                    hits = res.episodic().search(marker, top_k=50)
+                    assert {h.episode.summary.split("-")[1] for h in hits} == {tenant}
+
+            jobs = [(t, r) for r in range(3) for t in tenants]
+            random.Random(28).shuffle(jobs)  # interleaved: tenants follow each other on a conn
+            with ThreadPoolExecutor(16) as pool:
+                for future in [pool.submit(work, t, r) for t, r in jobs]:
+                    future.result()
+        assert 1 <= watch.peak <= POOL_MAX
+        assert watch.count() <= POOL_MAX
+    finally:
+        stores.close()
+        registry.close()
+    assert settled(db) == 0  # the last client closed the pool
+
+
+def test_a_client_closed_while_others_run_leaves_them_working(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "3")
+    clients = {name: client(in_schema(db, name)) for name in ("a", "b", "c")}
+    stop = threading.Event()
+    seen: dict[str, set[str]] = {"a": set(), "b": set()}
+    failures: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            while not stop.is_set():
+                seen[name].add(schema_of(clients[name]))
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in seen]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(20):
+            assert schema_of(clients["c"]) == "c"
+        clients["c"].close()
+        clients["c"].close()  # again: releases nothing more
+        with pytest.raises(StorageError, match="closed"):
+            schema_of(clients["c"])
+        later = client(in_schema(db, "d"))  # joins the pool the others hold
+        assert later.pool is clients["a"].pool
+        assert schema_of(later) == "d"
+        later.close()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not failures
+    assert seen == {"a": {"a"}, "b": {"b"}}
+    clients["a"].close()
+    assert schema_of(clients["b"]) == "b"
+    clients["b"].close()
+    assert settled(db) == 0
+
+
+# -- the maximum -------------------------------------------------------------------------------
+
+
+def test_the_configured_maximum_bounds_the_pool_under_load(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "2")
+    clients = [client(in_schema(db, f"s{i}"), max_size=20) for i in range(8)]
+    try:
+        assert clients[0].pool.max_size == 2  # the setting, not the largest asked
+        with Watch(db) as watch, ThreadPoolExecutor(12) as pool:
+            names = list(pool.map(lambda i: schema_of(clients[i % 8]), range(400)))
+        assert names == [f"s{i % 8}" for i in range(400)]
+        assert 1 <= watch.peak <= 2
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_an_explicit_pool_max_comes_before_the_environment(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "2")
+    one = client(in_schema(db, "a"), pool_max=5)
+    try:
+        assert one.pool.max_size == 5
+    finally:
+        one.close()
+
+
+def test_without_a_setting_the_pool_is_as_large_as_its_largest_ask(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CTXKEEP_PG_POOL_MAX", raising=False)
+    small = client(in_schema(db, "a"), max_size=2)
+    large = client(in_schema(db, "b"), max_size=5)
+    try:
+        assert small.pool is large.pool and small.pool.max_size == 5
+    finally:
+        small.close()
+        large.close()
+
+
+@pytest.mark.parametrize("bad", ["0x", "-1"])
+def test_a_bad_pool_maximum_is_refused(bad: str, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxkeep.errors import ConfigError
+
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", bad)
+    with pytest.raises(ConfigError, match="CTXKEEP_PG_POOL_MAX"):
+        client(db)
+    with pytest.raises(ConfigError, match="pool_max"):
+        _pg.configured_pool_max(0)
+
+
+def test_every_store_works_on_a_pool_of_one_connection(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No store takes a second connection while holding one (on a full pool it would wait for
+    itself).
+    """
+    from ctxkeep import open_checkpoints, open_episodic, open_memory
+    from ctxkeep.artifacts import open_artifacts
+
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
+    registry_url = in_schema(db, "ext")
+    with psycopg.connect(registry_url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA ext")
+    url = in_schema(db, "one")
+    vector_url = url.replace("search_path%3Done", "search_path%3Done%2Cext")
+    with (
+        Watch(db) as watch,
+        open_memory(url) as mem,
+        open_checkpoints(url) as checkpoints,
+        open_episodic(vector_url, embedder="hash") as episodic,
+        open_artifacts(url) as artifacts,
+    ):
+        sid = mem.create_session("agent")
+        mem.add_message(sid, "user", "hello")
+        assert [m.content for m in mem.get_messages(sid)] == ["hello"]
+        checkpoints.save("agent", {"context": "c"}, session_id=sid)
+        assert checkpoints.latest("agent") is not None
+        episodic.save_episode(sid, "goal", "a summary")
+        assert len(episodic.search("summary")) == 1
+        ref = artifacts.put("a long tool output")
+        assert artifacts.get(ref) == "a long tool output"
+    assert watch.peak == 1
+
+
+# -- the search_path of each connection ------------------------------------------------------
+
+
+def test_a_client_without_a_search_path_gets_the_default_back(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
+    plain = client(db)
+    tenant = client(in_schema(db, "acme"))
+    try:
+        default = schema_of(plain)
+        assert default != "acme"
+        for _ in range(3):
+            assert schema_of(tenant) == "acme"
+            assert schema_of(plain) == default
+    finally:
+        plain.close()
+        tenant.close()
+
+
+def test_a_broken_connection_is_replaced_under_the_clients_search_path(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
+    a, b = client(in_schema(db, "a")), client(in_schema(db, "b"))
+    try:
+        assert schema_of(a) == "a"
+        kill(db)
+        answers = [attempt(lambda: schema_of(b)) for _ in range(2)]
+        assert answers[-1] == "b" and set(answers) <= {"b", None}  # at most one failure
+        assert schema_of(a) == "a"
+    finally:
+        a.close()
+        b.close()
+
+
+def kill(url: str) -> None:
+    """Terminate every other connection to the database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+def attempt(call: Callable[[], str]) -> str | None:
+    """``call()``, or None if the server lost its connection."""
+    try:
+        return call()
+    except StorageError:
+        return None
