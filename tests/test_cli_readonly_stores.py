@@ -115,6 +115,19 @@ def test_a_reader_on_a_redis_tenant_with_no_store_writes_nothing(
 
 
 @pytest.mark.redis
+def test_memory_import_from_a_session_in_an_empty_redis_prefix_writes_nothing(
+    redis_url: str,  # noqa: F811
+    prefix: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = f"{redis_url}?prefix={prefix}"
+    argv = ["memory", "import", "--from-session", "3f2a9c01", "--sessions-db", db, *HASH]
+    assert main(argv) == 2
+    assert_one_line_error(capsys.readouterr().err, f"the store {db} does not exist")
+    assert redis_keys(redis_url, prefix) == []
+
+
+@pytest.mark.redis
 def test_readers_on_an_existing_redis_store_work(
     redis_url: str,  # noqa: F811
     prefix: str,
@@ -242,6 +255,16 @@ def test_a_reader_on_a_missing_postgres_schema_creates_nothing(
 
 
 @pytest.mark.postgres
+def test_memory_import_from_a_session_in_an_empty_postgres_database_creates_nothing(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["memory", "import", "--from-session", "3f2a9c01", "--sessions-db", database, *HASH]
+    assert main(argv) == 2
+    assert_one_line_error(capsys.readouterr().err, f"the store {database} does not exist")
+    assert pg_tables(database) == [("public", "")]
+
+
+@pytest.mark.postgres
 def test_a_reader_on_a_missing_postgres_database_says_so(
     postgres_url: str,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
@@ -249,11 +272,14 @@ def test_a_reader_on_a_missing_postgres_database_says_so(
     import psycopg
 
     name = f"ctxkeep_nosuch_{uuid.uuid4().hex[:12]}"
-    db = _database_url(postgres_url, name)
+    parsed = urlparse(_database_url(postgres_url, name))
+    host = parsed.netloc.rsplit("@", 1)[-1]
+    db = urlunparse(parsed._replace(netloc=f"postgres:s3cret@{host}"))  # the server trusts
     assert main(["sessions", "list", "--db", db]) == 2
-    assert_one_line_error(
-        capsys.readouterr().err, f"the store {db} does not exist", f"/{name} does not exist"
-    )
+    err = capsys.readouterr().err
+    shown = urlunparse(parsed._replace(netloc=f"postgres:***@{host}"))
+    assert_one_line_error(err, f"the store {shown} does not exist", f"/{name} does not exist")
+    assert "s3cret" not in err
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
     assert found is None

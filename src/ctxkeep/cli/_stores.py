@@ -16,7 +16,11 @@ without writing (:func:`require_existing`), and stop with one line saying the st
 exist. A store exists where ctxkeep has set one up: the SQLite file; the ``ctxkeep_meta``
 table in the URL's ``search_path`` (a tenant's: its schema); the ``{prefix}meta`` hash (or an
 older ctxkeep's ``{prefix}schema:*`` version key) under the URL's key prefix (a tenant's:
-``{prefix}tenant:NAME:``).
+``{prefix}tenant:NAME:``). The check is for the store, not for each kind of record in it: as
+in a SQLite file that holds only API keys, a reader of sessions there sets up their (empty)
+tables. Reading a PostgreSQL tenant opens its schema as it is (the server's path,
+:class:`~ctxkeep.server.tenants.TenantStores`, creates the schema and pgvector's), and finds
+the schema that holds pgvector without creating it.
 """
 
 from __future__ import annotations
