@@ -505,12 +505,20 @@ def test_a_warm_reader_sees_every_other_writers_change(
 
     url = _store_url(kind, request, tmp_path)
     config = MemoryConfig(max_history=9)
-    reader = CtxkeepSession("conv", url, config=config)
-    writer = CtxkeepSession("conv", url, config=config)
+    # Each instance on its own manager (as in another process), but in process, where the
+    # store is the manager's: all on one.
+    shared = open_memory(url, config) if url == "memory://" else None
+
+    def session() -> CtxkeepSession:
+        if shared is not None:
+            return CtxkeepSession("conv", memory=shared)
+        return CtxkeepSession("conv", url, config=config)
+
+    reader, writer = session(), session()
     rng = random.Random(7)
     try:
         for step in range(120):
-            op = rng.choice(["add", "add", "unit", "pop", "clear", "read-limit"])
+            op = rng.choice(["add", "add", "unit", "pop", "reader-pop", "clear", "read-limit"])
             if op == "add":
                 run(writer.add_items([user(f"u{step}")]))
             elif op == "unit":
@@ -533,13 +541,18 @@ def test_a_warm_reader_sees_every_other_writers_change(
                 tail = run(writer.get_items(1))
                 if tail and tail[0].get("type") == "function_call":
                     run(writer.pop_item())
+            elif op == "reader-pop":  # the reader's items held may be stale: still exact
+                taken = run(reader.pop_item())
+                if taken is not None and taken.get("type") == "function_call_output":
+                    run(reader.pop_item())  # and its call: adds stay valid
             elif op == "clear":
                 run(writer.clear_session())
-            fresh = CtxkeepSession("conv", url, config=config)
+            fresh = session()
             try:
                 want = run(fresh.get_items())
                 limit = rng.randint(0, 6)
                 assert run(reader.get_items()) == want, (step, op)
+                assert run(writer.get_items()) == want, (step, op)
                 assert run(reader.get_items(limit)) == (want[-limit:] if limit else [])
             finally:
                 fresh.close()

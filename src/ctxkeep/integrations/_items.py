@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from ctxkeep.errors import SessionChangedError
 from ctxkeep.messages import Message
 from ctxkeep.sessions import MemoryManager
 from ctxkeep.sessions.records import record_to_message
@@ -78,6 +79,47 @@ class ConvertedItems:
     def warm(self) -> bool:
         """Whether anything is held (else a read reads the whole session)."""
         return self._held is not None
+
+    def pop(
+        self,
+        replace: Callable[[int, str, list[Any]], tuple[list[Message], list[int]]],
+    ) -> tuple[bool, Any]:
+        """Take back the newest item held in one write: ``replace(seq, generation, rest)``
+        replaces the newest message held (at ``seq`` of ``generation``, compared inside its
+        transaction) by one standing for its items but the last, ``rest`` (and returns the
+        stored messages and their seqs). Then what is held follows the write.
+
+        Returns:
+            ``(True, item)`` with the item taken back; ``(False, None)`` when nothing is held
+            or the newest message held is no longer the session's (the caller reads and
+            pops as usual; nothing is held after it).
+
+        Raises:
+            SessionNotFoundError: the session is gone.
+
+        """
+        with self._lock:
+            held = self._held
+            if held is None or not held.seqs:
+                return False, None
+            seq, items = held.seqs[-1], held.items[-1]
+            decoded = orjson.loads(b"[" + b",".join(items) + b"]")
+            try:
+                stored, seqs = replace(seq, held.generation, decoded[:-1])
+            except SessionChangedError:
+                self._held = None
+                return False, None
+            except BaseException:
+                self._held = None
+                raise
+            # The write found the session as held (its newest message at seq, the same
+            # generation): it is now that less the newest, plus what replaced it.
+            held.revision += 1
+            del held.seqs[-1], held.items[-1]
+            for s, message in zip(seqs, stored, strict=True):
+                held.seqs.append(s)
+                held.items.append([orjson.dumps(item) for item in self.convert(message)])
+            return True, decoded[-1] if decoded else None
 
     def forget(self) -> None:
         """Drop what is held (the next read reads the whole session)."""

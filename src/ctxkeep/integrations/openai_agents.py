@@ -252,6 +252,13 @@ class CtxkeepSession:
         with self._lock:
             for _ in range(_RETRIES):
                 try:
+                    # One write where the items held are current (the newest message held
+                    # is compared by seq and generation inside it); else read and pop.
+                    taken, item = self._items.pop(self._replace_held)
+                    if taken:
+                        if item is not None:
+                            return cast("TResponseInputItem", item)
+                        continue  # a message that stood for no item: taken back, go on
                     newest = self.memory.get_messages(self.session_id, limit=1)
                 except SessionNotFoundError:
                     return None
@@ -271,6 +278,13 @@ class CtxkeepSession:
                 if last is not None:
                     return cast("TResponseInputItem", last)
             raise SessionChangedError(self.session_id)
+
+    def _replace_held(
+        self, seq: int, generation: str, rest: list[Any]
+    ) -> tuple[list[Message], list[int]]:
+        return self.memory._replace(
+            self.session_id, from_responses(rest), newest_seq=seq, generation=generation
+        )
 
     def _clear(self) -> None:
         with self._lock:

@@ -662,6 +662,25 @@ class MemoryManager:
 
         """
         _check.text("newest_id", newest_id)
+        stamped, _ = self._replace(session_id, messages, newest_id=newest_id)
+        return [m.copy() for m in stamped]
+
+    def _replace(
+        self,
+        session_id: str,
+        messages: Iterable[Any],
+        *,
+        newest_id: str | None = None,
+        newest_seq: int | None = None,
+        generation: str | None = None,
+    ) -> tuple[list[Message], list[int]]:
+        """:meth:`replace_newest` of the newest message if it has ``newest_id`` and/or is
+        at ``newest_seq`` of the session's ``generation`` (a seq is not reused within a
+        generation: the message there is the one the caller read); the stored messages
+        themselves (not copies) and their seqs.
+        """
+        if newest_id is None and newest_seq is None:
+            raise TypeError("_replace needs newest_id or newest_seq")
         now = self._clock()
         stamped = self._stamped(messages, now)
         session_id = check_session_id(session_id)
@@ -671,15 +690,18 @@ class MemoryManager:
         def check(info: SessionInfo) -> tuple[str, ...]:
             if ttl is not None and info.accessed_at < now - ttl:
                 raise _Idle(session_id)  # as in add_messages: no read before the write
+            if generation is not None and info.generation != generation:
+                raise SessionChangedError(session_id)  # made again since the caller read it
             checked[:] = [info]
             return advance_pending(info.pending, stamped)
 
-        # The newest message is read and compared by id inside the append's transaction.
+        # The newest message is read and compared inside the append's transaction.
         batch = Append(
             records=[message_to_record(m) for m in stamped],
             check=check,
             now=now,
             ttl=self._native_ttl,
+            replaces=newest_seq,
             replaces_id=newest_id,
         )
         try:
@@ -700,7 +722,7 @@ class MemoryManager:
         first = self._first_seq(checked[0]) if checked else 0
         if seqs and self._may_exceed(seqs, first):
             self._trim(session_id, first, seqs[-1] if seqs else 0)
-        return [m.copy() for m in stamped]
+        return stamped, seqs
 
     def archived_messages(self, session_id: str) -> list[Message]:
         """Messages trimmed or evicted from a session and kept in the archive."""
