@@ -284,6 +284,7 @@ def test_episodes_agree_whichever_server_saved_them(cluster: Cluster) -> None:
         cluster.everywhere("POST", "/v1/episodes", 501, json=episode)
         return
     topics = ["deploy the billing service", "rotate the database keys", "fix the flaky login"]
+    search = {"query": "database keys", "top_k": 4, "filters": {"agent_id": agent}}
     ids = {}
     for n, topic in enumerate(topics * 2):
         body = cluster.ok(
@@ -293,18 +294,23 @@ def test_episodes_agree_whichever_server_saved_them(cluster: Cluster) -> None:
             json={**episode, "session_id": f"s{n}", "task_goal": topic, "summary": f"{topic} #{n}"},
         )
         ids[body["episode"]["id"]] = body["episode"]
+        # every process searches after each save made through any of them
+        hits = cluster.everywhere("POST", "/v1/episodes/search", json=search)["hits"]
+        found = {h["episode"]["id"] for h in hits}
+        assert found <= set(ids)
+        if topic == "rotate the database keys":
+            assert body["episode"]["id"] in found
     for episode_id, stored in ids.items():
         assert cluster.everywhere("GET", f"/v1/episodes/{episode_id}")["episode"] == stored
-    search = {"query": "database keys", "top_k": 4, "filters": {"agent_id": agent}}
     hits = cluster.everywhere("POST", "/v1/episodes/search", json=search)["hits"]
-    assert hits[0]["episode"]["task_goal"] == "rotate the database keys"
-    assert {h["episode"]["id"] for h in hits} <= set(ids)
+    assert [h["episode"]["task_goal"] for h in hits[:2]] == ["rotate the database keys"] * 2
 
     forgotten = hits[0]["episode"]["id"]
     cluster.ok("DELETE", f"/v1/episodes/{forgotten}")
     cluster.everywhere("GET", f"/v1/episodes/{forgotten}", 404)
     after = cluster.everywhere("POST", "/v1/episodes/search", json=search)["hits"]
     assert forgotten not in {h["episode"]["id"] for h in after}
+    assert hits[1]["episode"]["id"] in {h["episode"]["id"] for h in after}
 
 
 # -- task state -------------------------------------------------------------------------------
