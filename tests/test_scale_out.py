@@ -502,3 +502,37 @@ def test_redis_processes_sharing_a_consumer_name_ack_and_recover_each_others_mes
         here.close()
         there.close()
         delete_prefix(redis_url, prefix)
+
+
+@pytest.mark.redis
+def test_redis_processes_sharing_a_consumer_name_replay_each_entry_once(redis_url: str) -> None:
+    """After a recover, receives through two processes at once share the replay out: no
+    message is handed out twice.
+    """
+    from ctxkeep.fabric.redis_bus import RedisStreamBus
+
+    prefix = f"ctxkeep-test:{uuid.uuid4().hex}:"
+    buses = [RedisStreamBus(redis_url, consumer="service", prefix=prefix) for _ in range(2)]
+    try:
+        sent = [IPCMessage(sender="a", recipient="b", payload=n) for n in range(40)]
+        for message in sent:
+            buses[0].send(message)
+        assert len(buses[0].receive("b", max_messages=40)) == 40
+        assert buses[1].recover("b") == 40
+
+        def drain(bus: RedisStreamBus) -> list[str]:
+            got: list[str] = []
+            while taken := bus.receive("b", max_messages=1):
+                got += [m.id for m in taken]
+            return got
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            runs = list(pool.map(drain, buses * 2))
+        replayed = [i for run in runs for i in run]
+        assert sorted(replayed) == sorted(m.id for m in sent)
+        for run in runs:  # each receiver sees its share in the order sent
+            assert run == [m.id for m in sent if m.id in set(run)]
+    finally:
+        for bus in buses:
+            bus.close()
+        delete_prefix(redis_url, prefix)

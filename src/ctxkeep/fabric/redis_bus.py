@@ -292,6 +292,25 @@ pending hash, the inbox, the handled zset; ``ARGV``: the group, the mark's time 
 mark), the time before which marks are forgotten, then the message ids. Returns how many
 entries were settled."""
 
+REPLAY = """
+local cursor = redis.call('HGET', KEYS[2], ARGV[2])
+if not cursor then return false end
+local reply = redis.call(
+  'XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], cursor)
+local entries = {}
+if reply then entries = reply[1][2] end
+if #entries >= tonumber(ARGV[3]) then
+  redis.call('HSET', KEYS[2], ARGV[2], entries[#entries][1])
+else
+  redis.call('HDEL', KEYS[2], ARGV[2])
+end
+return entries
+"""
+"""Replay a consumer's pending entries from its cursor, and move or drop the cursor, at once
+(two processes under one name replaying together get different entries). ``KEYS``: the inbox,
+the replay hash; ``ARGV``: the group, the consumer, the count. Returns ``[id, [field, value,
+...] or nil]`` entries, or nil when no replay is due."""
+
 RawFields = dict[bytes, bytes]
 """A stream entry's fields as Redis holds them: bytes, which need not be UTF-8."""
 
@@ -394,6 +413,7 @@ class RedisStreamBus:
         self._claim_from: dict[str, str] = {}  # agent -> XAUTOCLAIM cursor (a hint, per process)
         self._note_pending = LuaScript(self.db.conn, NOTE_PENDING)
         self._settle_script = LuaScript(self.db.conn, SETTLE)
+        self._replay_script = LuaScript(self._reader, REPLAY)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -642,19 +662,15 @@ class RedisStreamBus:
 
     def _replay(self, agent_id: str, count: int) -> list[tuple[str, IPCMessage]]:
         """This consumer's pending messages, once, after :meth:`recover` (in any process)."""
-        replay = self.keys.replay(agent_id)
-        cursor = cast("str | None", self.db.conn.hget(replay, self.consumer))
-        if cursor is None:
-            return []
-        raw = _entries(
-            self._reader.xreadgroup(
-                agent_id, self.consumer, {self.keys.inbox(agent_id): cursor}, count=count
-            )
+        # once done (fewer than ``count`` left), the cursor is gone: what this receive reads
+        # next is new, and must not be replayed
+        reply: list[Any] | None = self._replay_script(
+            [self.keys.inbox(agent_id), self.keys.replay(agent_id)], agent_id, self.consumer, count
         )
-        if len(raw) >= count:
-            self.db.conn.hset(replay, self.consumer, raw[-1][0])
-        else:  # done: what this receive reads next is new, and must not be replayed
-            self.db.conn.hdel(replay, self.consumer)
+        raw = [
+            (_text(entry_id), None if not flat else dict(zip(flat[::2], flat[1::2], strict=True)))
+            for entry_id, flat in reply or []
+        ]
         return self._decode(agent_id, raw)
 
     def _claim(self, agent_id: str, count: int) -> list[tuple[str, IPCMessage]]:
