@@ -24,7 +24,7 @@ pytestmark = pytest.mark.postgres
 
 psycopg = pytest.importorskip("psycopg")
 
-TENANTS = 40
+TENANTS = 64
 POOL_MAX = 6
 
 
@@ -128,7 +128,7 @@ def test_urls_that_differ_only_in_their_search_path_share_an_address() -> None:
 # -- 40 tenants, one pool ----------------------------------------------------------------------
 
 
-def test_forty_tenants_used_at_once_stay_within_the_pool_and_read_only_their_own(
+def test_sixty_four_tenants_used_at_once_stay_within_the_pool_and_read_only_their_own(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ctxkeep.server.keys import PostgresKeyRegistry
@@ -147,6 +147,7 @@ def test_forty_tenants_used_at_once_stay_within_the_pool_and_read_only_their_own
                     sessions[tenant] = res.memory.create_session(f"agent-{tenant}")
                     res.checkpoints()
                     res.episodic()
+                    res.fabric().join(f"agent-{tenant}", f"task-{tenant}", {"tenant": tenant})
             assert stores.open_count() == TENANTS
 
             def work(tenant: str, round_: int) -> None:
@@ -161,8 +162,16 @@ def test_forty_tenants_used_at_once_stay_within_the_pool_and_read_only_their_own
                     saved = [c.state.context for c in res.checkpoints().history(f"agent-{tenant}")]
                     assert all(t.startswith(f"marker-{tenant}-") for t in saved), saved
                     assert marker in saved
+                    ref = res.artifacts().put(marker)
+                    assert res.artifacts().get(ref) == marker
+                    fabric = res.fabric()
+                    assert fabric.read(f"agent-{tenant}").state == {"tenant": tenant}
+                    fabric.send(f"agent-{tenant}", marker, recipient=f"agent-{tenant}", topic=None)
                     hits = res.episodic().search(marker, top_k=50)
                     assert {h.episode.summary.split("-")[1] for h in hits} == {tenant}
+                    got = fabric.receive(f"agent-{tenant}", 10)
+                    fabric.ack(f"agent-{tenant}", [m.id for m in got])
+                    assert {m.payload.split("-")[1] for m in got} <= {tenant}
 
             jobs = [(t, r) for r in range(3) for t in tenants]
             random.Random(28).shuffle(jobs)  # interleaved: tenants follow each other on a conn

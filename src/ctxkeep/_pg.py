@@ -28,8 +28,11 @@ own keyword, 8 for sessions). So a process holds at most that many connections t
 however many tenants it serves, and ``N`` server workers hold ``N`` times it; the fabric's
 ``LISTEN`` connection (:mod:`ctxkeep.fabric.postgres`) is its own, outside the pool.
 
-Prepared statements stay right across schemas: PostgreSQL parses a prepared statement again
-when the ``search_path`` it was prepared under has changed.
+Prepared statements stay right across schemas: PostgreSQL parses a statement psycopg prepared
+again when the ``search_path`` it was prepared under has changed. It refuses one whose result
+columns would change type (``cached plan must not change result type``), which cannot happen
+between schemas of one ctxkeep: a client brings its schema to the current version as it opens,
+so a table of one name has the same columns in every schema a process uses.
 """
 
 from __future__ import annotations
