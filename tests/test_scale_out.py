@@ -473,6 +473,45 @@ def test_bus_messages_are_delivered_once_per_ack_in_order_whichever_server_answe
         assert sorted(model.acked[agent]) == sorted(sent), agent
 
 
+def test_receivers_racing_through_three_servers_share_an_inbox_without_duplicates(
+    cluster: Cluster,
+) -> None:
+    task, sender, agent = _name("task"), _name("s"), _name("r")
+    for who in (sender, agent):
+        cluster.ok("PUT", f"/v1/fabric/agents/{who}/task", json={"task_id": task})
+    sent = [
+        cluster.ok(
+            "POST",
+            "/v1/fabric/messages",
+            201,
+            json={"sender": sender, "recipient": agent, "payload": n},
+        )["message"]["id"]
+        for n in range(30)
+    ]
+
+    def drain(n: int) -> list[str]:
+        client, got = cluster.clients[n % SERVERS], []
+        while True:
+            answer = client.post(
+                f"/v1/fabric/agents/{agent}/messages/receive", json={"max_messages": 2}
+            )
+            assert answer.status_code == 200, answer.text
+            ids = [m["id"] for m in answer.json()["messages"]]
+            if not ids:
+                return got
+            got += ids
+            other = cluster.clients[(n + 1) % SERVERS]  # acked through another server
+            acked = other.post(f"/v1/fabric/agents/{agent}/messages/ack", json={"ids": ids})
+            assert acked.status_code == 200, acked.text
+
+    with concurrent.futures.ThreadPoolExecutor(SERVERS) as pool:
+        runs = list(pool.map(drain, range(SERVERS)))
+    assert sorted(i for run in runs for i in run) == sorted(sent)
+    for run in runs:  # each receiver's share comes in the order sent
+        assert run == [i for i in sent if i in set(run)]
+    assert cluster.ok("POST", f"/v1/fabric/agents/{agent}/messages/recover")["pending"] == 0
+
+
 # -- the Redis bus under one consumer name, without the service -------------------------------
 
 
