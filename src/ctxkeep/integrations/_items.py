@@ -25,13 +25,15 @@ import orjson
 from ctxkeep.errors import SessionChangedError
 from ctxkeep.messages import Message
 from ctxkeep.sessions import MemoryManager
-from ctxkeep.sessions.records import record_to_message
+from ctxkeep.sessions.records import SessionInfo, record_to_message
 
 
 @dataclass
 class _Held:
     generation: str
     revision: int
+    next_seq: int = 0
+    """The session's next seq when last seen (an append by this process follows it)."""
     seqs: list[int] = field(default_factory=list)
     """The seq of each message held, ascending."""
     items: list[list[bytes]] = field(default_factory=list)
@@ -116,10 +118,28 @@ class ConvertedItems:
             # generation): it is now that less the newest, plus what replaced it.
             held.revision += 1
             del held.seqs[-1], held.items[-1]
-            for s, message in zip(seqs, stored, strict=True):
-                held.seqs.append(s)
-                held.items.append([orjson.dumps(item) for item in self.convert(message)])
+            self._extend(held, seqs, stored)
             return True, decoded[-1] if decoded else None
+
+    def appended(self, info: SessionInfo, seqs: list[int], messages: list[Message]) -> None:
+        """After this process's append (:data:`~ctxkeep.sessions.base.OnAppend`): where the
+        append found the session as held (generation, revision, next seq), what is held
+        takes the new messages; else the next read reads them.
+        """
+        with self._lock:
+            held = self._held
+            if held is not None and (held.generation, held.revision, held.next_seq) == (
+                info.generation,
+                info.revision,
+                info.next_seq,
+            ):
+                self._extend(held, seqs, messages)
+
+    def _extend(self, held: _Held, seqs: list[int], messages: list[Message]) -> None:
+        for s, message in zip(seqs, messages, strict=True):
+            held.seqs.append(s)
+            held.items.append([orjson.dumps(item) for item in self.convert(message)])
+            held.next_seq = s + 1
 
     def forget(self) -> None:
         """Drop what is held (the next read reads the whole session)."""
@@ -144,6 +164,7 @@ class ConvertedItems:
             raise
         if held is None:
             held = _Held(info.generation, info.revision)
+        held.next_seq = info.next_seq
         keep = bisect_left(held.seqs, info.first_seq)  # trimmed since: not held any more
         if keep:
             del held.seqs[:keep], held.items[:keep]

@@ -225,7 +225,9 @@ class CtxkeepSession:
         """
         with self._lock:
             try:
-                self.memory.add_messages_creating(self.session_id, self.agent_id, messages)
+                self.memory.add_messages_creating(
+                    self.session_id, self.agent_id, messages, on_append=self._items.appended
+                )
             except MissingToolResultError:
                 if messages[0].role == "tool" or not self._join(items):
                     raise  # an output while other calls still wait: the caller's error

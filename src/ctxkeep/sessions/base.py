@@ -129,6 +129,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+OnAppend = Callable[[SessionInfo, list[int], list[Message]], None]
+"""Told what an append wrote: the session as the append found it (inside its transaction),
+the seqs written and the stored messages."""
+
 
 @dataclass(frozen=True)
 class MemoryConfig:
@@ -401,13 +405,20 @@ class MemoryManager:
     # -- messages ----------------------------------------------------------------------
 
     def add_messages_creating(
-        self, session_id: str, agent_id: str, messages: Iterable[Any]
+        self,
+        session_id: str,
+        agent_id: str,
+        messages: Iterable[Any],
+        *,
+        on_append: OnAppend | None = None,
     ) -> None:
         """:meth:`add_messages`, creating the session for ``agent_id`` first where there is
         none (unknown, or expired, evicted or deleted meanwhile): what a framework's own store
         does on an add. One write transaction when the session exists; the session is made
         (once, whichever process is first) only when the append finds none. Returns nothing:
-        its callers keep no copy of what they stored.
+        its callers keep no copy of what they stored; ``on_append(info, seqs, messages)``, if
+        given, is told the session as the append found it, the seqs it wrote and the stored
+        messages (an adapter keeping the session's items follows its own write with it).
 
         Raises:
             As :meth:`add_messages`.
@@ -416,7 +427,7 @@ class MemoryManager:
         batch = list(_check.iterable("messages", messages))
         for _ in range(3):
             try:
-                self._append(session_id, batch)
+                self._append(session_id, batch, on_append)
                 return
             except SessionNotFoundError:
                 with suppress(SessionExistsError):  # another writer made it first
@@ -456,9 +467,12 @@ class MemoryManager:
         """
         return [m.copy() for m in self._append(session_id, messages)]
 
-    def _append(self, session_id: str, messages: Iterable[Any]) -> list[Message]:
+    def _append(
+        self, session_id: str, messages: Iterable[Any], on_append: OnAppend | None = None
+    ) -> list[Message]:
         """:meth:`add_messages`, returning the stored messages themselves (the caller's to
-        copy or drop: an adapter that drops them pays no copies).
+        copy or drop: an adapter that drops them pays no copies); ``on_append`` is told what
+        was written (not for a retry that wrote nothing).
         """
         now = self._clock()
         stamped = self._stamped(messages, now)
@@ -503,6 +517,8 @@ class MemoryManager:
         first = self._first_seq(checked[0]) if checked else 0
         if self._may_exceed(seqs, first):
             self._trim(session_id, first, seqs[-1] if seqs else 0)
+        if on_append is not None and checked:
+            on_append(checked[0], seqs, stamped)
         return stamped
 
     def _trim_point_from_head(
