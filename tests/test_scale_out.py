@@ -197,12 +197,20 @@ def test_sessions_and_their_messages_agree_whichever_server_answers(cluster: Clu
     newest = listed["sessions"][0]["session_id"]
     latest = cluster.everywhere("GET", f"/v1/agents/{agent}/latest")
     assert latest["session_id"] == newest
+    before = cluster.everywhere("GET", "/v1/stats")["sessions"]
 
     gone = list(model)[-1]
     cluster.ok("DELETE", f"/v1/sessions/{gone}")
     cluster.everywhere("GET", f"/v1/sessions/{gone}/messages", 404)
     assert cluster.everywhere("GET", f"/v1/sessions/{gone}/exists")["exists"] is False
     assert cluster.everywhere("GET", f"/v1/agents/{agent}/latest")["session_id"] != gone
+    assert cluster.everywhere("GET", "/v1/stats")["sessions"] == before - 1
+
+
+def test_artifacts_agree_whichever_server_stored_them(cluster: Cluster) -> None:
+    text = f"a long tool output {uuid.uuid4().hex} " * 50
+    ref = cluster.ok("POST", "/v1/artifacts", 201, json={"text": text})["ref"]
+    assert cluster.everywhere("GET", f"/v1/artifacts/{ref}") == {"ref": ref, "text": text}
 
 
 def test_a_prompt_cached_in_every_process_shows_a_change_made_through_another(
