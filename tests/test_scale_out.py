@@ -261,6 +261,38 @@ def test_a_prompt_cached_in_every_process_shows_a_change_made_through_another(
     assert built["messages"][-1]["content"] == "v3"
 
 
+def test_trimming_to_max_history_agrees_whichever_servers_appended(cluster: Cluster) -> None:
+    """Past ``max_history`` (1,000) the oldest messages are archived, each exactly once, and
+    every process reads the same window, whichever processes appended before.
+    """
+    sid = cluster.ok("POST", "/v1/sessions", 201, json={"agent_id": _name("agent")})["session"][
+        "session_id"
+    ]
+
+    def turns(start: int, count: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"m{n}"} for n in range(start, start + count)]
+
+    sent = 0
+    for count in (600, 395):
+        cluster.ok(
+            "POST", f"/v1/sessions/{sid}/messages", 201, json={"messages": turns(sent, count)}
+        )
+        sent += count
+    cluster.everywhere("GET", f"/v1/sessions/{sid}/prompt")  # every process reads (and caches)
+    for count in (3, 4, 5, 6, 7):  # each append through another server trims some more
+        cluster.ok(
+            "POST", f"/v1/sessions/{sid}/messages", 201, json={"messages": turns(sent, count)}
+        )
+        sent += count
+        window = [f"m{n}" for n in range(max(0, sent - 1000), sent)]
+        page = cluster.everywhere("GET", f"/v1/sessions/{sid}/messages")
+        assert [m["content"] for m in page["messages"]] == window
+        prompt = cluster.everywhere("GET", f"/v1/sessions/{sid}/prompt")
+        assert [m["content"] for m in prompt["messages"]] == window
+        archived = cluster.everywhere("GET", f"/v1/sessions/{sid}/archived")
+        assert [m["content"] for m in archived["messages"]] == [f"m{n}" for n in range(sent - 1000)]
+
+
 # -- checkpoints and episodes -----------------------------------------------------------------
 
 
