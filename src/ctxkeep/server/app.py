@@ -232,8 +232,8 @@ class AccessLog:
     authentication) and ``pid`` (the worker that answered, under ``serve --workers``).
     Headers are never logged, so neither is an API key.
 
-    A successful answer of a route that writes messages or builds a prompt
-    (:data:`~ctxkeep.server.metrics.BODY_ROUTES`) is read by the metrics for what it did.
+    The metrics count what a successful request recorded in its
+    :class:`~ctxkeep.server.deps.RequestInfo` (messages stored, a prompt's build report).
     """
 
     def __init__(
@@ -267,20 +267,12 @@ class AccessLog:
         method = scope["method"]
         status = 500
         route: str | None = None
-        body: list[bytes] | None = None
 
         async def sending(message: Message) -> None:
-            nonlocal status, route, body
+            nonlocal status, route
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 route = self._template(scope)
-                if self.metrics is not None and 200 <= status < 300:
-                    from ctxkeep.server.metrics import BODY_ROUTES
-
-                    if (method, route) in BODY_ROUTES:
-                        body = []
-            elif body is not None and message["type"] == "http.response.body":
-                body.append(message.get("body", b""))
             await send(message)
 
         try:
@@ -301,8 +293,8 @@ class AccessLog:
             access_log.info(json.dumps(record))
             if self.metrics is not None:
                 self.metrics.observe_request(method, route, status, seconds)
-                if body is not None:
-                    self.metrics.observe_body(method, route, b"".join(body))
+                if 200 <= status < 300:
+                    self.metrics.observe_work(info.appended, info.report)
             if span is not None:
                 from ctxkeep.server import tracing
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio.to_thread
 from fastapi import Depends, Request
@@ -56,6 +56,10 @@ class RequestInfo:
 
     tenant: str | None = None
     evicted: list[Evicted] = field(default_factory=list)
+    appended: int = 0
+    """Messages the request stored (the append and replace routes), for the metrics."""
+    report: Any = None
+    """The prompt route's :class:`~ctxkeep.builder.BuildReport`, for the metrics."""
 
 
 def request_info(scope: Scope) -> RequestInfo:

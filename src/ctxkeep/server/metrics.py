@@ -25,7 +25,6 @@ extra.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -37,20 +36,6 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNMATCHED = "unmatched"
 """The route label of a request no route matches (a 404)."""
 
-APPEND_ROUTES = frozenset(
-    {
-        ("POST", "/v1/sessions/{session_id}/messages"),
-        ("PUT", "/v1/sessions/{session_id}/messages/newest"),
-    }
-)
-"""Routes whose answer lists the messages they stored."""
-
-PROMPT_ROUTE = ("POST", "/v1/sessions/{session_id}/prompt")
-"""The route whose answer carries a build report."""
-
-BODY_ROUTES = APPEND_ROUTES | {PROMPT_ROUTE}
-"""Routes whose successful answer :meth:`Metrics.observe_body` reads."""
-
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Seconds: a read from memory takes ~1 ms, a prompt over 10,000 messages ~30 ms, a slow
 store seconds."""
@@ -60,38 +45,6 @@ TOKEN_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576)
 
 PRUNE_ACTIONS = ("compressed", "dropped", "summarised")
 """The report's counts of messages the pruner did not keep as they were."""
-
-
-_REPORT_KEY = b'"report":'
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
-
-
-def _report(body: bytes) -> Any:
-    """The ``report`` of a prompt's answer, decoded alone.
-
-    The answer's members come in the model's order (``format``, ``messages``, ``system``,
-    ``report``, ``evicted``), so its last ``"report":`` is the report's key: a quote inside a
-    message's text is escaped, and nothing after the report is a mapping with a member of
-    that name. Decoding the report alone skips the messages, most of the bytes (0.7 MB of
-    2,000 messages: 2-10 ms for the whole, against a prompt build of 25-50 ms). Anything
-    else found there: the whole answer is decoded.
-    """
-    at = body.rfind(_REPORT_KEY)
-    if at >= 0:
-        try:
-            report, _ = json.JSONDecoder().raw_decode(body[at + len(_REPORT_KEY) :].decode())
-        except ValueError:
-            report = None
-        if isinstance(report, dict) and "prune" in report:
-            return report
-    answer = _json(body)
-    return answer.get("report") if isinstance(answer, dict) else None
 
 
 def open_metrics() -> Metrics:
@@ -175,24 +128,21 @@ class Metrics:
         self.requests.labels(method, label, str(status)).inc()
         self.latency.labels(method, label).observe(seconds)
 
-    def observe_body(self, method: str, route: str | None, body: bytes) -> None:
-        """Count what a successful answer of one of :data:`BODY_ROUTES` says it did."""
-        if (method, route) in APPEND_ROUTES:
-            answer = _json(body)
-            stored = answer.get("messages") if isinstance(answer, dict) else None
-            if isinstance(stored, list):
-                self.appended.inc(len(stored))
+    def observe_work(self, appended: int, report: Any) -> None:
+        """Count what a successful request did: ``appended`` messages stored, and a
+        prompt's build ``report`` (a :class:`~ctxkeep.builder.BuildReport`, or None).
+        """
+        if appended:
+            self.appended.inc(appended)
+        if report is None:
             return
-        report = _report(body)
-        prune = report.get("prune") if isinstance(report, dict) else None
-        if not isinstance(report, dict) or not isinstance(prune, dict):
-            return
-        self.tokens_before.observe(prune.get("tokens_before", 0))
-        self.tokens_after.observe(prune.get("tokens_after", 0))
-        self.prompt_tokens.observe(report.get("prompt_tokens", 0))
+        prune = report.prune
+        self.tokens_before.observe(prune.tokens_before)
+        self.tokens_after.observe(prune.tokens_after)
+        self.prompt_tokens.observe(report.prompt_tokens)
         for action in PRUNE_ACTIONS:
-            count = prune.get(action, 0)
-            if isinstance(count, int) and count > 0:
+            count = prune.count(action)
+            if count > 0:
                 self.pruned.labels(action).inc(count)
 
     def store_error(self, kind: str) -> None:

@@ -258,6 +258,7 @@ def append_messages(session_id: IdPath, body: AppendIn, tenant: TenantDep) -> Me
     messages = _messages_in(body.messages)
     with tenant.memory() as mem:
         stored = mem.add_messages(session_id, messages)
+    tenant.info.appended = len(stored)
     return MessagesResponse.model_validate(
         {"messages": _messages_out(stored), "evicted": tenant.evicted()}
     )
@@ -332,6 +333,7 @@ def replace_newest(
     messages = _messages_in(body.messages)
     with tenant.memory() as mem:
         stored = mem.replace_newest(session_id, messages, newest_id=body.newest_id)
+    tenant.info.appended = len(stored)
     return MessagesResponse.model_validate(
         {"messages": _messages_out(stored), "evicted": tenant.evicted()}
     )
@@ -487,6 +489,7 @@ def build_prompt(session_id: IdPath, body: PromptIn, tenant: TenantDep) -> Promp
         )
         built = builder.build(session_id, system=body.system)
         artifacts.commit()
+    tenant.info.report = built.report
     system: list[dict[str, Any]] | None = None
     if body.format == "anthropic":
         payload = built.to_anthropic()
