@@ -55,7 +55,8 @@ key                              type    holds
 ``bus:dead:{agent}``             stream  entries no ctxkeep could decode, with the reason
 ``bus:pending:{agent}``          hash    message id -> the ids of its inbox entries handed out
                                          and not acked (space-separated; one message id may
-                                         have been sent twice)
+                                         have been sent twice); a note whose entry was deleted
+                                         while pending stays until that id is acked (harmless)
 ``bus:replay:{agent}``           hash    consumer -> where its next receive replays its pending
                                          entries from (set by ``recover``, gone when done)
 ``fabric:task:{task}``           hash    a task's shared state (``redis_state.py``)
