@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import ExitStack
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -247,54 +248,30 @@ class Stores:
             ConfigError / InvalidTypeError: a bad number or encoding.
 
         """
-        from ctxkeep.artifacts import MemoryArtifactStore
-        from ctxkeep.builder import ContextBuilder
-        from ctxkeep.builder.compose import prompt_budget
-        from ctxkeep.prune import TokenPruner
-        from ctxkeep.tokens import get_counter
+        from ctxkeep.artifacts.staged import StagedArtifacts
+        from ctxkeep.builder.budgeted import budgeted_builder
 
         _check.ident("session_id", session_id)
         _check.integer("max_prompt_tokens", max_prompt_tokens, minimum=2)
         _check.integer("reserve_output_tokens", reserve_output_tokens, minimum=0)
         _check.integer("preserve_last_n", preserve_last_n, minimum=0)
         _check.optional_text("system", system, empty=True)
-        counter = get_counter(_check.optional_text("encoding", encoding))
-        # The full texts go to a staging store first, and to the artifact store only once the
-        # build succeeds: a refused build (a system prompt over the budget) stores nothing, as
-        # the service's prompt route does (issue 25).
-        staged = MemoryArtifactStore()
-        pruner = TokenPruner(
-            max(1, prompt_budget(max_prompt_tokens, reserve_output_tokens, counter=counter)),
-            preserve_last_n,
-            counter=counter,
-            artifacts=staged,
-        )
-        builder = ContextBuilder(
+        # The full texts are staged and written only once the build succeeds: a refused
+        # build (a system prompt over the budget) stores nothing, as the service's prompt
+        # route does (issue 25).
+        staged = StagedArtifacts(self.artifacts())
+        builder = budgeted_builder(
             self.memory,
-            counter=counter,
-            pruner=pruner,
+            artifacts=staged,
             max_prompt_tokens=max_prompt_tokens,
             reserve_output_tokens=reserve_output_tokens,
+            preserve_last_n=preserve_last_n,
+            encoding=_check.optional_text("encoding", encoding),
         )
         built = builder.build(session_id, system=system)
+        staged.commit()
         report = built.report
-        store = self.artifacts()
-        for d in report.prune.decisions:
-            if d.artifact_ref is not None and d.artifact_ref not in store:
-                store.put(staged.get(d.artifact_ref))
-        not_kept = [
-            {
-                "index": d.index,
-                "role": d.role,
-                "action": d.action,
-                "reason": d.reason,
-                "tokens_before": d.tokens_before,
-                "tokens_after": d.tokens_after,
-                "artifact_ref": d.artifact_ref,
-            }
-            for d in report.prune.decisions
-            if d.action != "kept"
-        ]
+        not_kept = [asdict(d) for d in report.prune.decisions if d.action != "kept"]
         return {
             "messages": built.to_openai(),
             "prompt_tokens": report.prompt_tokens,

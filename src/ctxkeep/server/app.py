@@ -507,10 +507,11 @@ def _warm_prompt_path() -> None:
     against 30.4 ms on a quiet one (BENCHMARKS.md, issue 24, session 9).
     """
     from ctxkeep.artifacts import MemoryArtifactStore
+    from ctxkeep.builder.budgeted import budgeted_builder
     from ctxkeep.messages import Message, ToolCall
     from ctxkeep.responses import to_responses
     from ctxkeep.server.models import PromptResponse
-    from ctxkeep.server.routes import prompt_builder, report_out
+    from ctxkeep.server.routes import report_out
     from ctxkeep.sessions import open_memory
 
     get_counter()
@@ -526,7 +527,7 @@ def _warm_prompt_path() -> None:
                 Message("user", "and now?"),
             ],
         )
-        builder = prompt_builder(
+        builder = budgeted_builder(
             memory,
             artifacts=MemoryArtifactStore(),
             max_prompt_tokens=300,

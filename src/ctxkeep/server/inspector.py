@@ -34,15 +34,16 @@ The routes here give what the rest of the API does not:
 ================================================  ============================================
 
 "The prompt at step N" is computed, not remembered: the session's first ``at`` messages are
-copied into a scratch in-memory store and :class:`~ctxkeep.ContextBuilder` builds from them
-with the settings ``POST /v1/sessions/{id}/prompt`` uses (:func:`prompt_builder`). A build is a
-function of the history it reads and of those settings (the cache-stable pruner's cuts too), so
-this is the prompt that call got, had it been built with the settings asked for. With ``at``
-left out the whole session is built, and the report equals that route's. The compressed outputs
-of a composition are written to the tenant's artifact store, where the artifact route finds
-them; the steps chart's many builds keep theirs in a throwaway store. The words the page
-shows about a prompt (its window, why a cache-stable prompt left history out, its notes) come
-from :mod:`ctxkeep.server.inspector_explain`.
+copied into a scratch in-memory store and :class:`~ctxkeep.ContextBuilder` builds from them with
+the settings ``POST /v1/sessions/{id}/prompt`` uses
+(:func:`~ctxkeep.builder.budgeted.budgeted_builder`). A build is a function of the history it
+reads and of those settings (the cache-stable pruner's cuts too), so this is the prompt that
+call got, had it been built with the settings asked for. With ``at`` left out the whole session
+is built, and the report equals that route's. The compressed outputs of a composition are
+written to the tenant's artifact store, where the artifact route finds them; the steps chart's
+many builds keep theirs in a throwaway store. The words the page shows about a prompt (its
+window, why a cache-stable prompt left history out, its notes) come from
+:mod:`ctxkeep.server.inspector_explain`.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from ctxkeep.artifacts import ArtifactStore, MemoryArtifactStore
+from ctxkeep.artifacts.staged import StagedArtifacts
 from ctxkeep.builder import BuiltPrompt, ContextBuilder
+from ctxkeep.builder.budgeted import budgeted_builder
 from ctxkeep.builder.core import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RESERVE_OUTPUT_TOKENS
 from ctxkeep.errors import BudgetExceededError, ConfigError, PromptTooLongError
 from ctxkeep.messages import Message
@@ -275,14 +278,14 @@ def prompt_builder(
     memory: MemoryManager, params: BuildParams, artifacts: ArtifactStore
 ) -> ContextBuilder:
     """The builder ``POST /v1/sessions/{id}/prompt`` builds with, over ``memory``
-    (:func:`ctxkeep.server.routes.prompt_builder` with ``params``).
+    (:func:`~ctxkeep.builder.budgeted.budgeted_builder` with ``params``).
 
     Raises:
         UnknownEncodingError: an unknown encoding.
         ConfigError: a reserve that leaves the prompt no room.
 
     """
-    return routes.prompt_builder(
+    return budgeted_builder(
         memory,
         artifacts=artifacts,
         max_prompt_tokens=params.max_prompt_tokens,
@@ -369,7 +372,7 @@ def composition(
         with scratch_session(info) as mem:
             if at:
                 mem.add_messages(session_id, messages[:at])
-            artifacts = routes.StagedArtifacts(stores.artifacts())
+            artifacts = StagedArtifacts(stores.artifacts())
             builder = prompt_builder(mem, params, artifacts)
             built = builder.build(session_id)
             artifacts.commit()  # only a composition built: a refused one stores nothing

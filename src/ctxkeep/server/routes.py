@@ -32,17 +32,17 @@ the routes never import the app). Artifacts, episodes and checkpoints are in
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from ctxkeep._check import INT64_MAX
-from ctxkeep.artifacts import ArtifactStore
-from ctxkeep.builder import BuiltPrompt, ContextBuilder
-from ctxkeep.builder.compose import prompt_budget
+from ctxkeep.artifacts.staged import StagedArtifacts
+from ctxkeep.builder import BuiltPrompt
+from ctxkeep.builder.budgeted import budgeted_builder
 from ctxkeep.errors import SessionNotFoundError
 from ctxkeep.messages import Message
-from ctxkeep.prune import TokenPruner
 from ctxkeep.responses import to_responses
 from ctxkeep.server import problems
 from ctxkeep.server.deps import Tenant, TenantDep, tenant_of
@@ -70,9 +70,7 @@ from ctxkeep.server.models import (
     SweepResponse,
 )
 from ctxkeep.server.wire import message_from_wire, message_to_wire
-from ctxkeep.sessions.base import MemoryManager
 from ctxkeep.sessions.records import SessionInfo
-from ctxkeep.tokens import get_counter
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -376,88 +374,11 @@ def prompt_history(session_id: IdPath, tenant: TenantDep) -> MessagesResponse:
     )
 
 
-def prompt_builder(
-    memory: MemoryManager,
-    *,
-    artifacts: ArtifactStore,
-    max_prompt_tokens: int,
-    reserve_output_tokens: int,
-    preserve_last_n: int,
-    encoding: str | None,
-) -> ContextBuilder:
-    """The builder of ``POST /v1/sessions/{id}/prompt`` (and the inspector's compositions):
-    the history pruned to ``max_prompt_tokens - reserve_output_tokens``, old outputs
-    compressed into ``artifacts``.
-
-    Raises:
-        UnknownEncodingError: an unknown encoding.
-        ConfigError: a reserve that leaves the prompt no room.
-
-    """
-    counter = get_counter(encoding)
-    pruner = TokenPruner(
-        max(1, prompt_budget(max_prompt_tokens, reserve_output_tokens, counter=counter)),
-        preserve_last_n,
-        counter=counter,
-        artifacts=artifacts,
-    )
-    return ContextBuilder(
-        memory,
-        counter=counter,
-        pruner=pruner,
-        max_prompt_tokens=max_prompt_tokens,
-        reserve_output_tokens=reserve_output_tokens,
-    )
-
-
-class StagedArtifacts(ArtifactStore):
-    """The artifacts a prompt build writes (the full text of each output it compresses), held
-    until the build succeeds and then written to ``target`` with :meth:`commit`: a build
-    refused on the way (a system prompt over the budget) stores nothing, as every refused
-    request (issue 25: a 422 had left three artifacts behind).
-    """
-
-    name = "staged"
-
-    def __init__(self, target: ArtifactStore) -> None:
-        self.target = target
-        self._pending: dict[str, str] = {}
-
-    def _put(self, ref: str, text: str) -> None:
-        self._pending.setdefault(ref, text)
-
-    def _get(self, ref: str) -> str | None:
-        found = self._pending.get(ref)
-        if found is None and ref in self.target:
-            found = self.target.get(ref)
-        return found
-
-    def _has(self, ref: str) -> bool:
-        return ref in self._pending or ref in self.target
-
-    def commit(self) -> None:
-        """Write what the build staged to the target store."""
-        for text in self._pending.values():
-            self.target.put(text)
-        self._pending.clear()
-
-
 def report_out(built: BuiltPrompt) -> BuildReportOut:
     """A build's report as the API gives it, every pruning decision included."""
     report = built.report
     summary = report.summary()
-    summary["prune"]["decisions"] = [
-        {
-            "index": d.index,
-            "role": d.role,
-            "action": d.action,
-            "reason": d.reason,
-            "tokens_before": d.tokens_before,
-            "tokens_after": d.tokens_after,
-            "artifact_ref": d.artifact_ref,
-        }
-        for d in report.prune.decisions
-    ]
+    summary["prune"]["decisions"] = [asdict(d) for d in report.prune.decisions]
     return BuildReportOut.model_validate(summary)
 
 
@@ -479,7 +400,7 @@ def build_prompt(session_id: IdPath, body: PromptIn, tenant: TenantDep) -> Promp
     """
     with tenant.stores() as stores:
         artifacts = StagedArtifacts(stores.artifacts())
-        builder = prompt_builder(
+        builder = budgeted_builder(
             stores.memory,
             artifacts=artifacts,
             max_prompt_tokens=body.max_prompt_tokens,
