@@ -83,15 +83,13 @@ def _start_three(url: str, log_dir: Path) -> list[tuple[subprocess.Popen[Any], s
 
     with concurrent.futures.ThreadPoolExecutor(SERVERS) as pool:
         futures = [pool.submit(one, n) for n in range(SERVERS)]
-        started = []
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:  # stop the ones that did start
         for future in futures:
-            try:
-                started.append(future.result())
-            except RuntimeError:
-                for proc, _ in started:
-                    proc.kill()
-                raise
-    return started
+            if future.exception() is None:
+                future.result()[0].kill()
+        raise RuntimeError(f"ctxkeep serve did not start: {failed}")
+    return [f.result() for f in futures]
 
 
 @pytest.fixture(scope="module", params=["postgres", pytest.param("redis", marks=pytest.mark.redis)])
@@ -122,16 +120,18 @@ def cluster(
         def cleanup() -> None:
             delete_prefix(base, prefix)
 
-    registry = open_key_registry(url)
-    try:
-        _, token = registry.create("acme")
-    finally:
-        registry.close()
     log_dir = tmp_path_factory.mktemp(f"scale-{kind}")
-    started = _start_three(url, log_dir)
-    headers = {"Authorization": f"Bearer {token}"}
-    clients = [httpx.Client(base_url=b, headers=headers, timeout=30) for _, b in started]
+    started: list[tuple[subprocess.Popen[Any], str]] = []
+    clients: list[httpx.Client] = []
     try:
+        registry = open_key_registry(url)
+        try:
+            _, token = registry.create("acme")
+        finally:
+            registry.close()
+        started = _start_three(url, log_dir)
+        headers = {"Authorization": f"Bearer {token}"}
+        clients = [httpx.Client(base_url=b, headers=headers, timeout=30) for _, b in started]
         yield Cluster(kind, clients, seed=28)
     finally:
         for client in clients:
