@@ -367,3 +367,8 @@ def attempt(call: Callable[[], str]) -> str | None:
         return call()
     except StorageError:
         return None
+
+
+def test_a_server_that_does_not_answer_is_refused_with_libpqs_reason() -> None:
+    with pytest.raises(StorageError, match=r"cannot connect: .*port 1 failed"):
+        client("postgresql://127.0.0.1:1/x")

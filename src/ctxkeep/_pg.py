@@ -231,6 +231,7 @@ def _join(
                 shared.clients += 1
                 shared.fit(configured, max_size, min_size)
                 return shared
+        _probe(address, timeout)
         size = configured if configured is not None else max_size
         shared = SharedPool(address, min_size=min_size, max_size=size, timeout=timeout)
         shared.configured = configured
@@ -243,6 +244,20 @@ def _join(
             shared.clients = 1
             _POOLS[address] = shared
         return shared
+
+
+def _probe(address: str, timeout: float) -> None:
+    """Connect once before a pool is made, so a server that does not answer is an error at
+    once, with libpq's reason: a pool keeps trying until its timeout (30 s by default) and
+    then says only that it did not fill.
+
+    Raises:
+        psycopg.Error: the server did not answer.
+
+    """
+    if "connect_timeout" not in conninfo_to_dict(address):
+        address = make_conninfo(address, connect_timeout=max(2, int(timeout)))
+    psycopg.connect(address, autocommit=True).close()
 
 
 def _leave(shared: SharedPool) -> None:

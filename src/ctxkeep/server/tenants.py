@@ -42,7 +42,7 @@ Connections. On PostgreSQL every tenant's stores (and the key registry) share th
 one pool of the server (:mod:`ctxkeep._pg`): a tenant's schema is chosen per connection as a
 store takes it, so a server process holds at most the pool's maximum of connections
 (``CTXKEEP_PG_POOL_MAX``) however many tenants are open, and ``N`` workers ``N`` times that;
-a tenant's bus adds its ``LISTEN`` connection once a receive waits.
+the server's receives never wait, so its buses open no ``LISTEN`` connection of their own.
 
 Evictions. Every manager reports the messages it trims or evicts to the request that caused
 it (:func:`collect_evictions`), so a response can tell its client (and a remote client's
