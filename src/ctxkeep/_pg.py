@@ -21,12 +21,13 @@ shares one psycopg :class:`~psycopg_pool.ConnectionPool`, and keeps its own ``se
 * the pool opens with its first client and closes with its last (:meth:`PgClient.close`
   releases a client's share; the others go on using the pool).
 
-The budget. A pool opens at most :func:`configured_pool_max` connections: the ``pool_max`` its first
-client was given, else ``CTXKEEP_PG_POOL_MAX``, else ``pg_pool_max`` in the config file
-(:mod:`ctxkeep.config`), else the largest ``max_size`` any of its clients asks for (the stores'
-own keyword, 8 for sessions). So a process holds at most that many connections to one server
-however many tenants it serves, and ``N`` server workers hold ``N`` times it; the fabric's
-``LISTEN`` connection (:mod:`ctxkeep.fabric.postgres`) is its own, outside the pool.
+The budget. A pool opens at most its maximum of connections, configured as a client joins it
+(the latest client's setting counts): the client's ``pool_max``, else ``CTXKEEP_PG_POOL_MAX``,
+else ``pg_pool_max`` in the config file (:func:`configured_pool_max`, :mod:`ctxkeep.config`);
+with none ever set, the largest ``max_size`` its clients ask for (the stores' own keyword: 8
+for sessions). So a process holds at most that many connections to one server however many tenants
+it serves, and ``N`` server workers ``N`` times it. A bus whose receive waits
+(:mod:`ctxkeep.fabric.postgres`) has a ``LISTEN`` connection of its own, outside the pool.
 
 Prepared statements stay right across schemas: PostgreSQL parses a statement psycopg prepared
 again when the ``search_path`` it was prepared under has changed. It refuses one whose result
