@@ -288,8 +288,9 @@ def test_every_store_works_on_a_pool_of_one_connection(
     """No store takes a second connection while holding one (on a full pool it would wait for
     itself).
     """
-    from ctxkeep import open_checkpoints, open_episodic, open_memory
+    from ctxkeep import IPCMessage, open_checkpoints, open_episodic, open_memory
     from ctxkeep.artifacts import open_artifacts
+    from ctxkeep.fabric.postgres import PostgresBus
 
     monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
     registry_url = in_schema(db, "ext")
@@ -303,6 +304,7 @@ def test_every_store_works_on_a_pool_of_one_connection(
         open_checkpoints(url) as checkpoints,
         open_episodic(vector_url, embedder="hash") as episodic,
         open_artifacts(url) as artifacts,
+        PostgresBus(url, consumer="test") as bus,
     ):
         sid = mem.create_session("agent")
         mem.add_message(sid, "user", "hello")
@@ -313,6 +315,14 @@ def test_every_store_works_on_a_pool_of_one_connection(
         assert len(episodic.search("summary")) == 1
         ref = artifacts.put("a long tool output")
         assert artifacts.get(ref) == "a long tool output"
+        task = bus.task_state("task")
+        task.join({"goal": "g"})
+        assert task.read() == (1, {"goal": "g"})
+        bus.register("agent", "task")
+        bus.send(IPCMessage(sender="agent", recipient="agent", payload="p", task_id="task"))
+        got = bus.receive("agent")
+        bus.ack("agent", [m.id for m in got])
+        assert [m.payload for m in got] == ["p"] and bus.receive("agent") == []
     assert watch.peak == 1
 
 
