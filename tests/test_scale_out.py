@@ -9,9 +9,10 @@ in every process before another one changes the session (to the same message cou
 compare-and-set raced through two servers, a message received through one server and acked or
 recovered through another.
 
-The servers are started once per store for the module (about 5 s each, in parallel); each test
-works under agents and sessions of its own. ``RedisStreamBus`` processes that share a consumer
-name (as the servers do) are checked without the service at the end.
+One test per store starts the servers (in parallel: each takes seconds to import and start)
+and runs every check of :data:`CHECKS` on them, each under agents and sessions of its own.
+``RedisStreamBus`` processes that share a consumer name (as the servers do) are checked
+without the service at the end.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import random
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,12 +94,9 @@ def _start_three(url: str, log_dir: Path) -> list[tuple[subprocess.Popen[Any], s
     return [f.result() for f in futures]
 
 
-@pytest.fixture(scope="module", params=["postgres", pytest.param("redis", marks=pytest.mark.redis)])
-def cluster(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+@contextmanager
+def three_servers(kind: str, request: pytest.FixtureRequest, log_dir: Path) -> Iterator[Cluster]:
     """Three servers over one fresh PostgreSQL schema or one fresh Redis key prefix."""
-    kind = request.param
     cleanup: Callable[[], None]
     if kind == "postgres":
         import psycopg
@@ -120,7 +119,6 @@ def cluster(
         def cleanup() -> None:
             delete_prefix(base, prefix)
 
-    log_dir = tmp_path_factory.mktemp(f"scale-{kind}")
     started: list[tuple[subprocess.Popen[Any], str]] = []
     clients: list[httpx.Client] = []
     try:
@@ -157,7 +155,7 @@ def _contents(messages: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     return [(m["role"], m["content"]) for m in messages]
 
 
-def test_sessions_and_their_messages_agree_whichever_server_answers(cluster: Cluster) -> None:
+def sessions_and_their_messages_agree_whichever_server_answers(cluster: Cluster) -> None:
     agent = _name("agent")
     model: dict[str, list[tuple[str, Any]]] = {}
     for n in range(4):
@@ -207,13 +205,13 @@ def test_sessions_and_their_messages_agree_whichever_server_answers(cluster: Clu
     assert cluster.everywhere("GET", "/v1/stats")["sessions"] == before - 1
 
 
-def test_artifacts_agree_whichever_server_stored_them(cluster: Cluster) -> None:
+def artifacts_agree_whichever_server_stored_them(cluster: Cluster) -> None:
     text = f"a long tool output {uuid.uuid4().hex} " * 50
     ref = cluster.ok("POST", "/v1/artifacts", 201, json={"text": text})["ref"]
     assert cluster.everywhere("GET", f"/v1/artifacts/{ref}") == {"ref": ref, "text": text}
 
 
-def test_a_prompt_cached_in_every_process_shows_a_change_made_through_another(
+def a_prompt_cached_in_every_process_shows_a_change_made_through_another(
     cluster: Cluster,
 ) -> None:
     """Each process caches a session's prompt; a pop then an append through other servers
@@ -261,7 +259,7 @@ def test_a_prompt_cached_in_every_process_shows_a_change_made_through_another(
     assert built["messages"][-1]["content"] == "v3"
 
 
-def test_trimming_to_max_history_agrees_whichever_servers_appended(cluster: Cluster) -> None:
+def trimming_to_max_history_agrees_whichever_servers_appended(cluster: Cluster) -> None:
     """Past ``max_history`` (1,000) the oldest messages are archived, each exactly once, and
     every process reads the same window, whichever processes appended before.
     """
@@ -296,7 +294,7 @@ def test_trimming_to_max_history_agrees_whichever_servers_appended(cluster: Clus
 # -- checkpoints and episodes -----------------------------------------------------------------
 
 
-def test_checkpoints_agree_whichever_server_saved_them(cluster: Cluster) -> None:
+def checkpoints_agree_whichever_server_saved_them(cluster: Cluster) -> None:
     agent = _name("agent")
     saved = []
     for n in range(6):
@@ -317,7 +315,7 @@ def test_checkpoints_agree_whichever_server_saved_them(cluster: Cluster) -> None
         assert one["checkpoint"] == checkpoint
 
 
-def test_episodes_agree_whichever_server_saved_them(cluster: Cluster) -> None:
+def episodes_agree_whichever_server_saved_them(cluster: Cluster) -> None:
     agent = _name("agent")
     episode = {"session_id": "s", "task_goal": "g", "summary": "s", "agent_id": agent}
     if cluster.kind == "redis":  # no episodic store on Redis: every server says so alike
@@ -356,7 +354,7 @@ def test_episodes_agree_whichever_server_saved_them(cluster: Cluster) -> None:
 # -- task state -------------------------------------------------------------------------------
 
 
-def test_a_stale_compare_and_set_is_refused_whichever_server_took_the_first(
+def a_stale_compare_and_set_is_refused_whichever_server_took_the_first(
     cluster: Cluster,
 ) -> None:
     task, agents = _name("task"), [_name("a"), _name("b")]
@@ -384,7 +382,7 @@ def test_a_stale_compare_and_set_is_refused_whichever_server_took_the_first(
             assert (read["version"], read["state"]) == (version + 1, expected)
 
 
-def test_of_racing_compare_and_sets_on_three_servers_exactly_one_wins(cluster: Cluster) -> None:
+def racing_compare_and_sets_through_three_servers_let_exactly_one_win(cluster: Cluster) -> None:
     task, agent = _name("task"), _name("a")
     cluster.ok("PUT", f"/v1/fabric/agents/{agent}/task", json={"task_id": task})
     for version in range(5):
@@ -441,7 +439,7 @@ class Inboxes:
         return len(self.pending[agent])
 
 
-def test_bus_messages_are_delivered_once_per_ack_in_order_whichever_server_answers(
+def bus_messages_are_delivered_once_per_ack_in_order_whichever_server_answers(
     cluster: Cluster,
 ) -> None:
     task = _name("task")
@@ -513,7 +511,7 @@ def test_bus_messages_are_delivered_once_per_ack_in_order_whichever_server_answe
         assert sorted(model.acked[agent]) == sorted(sent), agent
 
 
-def test_receivers_racing_through_three_servers_share_an_inbox_without_duplicates(
+def receivers_racing_through_three_servers_share_an_inbox_without_duplicates(
     cluster: Cluster,
 ) -> None:
     task, sender, agent = _name("task"), _name("s"), _name("r")
@@ -550,6 +548,32 @@ def test_receivers_racing_through_three_servers_share_an_inbox_without_duplicate
     for run in runs:  # each receiver's share comes in the order sent
         assert run == [i for i in sent if i in set(run)]
     assert cluster.ok("POST", f"/v1/fabric/agents/{agent}/messages/recover")["pending"] == 0
+
+
+# -- all of it, on each store ------------------------------------------------------------------
+
+CHECKS: list[Callable[[Cluster], None]] = [
+    sessions_and_their_messages_agree_whichever_server_answers,
+    artifacts_agree_whichever_server_stored_them,
+    a_prompt_cached_in_every_process_shows_a_change_made_through_another,
+    trimming_to_max_history_agrees_whichever_servers_appended,
+    checkpoints_agree_whichever_server_saved_them,
+    episodes_agree_whichever_server_saved_them,
+    a_stale_compare_and_set_is_refused_whichever_server_took_the_first,
+    racing_compare_and_sets_through_three_servers_let_exactly_one_win,
+    bus_messages_are_delivered_once_per_ack_in_order_whichever_server_answers,
+    receivers_racing_through_three_servers_share_an_inbox_without_duplicates,
+]
+"""What one process would answer, each checked on three (each works under ids of its own)."""
+
+
+@pytest.mark.parametrize("kind", ["postgres", pytest.param("redis", marks=pytest.mark.redis)])
+def test_three_servers_over_one_store_answer_as_one(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    with three_servers(kind, request, tmp_path) as cluster:
+        for check in CHECKS:
+            check(cluster)
 
 
 # -- the Redis bus under one consumer name, without the service -------------------------------
