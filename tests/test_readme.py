@@ -118,8 +118,9 @@ def test_every_readme_block_runs_as_pasted_in_one_session(isolated_environment: 
     assert done.returncode == 0, output[-4000:]
     assert "does not provide the extra" not in output  # every extra named exists
     assert asked >= 2, "the README's agent blocks never called the model"
-    # the last block lists the tenant's sessions: the CLI's demo and the API's agent-1
-    listing = done.stdout.rsplit("README block", 1)[-1]
+    # the block that lists the tenant's sessions shows the CLI's demo and the API's agent-1
+    n = next(i for i, (_, code) in enumerate(blocks()) if "sessions list --tenant" in code)
+    listing = done.stdout.split(f"== README block {n} (", 1)[1].split("== README block", 1)[0]
     assert "demo-agent" in listing and "agent-1" in listing
 
 
