@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from urllib.parse import quote, urlencode, urlparse
 
 import pytest
@@ -382,3 +383,49 @@ def attempt(call: Callable[[], str]) -> str | None:
 def test_a_server_that_does_not_answer_is_refused_with_libpqs_reason() -> None:
     with pytest.raises(StorageError, match=r"cannot connect: .*port 1 failed"):
         client("postgresql://127.0.0.1:1/x")
+
+
+def test_serve_with_workers_keeps_to_workers_times_its_pool_size(db: str, tmp_path: Path) -> None:
+    """``ctxkeep serve --workers 2 --pg-pool-size 2``: whatever the number of tenants, the
+    service holds at most 2 x 2 connections (the issue's connection budget)."""
+    import signal
+
+    import httpx
+
+    from _server import start_serve
+    from ctxkeep.server.keys import open_key_registry
+
+    registry = open_key_registry(db)
+    try:
+        keys = {f"t{i}": registry.create(f"t{i}")[1] for i in range(8)}
+    finally:
+        registry.close()
+    assert settled(db) == 0
+    with (tmp_path / "serve.log").open("w") as err, Watch(db) as watch:
+        proc, base = start_serve(
+            "--db", db, "--workers", "2", "--pg-pool-size", "2", "--embedder", "hash", stderr=err
+        )
+        try:
+
+            def work(tenant: str) -> None:
+                auth = {"Authorization": f"Bearer {keys[tenant]}"}
+                with httpx.Client(base_url=base, headers=auth, timeout=60) as http:
+                    made = http.post("/v1/sessions", json={"agent_id": "a"})
+                    assert made.status_code == 201, made.text
+                    sid = made.json()["session"]["session_id"]
+                    for n in range(3):
+                        answer = http.post(
+                            f"/v1/sessions/{sid}/messages",
+                            json={"messages": [{"role": "user", "content": f"{tenant} {n}"}]},
+                        )
+                        assert answer.status_code == 201, answer.text
+                    answer = http.post(f"/v1/sessions/{sid}/prompt", json={})
+                    assert answer.status_code == 200, answer.text
+                    assert [m["content"] for m in answer.json()["messages"]][-1] == f"{tenant} 2"
+
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(work, [t for t in keys for _ in range(2)]))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+    assert 1 <= watch.peak <= 4, watch.peak

@@ -34,6 +34,8 @@ SETTINGS: dict[str, str] = {
     "max_prompt_length": "code points PromptGate allows (an integer; default 8192)",
     "max_prompt_tokens": "exact tokens PromptGate allows (an integer; default: no limit)",
     "encoding": "the encoding or model name get_counter() uses (default o200k_base)",
+    "pg_pool_max": "most connections a process opens to one PostgreSQL server (an integer; "
+    "default: what its stores ask for, 8)",
 }
 """Every key the config file may hold, with what it sets."""
 

@@ -175,6 +175,14 @@ def register(sub: Any) -> None:
         help="worker processes (default 1); more than one on redis:// or postgresql:// only",
     )
     p.add_argument(
+        "--pg-pool-size",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="most connections each worker opens to a PostgreSQL --db, whatever the number of "
+        "tenants (default: $CTXKEEP_PG_POOL_MAX, else 8); in all: workers x N",
+    )
+    p.add_argument(
         "--graceful-timeout",
         type=positive_seconds,
         default=DEFAULT_GRACEFUL_TIMEOUT,
@@ -288,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
     if url == "memory://":
         check_tenant(args.tenant)
     check_port(args.host, args.port)
+    if args.pg_pool_size is not None:  # the workers inherit it (ctxkeep._pg reads it)
+        os.environ["CTXKEEP_PG_POOL_MAX"] = str(args.pg_pool_size)
     given = {
         "max_body_bytes": args.max_body_bytes,
         "body_timeout": args.body_timeout,
