@@ -20,15 +20,22 @@ The embedder's name and dimension are recorded; opening with another is refused.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ctxkeep._pg import PgClient
-from ctxkeep.episodic.base import NewEpisodes, RetrievalConfig
+from ctxkeep.episodic.base import (
+    Candidates,
+    NewEpisodes,
+    RetrievalConfig,
+    neighbour_positions,
+    session_neighbour_rows,
+)
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.episodic.filters import Dialect, EpisodeFilter
-from ctxkeep.episodic.sql import COLUMNS, SQLStore
+from ctxkeep.episodic.sql import COLUMNS, NewRow, SQLStore
 from ctxkeep.errors import ConfigError
 from ctxkeep.sessions.records import dumps, loads
 
@@ -66,6 +73,11 @@ def _vec(v: np.ndarray) -> str:
 
 
 _NEIGHBOUR_COLUMN = {-1: 0, 1: 1, -2: 2, 2: 3}
+
+
+def _column(rows: Sequence[Sequence[Any]], i: int) -> np.ndarray:
+    """Column ``i`` of ``rows`` as floats."""
+    return np.fromiter((float(r[i]) for r in rows), np.float64, len(rows))
 
 
 class PostgresDialect(Dialect):
@@ -130,68 +142,109 @@ class PostgresEpisodicStore(SQLStore):
         """Close the pool."""
         self._db.close()
 
-    def _write_window(self, conn: Any, row: int, doc: str) -> None:
+    def _write_windows(self, conn: Any, docs: Sequence[tuple[int, str, int]]) -> None:
         conn.execute(
-            "UPDATE ctxkeep_episodes SET body = to_tsvector('simple', %s) WHERE row = %s",
-            (doc, row),
+            "UPDATE ctxkeep_episodes e SET body = to_tsvector('simple', d.doc) "
+            "FROM unnest(%s::bigint[], %s::text[]) AS d(row, doc) WHERE e.row = d.row",
+            ([row for row, _, _ in docs], [doc for _, doc, _ in docs]),
         )
 
-    def _insert_row(self, conn: Any, row: int, values: tuple[Any, ...], vector: np.ndarray) -> None:
-        marks = ", ".join("%s" for _ in values)
+    def _insert_rows(self, conn: Any, rows: Sequence[NewRow]) -> None:
+        # one statement over arrays, the window document in the row at once (an UPDATE of
+        # it after would write every row twice, and its HNSW entry twice)
+        if not rows:
+            return
+        values = [r.values() for r in rows]
+        arrays = [[v[i] for v in values] for i in range(len(values[0]))]
         conn.execute(
-            f"INSERT INTO ctxkeep_episodes ({COLUMNS}, embedding) VALUES ({marks}, %s::vector)",
-            (*values, _vec(vector)),
+            f"INSERT INTO ctxkeep_episodes ({COLUMNS}, body, embedding) "
+            f"SELECT {COLUMNS}, to_tsvector('simple', doc), vec::vector FROM unnest("
+            "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], "
+            "%s::int[], %s::text[], %s::text[], %s::text[], %s::text[]) WITH ORDINALITY "
+            f"AS t({COLUMNS}, doc, vec, ord) ORDER BY ord",
+            (*arrays, [r.doc for r in rows], [_vec(r.vector) for r in rows]),
         )
 
     # -- primitives ------------------------------------------------------------------------
 
     def _insert(self, batch: NewEpisodes) -> None:
+        sessions = list(dict.fromkeys(e.session_id for e in batch.episodes))
         with self._db.tx("save episodes") as conn:
-            for sid in dict.fromkeys(e.session_id for e in batch.episodes):
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (sid,))
+            # each session's append is serialised; taken in one order, so no two batches
+            # wait for each other's locks
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtext(s) AS h "
+                "FROM unnest(%s::text[]) AS s ORDER BY h) AS l",
+                (sessions,),
+            )
             self._append(conn, batch)
 
-    def _candidates(
+    def _scope(
         self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
-    ) -> tuple[np.ndarray, np.ndarray | None] | None:
+    ) -> Candidates:
+        """The ``n`` nearest in the HNSW index and the ``n`` best by ``ts_rank`` among the
+        episodes holding a query term, with their session neighbours (unless no knob uses
+        them: ``smooth`` is (0, 0) and ``session_weight`` 0), and every score of theirs the
+        search needs: one statement (with ``hnsw.ef_search``, one round trip).
+        """
         where, params = f.where(self.dialect)
-        found: set[int] = set()
-        with self._db.tx("search") as conn:
-            if q is not None:
-                # pgvector refuses an ef_search above 1000 (asking for more than 50 hits)
-                ef = min(1000, max(self.ef_search, n))
-                conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
-                found.update(
-                    r[0]
-                    for r in conn.execute(
-                        f"SELECT row FROM ctxkeep_episodes WHERE {where} "
-                        "ORDER BY embedding <=> %s::vector LIMIT %s",
-                        (*params, _vec(q), n),
-                    )
-                )
-            if terms:
-                query = " | ".join(dict.fromkeys(terms))
-                found.update(
-                    r[0]
-                    for r in conn.execute(
-                        f"SELECT row FROM ctxkeep_episodes WHERE {where} "
-                        "AND body @@ to_tsquery('simple', %s) "
-                        "ORDER BY ts_rank(body, to_tsquery('simple', %s)) DESC LIMIT %s",
-                        (*params, query, query, n),
-                    )
-                )
-            if not found:
-                return np.zeros(0, np.int64), None
-            # session neighbours of the candidates, for dense smoothing
+        parts: list[str] = []
+        args: list[Any] = []
+        query = " | ".join(dict.fromkeys(terms))
+        if q is not None:
+            parts.append(
+                f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
+                "ORDER BY embedding <=> %s::vector LIMIT %s)"
+            )
+            args += [*params, _vec(q), n]
+        if terms:
+            parts.append(
+                f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
+                "AND body @@ to_tsquery('simple', %s) "
+                "ORDER BY ts_rank(body, to_tsquery('simple', %s)) DESC LIMIT %s)"
+            )
+            args += [*params, query, query, n]
+        if not parts:
+            return Candidates(np.zeros(0, np.int64))
+        sql = f"WITH found AS ({' UNION '.join(parts)}), "
+        cfg = self.config
+        if cfg.smooth != (0, 0) or cfg.session_weight:
             n_where, n_params = f.where(self.dialect, lambda col: f"n.{col}")
-            neighbours = conn.execute(
-                "SELECT n.row FROM ctxkeep_episodes c JOIN ctxkeep_episodes n "
-                "ON n.session_id = c.session_id AND abs(n.pos - c.pos) <= 2 "
-                f"WHERE c.row = ANY(%s) AND {n_where}",
-                (sorted(found), *n_params),
-            ).fetchall()
-        found.update(r for (r,) in neighbours)
-        return np.asarray(sorted(found), np.int64), None
+            sql += (
+                "cand AS (SELECT row FROM found UNION SELECT n.row FROM found "
+                "JOIN ctxkeep_episodes c USING (row) JOIN ctxkeep_episodes n "
+                "ON n.session_id = c.session_id AND n.pos BETWEEN c.pos - 2 AND c.pos + 2 "
+                f"WHERE {n_where}) "
+            )
+            args += n_params
+        else:
+            sql += "cand AS (SELECT row FROM found) "
+        sql += "SELECT e.row, e.session_id, e.pos, e.created_at"
+        if terms:
+            sql += ", ts_rank(e.body, to_tsquery('simple', %s))"
+            args.append(query)
+        if q is not None:
+            sql += ", 1 - (e.embedding <=> %s::vector)"
+            args.append(_vec(q))
+        sql += " FROM ctxkeep_episodes e WHERE e.row IN (SELECT row FROM cand) ORDER BY e.row"
+        with self._db.errors("search"), self._db.connection() as conn:
+            with conn.pipeline(), conn.transaction():
+                if q is not None:
+                    # pgvector refuses an ef_search above 1000 (asking for more than 50 hits)
+                    ef = min(1000, max(self.ef_search, n))
+                    conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
+                cur = conn.execute(sql, args)
+            found = cur.fetchall()
+        rows = np.fromiter((r[0] for r in found), np.int64, len(found))
+        nb = session_neighbour_rows(rows, [r[1] for r in found], [r[2] for r in found])
+        scores = iter(range(4, 6))
+        return Candidates(
+            rows,
+            lexical=_column(found, next(scores)) if terms else np.zeros(rows.size),
+            dense=_column(found, next(scores)) if q is not None else None,
+            neighbours=neighbour_positions(rows, nb),
+            created=_column(found, 3),
+        )
 
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
         scores = np.zeros(rows.size, np.float64)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ctxkeep._db import Database, placeholders
+from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.episodic.base import (
     Episode,
     EpisodicMemoryStore,
@@ -28,6 +29,37 @@ from ctxkeep.episodic.base import (
     episode_record,
 )
 from ctxkeep.episodic.filters import Dialect, EpisodeFilter
+
+
+@dataclass(frozen=True, slots=True)
+class NewRow:
+    """One new episode's table row, as :meth:`SQLStore._append` hands it to a store."""
+
+    row: int
+    """Its row number (for the stores that do not number rows themselves)."""
+    episode: Episode
+    """The episode."""
+    key: str
+    """Its content key."""
+    pos: int
+    """Its position in its session."""
+    tokens: str
+    """Its own tokens, space-separated."""
+    vector: np.ndarray
+    """Its vector."""
+    doc: str
+    """Its window document."""
+    doclen: int
+    """The document's length in tokens."""
+
+    def values(self) -> tuple[Any, ...]:
+        """The :data:`COLUMNS` values."""
+        e = self.episode
+        return (
+            *(e.episode_id, self.key, e.session_id, e.task_id, e.agent_id, e.created_at),
+            *(self.pos, episode_record(e), self.tokens),
+        )
+
 
 COLUMNS = "episode_id, content_key, session_id, task_id, agent_id, created_at, pos, record, tokens"
 """The columns every store writes alike (see :meth:`SQLStore._append`)."""
@@ -48,14 +80,16 @@ class SQLStore(EpisodicMemoryStore):
         return placeholders(text, self.dialect.mark)
 
     @abstractmethod
-    def _insert_row(self, conn: Any, row: int, values: tuple[Any, ...], vector: np.ndarray) -> None:
-        """Insert one episode: the :data:`COLUMNS` ``values``, its ``vector`` and, if the
-        store does not number rows itself, its table ``row``.
+    def _insert_rows(self, conn: Any, rows: Sequence[NewRow]) -> None:
+        """Insert new episodes with their window documents, in order (a store that numbers
+        rows itself numbers them in that order; the others take :attr:`NewRow.row`).
         """
 
     @abstractmethod
-    def _write_window(self, conn: Any, row: int, doc: str) -> None:
-        """Store the window document of table row ``row``."""
+    def _write_windows(self, conn: Any, docs: Sequence[tuple[int, str, int]]) -> None:
+        """Store new window documents ``(row, document, its length in tokens)`` of stored
+        rows.
+        """
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -102,28 +136,102 @@ class SQLStore(EpisodicMemoryStore):
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _append(self, conn: Any, batch: NewEpisodes, first_row: int = 0) -> dict[str, int]:
-        """Append ``batch`` to the ends of its sessions (as table rows ``first_row`` on) and
-        rewrite the window documents that changed; returns each touched session's first new
-        position.
+    def _window_range(self, start: int) -> tuple[int, int]:
+        """For a session appended to from position ``start``: the first position whose
+        window document changes, and the first whose tokens that takes.
         """
-        starts: dict[str, int] = {}
-        for row, (e, k, v, toks) in enumerate(batch.rows(), first_row):
-            pos = conn.execute(
+        first = self.window_from(start)
+        return first, max(0, first - self.config.window)
+
+    def _windows(self, tokens: Sequence[Sequence[str]], at: int) -> list[tuple[str, int]]:
+        """``(document, length)`` of positions ``at`` on of a run of ``tokens`` (which starts
+        at the session's start, or at least ``window`` before ``at``).
+        """
+        out = []
+        for p in range(at, len(tokens)):
+            counts = self.window_counts(tokens, p)
+            out.append((" ".join(t for t, c in counts.items() for _ in range(c)), counts.total()))
+        return out
+
+    def _tails(self, conn: Any, sessions: Sequence[str]) -> dict[str, list[tuple[int, int, str]]]:
+        """For each of ``sessions`` that holds episodes, ``(pos, row, tokens)`` of its last
+        ones, enough to rewrite the windows an append changes (:meth:`_window_range`), by
+        position: one statement per :attr:`chunk` sessions, the end of each found in its
+        ``(session_id, pos)`` index.
+        """
+        back = max(self.config.window, 2) + self.config.window - 1  # from the end's pos
+        out: dict[str, list[tuple[int, int, str]]] = {}
+        for s in range(0, len(sessions), self.chunk):
+            cond, params = self.dialect.one_of("e.session_id", tuple(sessions[s : s + self.chunk]))
+            found = conn.execute(
                 self._sql(
-                    "SELECT coalesce(max(pos), -1) + 1 FROM ctxkeep_episodes WHERE session_id = ?"
+                    "SELECT e.session_id, e.pos, e.row, e.tokens FROM ctxkeep_episodes e "
+                    f"WHERE {cond} AND e.pos >= (SELECT max(m.pos) FROM ctxkeep_episodes m "
+                    "WHERE m.session_id = e.session_id) - ?"
                 ),
-                (e.session_id,),
-            ).fetchone()[0]
-            starts.setdefault(e.session_id, pos)
-            values = (
-                *(e.episode_id, k, e.session_id, e.task_id, e.agent_id, e.created_at, pos),
-                *(episode_record(e), " ".join(toks)),
-            )
-            self._insert_row(conn, row, values, v)
+                (*params, back),
+            ).fetchall()
+            for sid, pos, row, tokens in found:
+                out.setdefault(sid, []).append((pos, row, tokens))
+        for tail in out.values():
+            tail.sort()
+        return out
+
+    def _append(self, conn: Any, batch: NewEpisodes, first_row: int = 0) -> list[NewRow]:
+        """Append ``batch`` to the ends of its sessions (as table rows ``first_row`` on, where
+        the store does not number rows itself) and rewrite the window documents that changed;
+        returns the rows written, in order.
+
+        A fixed number of statements a batch (a look-up of the sessions' ends, the inserts,
+        the rewritten windows; one each per :attr:`chunk` sessions), not a few per episode:
+        a batch of 10,000 episodes of sessions of their own took 60,000 statements.
+        """
+        sessions = list(dict.fromkeys(e.session_id for e in batch.episodes))
+        tails = self._tails(conn, sessions)
+        # per session: the first new position, the run of tokens from the first a window needs
+        starts = {sid: tails[sid][-1][0] + 1 if sid in tails else 0 for sid in sessions}
+        runs: dict[str, list[list[str]]] = {}
+        run_at: dict[str, int] = {}
         for sid, start in starts.items():
-            self._rewrite_windows(conn, sid, start)
-        return starts
+            _, lo = self._window_range(start)
+            old = [t for t in tails.get(sid, ()) if t[0] >= lo]
+            runs[sid] = [tokens.split() for _, _, tokens in old]
+            run_at[sid] = old[0][0] if old else start
+        new: list[tuple[Episode, str, np.ndarray, list[str], int, int]] = []
+        ends = dict(starts)
+        for row, (e, k, v, toks) in enumerate(batch.rows(), first_row):
+            new.append((e, k, v, toks, row, ends[e.session_id]))
+            ends[e.session_id] += 1
+            runs[e.session_id].append(toks)
+        docs: dict[tuple[str, int], tuple[str, int]] = {}
+        rewrite: list[tuple[int, str, int]] = []
+        for sid, start in starts.items():
+            first, _ = self._window_range(start)
+            at = run_at[sid]
+            windows = self._windows(runs[sid], first - at)
+            old_rows = {pos: row for pos, row, _ in tails.get(sid, ())}
+            for p, (doc, length) in enumerate(windows, first):
+                if p < start:
+                    rewrite.append((old_rows[p], doc, length))
+                else:
+                    docs[sid, p] = (doc, length)
+        rows = [
+            NewRow(
+                row=row,
+                episode=e,
+                key=k,
+                pos=pos,
+                tokens=" ".join(toks),
+                vector=v,
+                doc=docs[e.session_id, pos][0],
+                doclen=docs[e.session_id, pos][1],
+            )
+            for e, k, v, toks, row, pos in new
+        ]
+        self._insert_rows(conn, rows)
+        if rewrite:
+            self._write_windows(conn, rewrite)
+        return rows
 
     def _rewrite_windows(self, conn: Any, session_id: str, start: int) -> None:
         """Rewrite the window documents of a session that change from position ``start`` on."""
@@ -131,8 +239,11 @@ class SQLStore(EpisodicMemoryStore):
             self._sql("SELECT row, tokens FROM ctxkeep_episodes WHERE session_id = ? ORDER BY pos"),
             (session_id,),
         ).fetchall()
-        for p, doc in self.window_docs([r[1].split() for r in rows], start):
-            self._write_window(conn, rows[p][0], doc)
+        first = self.window_from(start)
+        windows = self._windows([r[1].split() for r in rows], first)
+        self._write_windows(
+            conn, [(rows[p][0], doc, n) for p, (doc, n) in enumerate(windows, first)]
+        )
 
     def _close_gaps(self, conn: Any, sessions: dict[str, int]) -> None:
         """Renumber the positions of sessions that lost episodes (``sessions``: the first
@@ -143,8 +254,10 @@ class SQLStore(EpisodicMemoryStore):
                 self._sql("SELECT row FROM ctxkeep_episodes WHERE session_id = ? ORDER BY pos"),
                 (sid,),
             ).fetchall()
-            for p, (row,) in enumerate(rest):
-                conn.execute(
-                    self._sql("UPDATE ctxkeep_episodes SET pos = ? WHERE row = ?"), (p, row)
+            if rest:
+                executemany(
+                    conn,
+                    self._sql("UPDATE ctxkeep_episodes SET pos = ? WHERE row = ?"),
+                    [(p, row) for p, (row,) in enumerate(rest)],
                 )
             self._rewrite_windows(conn, sid, start)

@@ -55,6 +55,9 @@ from ctxkeep.episodic.base import (
     store_bm25,
     with_neighbours,
 )
+from ctxkeep.episodic.base import (
+    session_neighbour_rows as _neighbour_rows,
+)
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.episodic.filters import Dialect, EpisodeFilter
 from ctxkeep.episodic.index import (
@@ -65,7 +68,7 @@ from ctxkeep.episodic.index import (
     open_index,
     sync_index,
 )
-from ctxkeep.episodic.sql import COLUMNS, SQLStore
+from ctxkeep.episodic.sql import COLUMNS, NewRow, SQLStore
 from ctxkeep.episodic.terms import (
     NeighbourRows,
     RowIndex,
@@ -158,23 +161,6 @@ SAVE_EVERY = 0.05
 """An HNSW index file is rewritten once this fraction of its rows (at least 10,000) was added
 since it was written, and on close and forget. Rows a crash loses are re-added on open
 (at 1M rows: at most 50,000, about 2 minutes; each save takes about 8 s)."""
-
-
-def _neighbour_rows(ids: np.ndarray, sessions: list[str], pos: list[int]) -> np.ndarray:
-    """For each row, the rows at session positions -1, +1, -2, +2 (-1 where none)."""
-    n = ids.size
-    nb = np.full((n, 4), -1, np.int64)
-    if not n:
-        return nb
-    sess = np.unique(np.asarray(sessions, dtype=object), return_inverse=True)[1]
-    p = np.asarray(pos, np.int64)
-    order = np.lexsort((p, sess))
-    s_sorted, p_sorted = sess[order], p[order]
-    for c, d in enumerate((-1, 1, -2, 2)):
-        j = np.clip(np.arange(n) + d, 0, n - 1)
-        ok = (s_sorted[j] == s_sorted) & (p_sorted[j] == p_sorted + d)
-        nb[order[ok], c] = ids[order[j[ok]]]
-    return nb
 
 
 class SQLiteDialect(Dialect):
@@ -469,19 +455,55 @@ class SQLiteEpisodicStore(SQLStore):
 
     # -- primitives ----------------------------------------------------------------------------
 
-    def _write_window(self, conn: Any, row: int, doc: str) -> None:
-        conn.execute("DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", (row,))
-        conn.execute("INSERT INTO ctxkeep_episode_fts (rowid, body) VALUES (?, ?)", (row, doc))
-        conn.execute(
-            "UPDATE ctxkeep_episodes SET doclen = ? WHERE row = ?", (len(doc.split()), row)
+    def _write_windows(self, conn: Any, docs: Sequence[tuple[int, str, int]]) -> None:
+        conn.executemany(
+            "DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", [(row,) for row, _, _ in docs]
+        )
+        conn.executemany(
+            "INSERT INTO ctxkeep_episode_fts (rowid, body) VALUES (?, ?)",
+            [(row, doc) for row, doc, _ in docs],
+        )
+        conn.executemany(
+            "UPDATE ctxkeep_episodes SET doclen = ? WHERE row = ?", [(n, row) for row, _, n in docs]
         )
 
-    def _insert_row(self, conn: Any, row: int, values: tuple[Any, ...], vector: np.ndarray) -> None:
-        marks = ", ".join("?" for _ in values)
-        conn.execute(
-            f"INSERT INTO ctxkeep_episodes (row, {COLUMNS}, vector) VALUES (?, {marks}, ?)",
-            (row, *values, np.asarray(vector, np.float32).tobytes()),
+    def _insert_rows(self, conn: Any, rows: Sequence[NewRow]) -> None:
+        if not rows:
+            return
+        marks = ", ".join("?" for _ in COLUMNS.split(","))
+        conn.executemany(
+            f"INSERT INTO ctxkeep_episodes (row, {COLUMNS}, doclen, vector) "
+            f"VALUES (?, {marks}, ?, ?)",
+            [
+                (r.row, *r.values(), r.doclen, np.asarray(r.vector, np.float32).tobytes())
+                for r in rows
+            ],
         )
+        conn.executemany(
+            "INSERT INTO ctxkeep_episode_fts (rowid, body) VALUES (?, ?)",
+            [(r.row, r.doc) for r in rows],
+        )
+
+    def _old_tail(self, conn: Any, starts: dict[str, int]) -> list[tuple[Any, ...]]:
+        """``(row, session, pos, created_at, doclen)`` of the stored rows of sessions appended
+        to from ``starts`` (their first new positions) whose neighbour links or document
+        lengths the cache must take again: from ``max(window, 2) + 2`` before the start.
+        """
+        back = max(self.config.window, 2) + 2
+        want = [(sid, max(0, start - back), start) for sid, start in starts.items() if start]
+        out: list[tuple[Any, ...]] = []
+        step = self.chunk // 3
+        for s in range(0, len(want), step):
+            part = want[s : s + step]
+            out += conn.execute(
+                "WITH t(sid, lo, hi) AS (VALUES "
+                + ", ".join("(?, ?, ?)" for _ in part)
+                + ") SELECT e.row, e.session_id, e.pos, e.created_at, e.doclen "
+                "FROM t JOIN ctxkeep_episodes e "
+                "ON e.session_id = t.sid AND e.pos >= t.lo AND e.pos < t.hi",
+                [v for w in part for v in w],
+            ).fetchall()
+        return out
 
     def _insert(self, batch: NewEpisodes) -> None:
         n = len(batch.episodes)
@@ -496,16 +518,15 @@ class SQLiteEpisodicStore(SQLStore):
                 ).fetchone()[0]
             )
             self._db.set_meta(conn, "episodic.next_row", str(first + n))
-            starts = self._append(conn, batch, first)
+            written = self._append(conn, batch, first)
             tail: list[tuple[Any, ...]] = []
             if cache is not None:
-                back = max(self.config.window, 2) + 2
-                for sid, start in starts.items():
-                    tail += conn.execute(
-                        "SELECT row, session_id, pos, created_at, doclen FROM ctxkeep_episodes "
-                        "WHERE session_id = ? AND pos >= ?",
-                        (sid, max(0, start - back)),
-                    ).fetchall()
+                starts: dict[str, int] = {}
+                for r in written:
+                    sid = r.episode.session_id
+                    starts.setdefault(sid, r.pos)
+                    tail.append((r.row, sid, r.pos, r.episode.created_at, r.doclen))
+                tail += self._old_tail(conn, starts)
         with self._cache_lock:
             self._writes += 1
             if cache is not None and self._cache is cache and self._cache_writes == writes:
