@@ -686,7 +686,7 @@ def serve(url: str, log: Path, workers: int, threads: int, factory: str | None) 
     """
     port = free_port()
     env = dict(os.environ)
-    if workers or threads or factory:
+    if threads or factory:
         env[SERVER_URL_ENV] = url
         if threads:
             env[SERVER_THREADS_ENV] = str(threads)
@@ -698,6 +698,8 @@ def serve(url: str, log: Path, workers: int, threads: int, factory: str | None) 
         cmd += ["--timeout-keep-alive", str(KEEP_ALIVE)]
     else:
         cmd = [*ctxkeep_command(), "serve", "--db", url, "--port", str(port)]
+        if workers > 1:
+            cmd += ["--workers", str(workers)]
     with log.open("ab") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -804,11 +806,13 @@ def fresh_store(backend: str, tmp: Path, pg: Postgres | None) -> Iterator[str]:
             yield url
 
 
-def run_server(url: str, plan: Plan, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The workload through a fresh server on ``url``."""
+def run_server(
+    url: str, plan: Plan, tmp: Path, args: argparse.Namespace, workers: int = 1
+) -> dict[str, Any]:
+    """The workload through a fresh server on ``url`` with ``workers`` processes."""
     key = create_key(url)
     log = tmp / f"server-{uuid.uuid4().hex[:8]}.log"
-    with serve(url, log, args.workers, args.threads, args.factory) as server:
+    with serve(url, log, workers, args.threads, args.factory) as server:
 
         async def go() -> Run:
             target = HttpTarget(server.base, key, len(plan.scripts))
@@ -933,7 +937,12 @@ def main() -> None:
     ap.add_argument(
         "--targets", default="server,in-process", help="server, in-process (the anchor) or both"
     )
-    ap.add_argument("--workers", type=int, default=0, help="uvicorn worker processes")
+    ap.add_argument(
+        "--workers",
+        default="1",
+        help="worker processes of the server, comma-separated counts (ctxkeep serve --workers "
+        "N; more than 1 on postgres only): each count is a target of its own",
+    )
     ap.add_argument("--threads", type=int, default=0, help="threads for the sync routes")
     ap.add_argument(
         "--factory",
@@ -951,8 +960,19 @@ def main() -> None:
     for t in targets:
         if t not in ("server", "in-process"):
             ap.error(f"unknown target {t!r}: use server and/or in-process")
-    if min(args.clients, args.requests, args.repeat) < 1 or min(args.workers, args.threads) < 0:
+    if min(args.clients, args.requests, args.repeat) < 1 or args.threads < 0:
         ap.error("--clients, --requests and --repeat must be positive")
+    try:
+        counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        ap.error(f"--workers takes comma-separated counts, got {args.workers!r}")
+    if not counts or min(counts) < 1:
+        ap.error("--workers counts must be positive")
+    if max(counts) > 1 and "sqlite" in backends:
+        ap.error("more than one worker serves PostgreSQL only (SQLite is one process)")
+    if "server" in targets and counts != [1]:
+        at = targets.index("server")
+        targets[at : at + 1] = [f"server x{n}" for n in counts]
 
     load_before = os.getloadavg()
     plan = Plan(
@@ -981,8 +1001,9 @@ def main() -> None:
                 for backend in backends:
                     for target in order:
                         with fresh_store(backend, tmp, pg) as url:
-                            if target == "server":
-                                r = run_server(url, plan, tmp, args)
+                            if target.startswith("server"):
+                                n = int(target.split("x")[1]) if "x" in target else 1
+                                r = run_server(url, plan, tmp, args, n)
                             else:
                                 r = run_in_process(url, plan)
                         runs[backend][target].append(r)
@@ -1002,11 +1023,22 @@ def main() -> None:
     load2 = " / ".join(f"{x:.2f}" for x in load_after)
     print(f"load average (1/5/15 min) before: {load}; after: {load2}; cores: {os.cpu_count()}")
     server_mode = (
-        f"uvicorn {args.factory or 'server_load:tuned_app'} --workers {max(args.workers, 1)}"
+        f"uvicorn {args.factory or 'server_load:tuned_app'} --workers {counts[0]}"
         + (f", {args.threads} route threads" if args.threads else "")
-        if args.workers or args.threads or args.factory
-        else "ctxkeep serve"
+        if args.threads or args.factory
+        else f"ctxkeep serve --workers {args.workers}"
     )
+    for backend, ts in results.items():
+        one = ts.get("server x1")
+        for name, r in ts.items():
+            if one is None or not name.startswith("server x") or name == "server x1":
+                continue
+            n = int(name.split("x")[1])
+            per = r["req_per_s"] / n / one["req_per_s"]
+            print(
+                f"{backend} {name}: {r['req_per_s']:,.0f} req/s, {r['req_per_s'] / n:,.0f} per "
+                f"worker = {per:.2f}x one worker's {one['req_per_s']:,.0f}"
+            )
     print(f"server: {server_mode}; postgres: {pg.url if pg else 'n/a'}")
     failed = False
     for backend, ts in results.items():
