@@ -246,7 +246,7 @@ def session_neighbour_rows(
     ids: np.ndarray, sessions: Sequence[str], pos: Sequence[int]
 ) -> np.ndarray:
     """For each of the rows ``ids`` (of episodes in ``sessions`` at positions ``pos``), the
-    rows among ``ids`` at session positions -1, +1, -2, +2 (-1 where none).
+    rows among ``ids`` at session positions -1, +1, -2, +2 (-1 where none among them).
     """
     n = ids.size
     nb = np.full((n, 4), -1, np.int64)
@@ -254,12 +254,15 @@ def session_neighbour_rows(
         return nb
     sess = np.unique(np.asarray(sessions, dtype=object), return_inverse=True)[1]
     p = np.asarray(pos, np.int64)
-    order = np.lexsort((p, sess))
-    s_sorted, p_sorted = sess[order], p[order]
+    span = int(p.max()) + 5  # a key +-2 never reaches another session's
+    key = sess.astype(np.int64) * span + p + 2
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
     for c, d in enumerate((-1, 1, -2, 2)):
-        j = np.clip(np.arange(n) + d, 0, n - 1)
-        ok = (s_sorted[j] == s_sorted) & (p_sorted[j] == p_sorted + d)
-        nb[order[ok], c] = ids[order[j[ok]]]
+        want = key + d
+        at = np.minimum(np.searchsorted(ordered, want), n - 1)
+        ok = (ordered[at] == want) & (p + d >= 0)
+        nb[ok, c] = ids[order[at[ok]]]
     return nb
 
 
