@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import EvictHook, MemoryManager, SessionPrompt
+from ctxkeep.sessions.base import EvictHook, MemoryManager, OnAppend, SessionPrompt
 from ctxkeep.sessions.records import SessionInfo
 
 
@@ -54,6 +54,23 @@ class AsyncMemoryManager:
     async def add_messages(self, session_id: str, messages: Iterable[Any]) -> list[Message]:
         """See :meth:`MemoryManager.add_messages`."""
         return await asyncio.to_thread(self.sync.add_messages, session_id, list(messages))
+
+    async def add_messages_creating(
+        self,
+        session_id: str,
+        agent_id: str,
+        messages: Iterable[Any],
+        *,
+        on_append: OnAppend | None = None,
+    ) -> None:
+        """See :meth:`MemoryManager.add_messages_creating`."""
+        await asyncio.to_thread(
+            self.sync.add_messages_creating,
+            session_id,
+            agent_id,
+            list(messages),
+            on_append=on_append,
+        )
 
     async def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
         """See :meth:`MemoryManager.get_messages`."""
