@@ -226,7 +226,27 @@ mid-request leaves nothing behind either: its messages are pending, and are clai
 ``claim_idle_ms``)."""
 
 
-class RedisFabric(TenantFabric):
+class _SharedFabric(TenantFabric):
+    """A fabric kept in the store (Redis, PostgreSQL): the bus knows each agent's task."""
+
+    bus: Any
+    """A RedisStreamBus or PostgresBus (each has ``task_of`` and ``close``)."""
+
+    def _task(self, agent_id: str) -> str:
+        try:
+            task_id: str | None = self.bus.task_of(agent_id)
+        except UnknownAgentError:
+            raise _unknown(agent_id) from None
+        if task_id is None:
+            raise _unknown(agent_id)
+        return task_id
+
+    def close(self) -> None:
+        """Close the bus's connections."""
+        self.bus.close()
+
+
+class RedisFabric(_SharedFabric):
     """Task states and a Redis Streams bus under one tenant's key prefix.
 
     Args:
@@ -251,15 +271,6 @@ class RedisFabric(TenantFabric):
             yield state
         finally:
             state.close()
-
-    def _task(self, agent_id: str) -> str:
-        try:
-            task_id = self.bus.task_of(agent_id)
-        except UnknownAgentError:
-            raise _unknown(agent_id) from None
-        if task_id is None:
-            raise _unknown(agent_id)
-        return task_id
 
     def join(self, agent_id: str, task_id: str, state: Mapping[str, Any]) -> TaskState:
         """See :meth:`TenantFabric.join` (the task is written before the agent is bound)."""
@@ -290,12 +301,8 @@ class RedisFabric(TenantFabric):
             version, data = task.read()
         return TaskState(task_id, version, data)
 
-    def close(self) -> None:
-        """Close the bus's connections."""
-        self.bus.close()
 
-
-class PostgresFabric(TenantFabric):
+class PostgresFabric(_SharedFabric):
     """Task states and a bus on PostgreSQL tables in one tenant's schema, over one pool.
 
     Args:
@@ -310,15 +317,6 @@ class PostgresFabric(TenantFabric):
         from ctxkeep.fabric.postgres import PostgresBus
 
         self.bus: PostgresBus = PostgresBus(url, consumer=consumer)
-
-    def _task(self, agent_id: str) -> str:
-        try:
-            task_id = self.bus.task_of(agent_id)
-        except UnknownAgentError:
-            raise _unknown(agent_id) from None
-        if task_id is None:
-            raise _unknown(agent_id)
-        return task_id
 
     def join(self, agent_id: str, task_id: str, state: Mapping[str, Any]) -> TaskState:
         """See :meth:`TenantFabric.join` (the task is written before the agent is bound)."""
@@ -342,10 +340,6 @@ class PostgresFabric(TenantFabric):
         task.update(data, expected_version=expected_version)
         version, current = task.read()
         return TaskState(task_id, version, current)
-
-    def close(self) -> None:
-        """Close the bus's connections."""
-        self.bus.close()
 
 
 __all__ = [
