@@ -77,7 +77,7 @@ from ctxkeep.server.inspector_explain import (
 )
 from ctxkeep.server.models import BuildReportOut, EvictedOut, IdPath, Problem
 from ctxkeep.server.models_memory import HitOut, SearchIn
-from ctxkeep.server.routes_memory import _hit_out, _problems
+from ctxkeep.server.routes_memory import _hit_out, _problems, searched
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 from ctxkeep.sessions.records import SessionInfo
@@ -444,9 +444,7 @@ def search_relevant(body: SearchIn, tenant: TenantDep) -> RelevantHitsResponse:
     query word matched and the fused score is no worse than the average searched episode's);
     ``POST /v1/episodes/search`` gives all ``top_k``, relevant or not.
     """
-    filters = None if body.filters is None else body.filters.model_dump(exclude_none=True)
-    with tenant.stores() as stores:
-        ranked = stores.episodic().search(body.query, body.top_k, filters=filters)
+    ranked = searched(body, tenant)
     hits = [h for h in ranked if h.is_relevant()]
     return RelevantHitsResponse(
         hits=[_hit_out(h) for h in hits], not_relevant=len(ranked) - len(hits)

@@ -41,7 +41,7 @@ from ctxkeep.errors import (
     InvalidTypeError,
     SchemaVersionError,
 )
-from ctxkeep.server.deps import TenantDep
+from ctxkeep.server.deps import Tenant, TenantDep
 from ctxkeep.server.models import IdPath, Problem
 from ctxkeep.server.models_memory import (
     ArtifactIn,
@@ -171,10 +171,16 @@ def search_episodes(body: SearchIn, tenant: TenantDep) -> SearchResponse:
     """The ``top_k`` episodes most relevant to ``query``, best first: BM25 over the words
     and cosine similarity of the embeddings, fused. ``filters`` narrow what is searched.
     """
+    return SearchResponse(hits=[_hit_out(h) for h in searched(body, tenant)])
+
+
+def searched(body: SearchIn, tenant: Tenant) -> list[Hit]:
+    """The ``top_k`` best episodes of the tenant for ``body``'s query and filters (the
+    search of ``POST /v1/episodes/search`` and of the inspector's relevant search).
+    """
     filters = None if body.filters is None else body.filters.model_dump(exclude_none=True)
     with tenant.stores() as stores:
-        hits = stores.episodic().search(body.query, body.top_k, filters=filters)
-    return SearchResponse(hits=[_hit_out(h) for h in hits])
+        return stores.episodic().search(body.query, body.top_k, filters=filters)
 
 
 @router.get(
