@@ -347,6 +347,36 @@ def test_a_client_without_a_search_path_gets_the_default_back(
         tenant.close()
 
 
+def test_key_lookups_use_a_tenants_connection_as_it_is(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service looks a key up on every request, on the pool its tenants' stores share:
+    the lookup names its table's schema and leaves the connection's ``search_path`` alone, so
+    neither it nor the tenant's next statement sets the path again (two round trips a request).
+    """
+    from ctxkeep.server.keys import PostgresKeyRegistry
+
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
+    registry = PostgresKeyRegistry(in_schema(db, "keys"))
+    tenant = client(in_schema(db, "acme"))
+    try:
+        record, token = registry.create("acme")
+        shared = tenant._shared
+        assert shared is not None
+        for _ in range(3):
+            assert schema_of(tenant) == "acme"
+            assert registry.authenticate(token) == record
+            (conn,) = list(shared.paths)  # one connection: the pool's maximum is 1
+            assert shared.paths[conn] == "acme"
+        assert registry.authenticate(token + "x") is None
+        assert [k.key_id for k in registry.list_keys()] == [record.key_id]
+        assert schema_of(tenant) == "acme"
+        assert registry.revoke(record.key_id) and registry.authenticate(token) is None
+    finally:
+        tenant.close()
+        registry.close()
+
+
 def test_a_broken_connection_is_replaced_under_the_clients_search_path(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

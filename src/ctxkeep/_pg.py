@@ -342,9 +342,12 @@ class PgClient:
             raise StorageError(f"PostgreSQL at {self.where}: {doing}: {exc}") from exc
 
     @contextmanager
-    def connection(self) -> Iterator[Any]:
+    def connection(self, *, any_path: bool = False) -> Iterator[Any]:
         """A connection from the pool (autocommit) under this client's ``search_path``, noted
-        as just used when it goes back.
+        as just used when it goes back. With ``any_path``, under whatever ``search_path`` the
+        connection holds: for statements that name their tables' schema (:meth:`schema`), so
+        a connection another tenant's client set up is used as it is, with no round trip to
+        set the path and none for the next user to set it back.
 
         Raises:
             StorageError: the client is closed.
@@ -355,7 +358,8 @@ class PgClient:
             raise StorageError(f"PostgreSQL at {self.where}: {self.name} is closed")
         with shared.pool.connection(timeout=self.timeout) as conn:
             try:
-                shared.use(conn, self.search_path)
+                if not any_path:
+                    shared.use(conn, self.search_path)
                 yield conn
             finally:
                 shared.liveness.returned(conn)
@@ -369,12 +373,35 @@ class PgClient:
             yield conn
 
     def q(
-        self, doing: str, sql: str, params: tuple[Any, ...] | Mapping[str, Any] = ()
+        self,
+        doing: str,
+        sql: str,
+        params: tuple[Any, ...] | Mapping[str, Any] = (),
+        *,
+        any_path: bool = False,
     ) -> list[Any]:
-        """Run one statement outside a transaction; its rows."""
-        with self.errors(doing), self.connection() as conn:
+        """Run one statement outside a transaction; its rows (``any_path``: see
+        :meth:`connection`).
+        """
+        with self.errors(doing), self.connection(any_path=any_path) as conn:
             rows: list[Any] = conn.execute(sql, params).fetchall()
             return rows
+
+    def schema(self) -> str:
+        """The schema this client's tables are created in (the first existing schema of its
+        ``search_path``), quoted as an identifier, to name tables with.
+
+        Raises:
+            StorageError: no schema of the ``search_path`` exists.
+
+        """
+        rows = self.q("read the current schema", "SELECT current_schema()")
+        if not rows or rows[0][0] is None:
+            raise StorageError(
+                f"PostgreSQL at {self.where}: {self.name}: no schema of the search_path exists"
+            )
+        name = str(rows[0][0])
+        return '"' + name.replace('"', '""') + '"'
 
     def _migrate(self, key: str, migrations: Sequence[str]) -> None:
         if self._version(key) == len(migrations):

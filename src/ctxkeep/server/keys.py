@@ -244,7 +244,13 @@ class SQLiteKeyRegistry(KeyRegistry):
 
 
 class PostgresKeyRegistry(KeyRegistry):
-    """Keys in a table of the URL's schema; also creates the tenants' schemas."""
+    """Keys in a table of the URL's schema; also creates the tenants' schemas.
+
+    Lookups name the table with its schema and take a pooled connection under whatever
+    ``search_path`` it holds: every request of the service looks its key up on the pool its
+    tenant's stores share, and setting the registry's path and then the tenant's again cost
+    two round trips a request.
+    """
 
     def __init__(self, url: str) -> None:
         from ctxkeep._pg import PgClient
@@ -253,6 +259,11 @@ class PostgresKeyRegistry(KeyRegistry):
             url, name="ctxkeep-server-keys", meta_key="server_keys", migrations=[_SQL_TABLE],
             max_size=4,
         )  # fmt: skip
+        try:
+            self.table = f"{self.db.schema()}.ctxkeep_api_keys"
+        except BaseException:
+            self.db.close()
+            raise
 
     def _put(self, record: ApiKey) -> None:
         with self.db.tx("store an API key") as conn:
@@ -263,13 +274,12 @@ class PostgresKeyRegistry(KeyRegistry):
             )
 
     def _get(self, key_id: str) -> ApiKey | None:
-        rows = self.db.q(
-            "read an API key", "SELECT record FROM ctxkeep_api_keys WHERE key_id = %s", (key_id,)
-        )
+        sql = f"SELECT record FROM {self.table} WHERE key_id = %s"
+        rows = self.db.q("read an API key", sql, (key_id,), any_path=True)
         return _decode(rows[0][0]) if rows else None
 
     def _all(self) -> list[ApiKey]:
-        rows = self.db.q("list API keys", "SELECT record FROM ctxkeep_api_keys")
+        rows = self.db.q("list API keys", f"SELECT record FROM {self.table}", any_path=True)
         return [_decode(r[0]) for r in rows]
 
     def create_schema(self, schema: str) -> None:
