@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any
 
 from ctxkeep.errors import ArtifactNotFoundError, InvalidMessageError, InvalidTypeError, describe
@@ -92,6 +93,27 @@ class ArtifactStore(ABC):
         self._put(ref, str.__str__(text))
         return ref
 
+    def put_many(self, texts: Iterable[str]) -> list[str]:
+        """Store each of ``texts`` (idempotent, as :meth:`put`) and return their refs in
+        order, in one transaction or round trip where the backend can (a prompt build stores
+        the full text of every output it compresses; most are stored already).
+
+        Raises:
+            InvalidTypeError: a text is not a ``str`` (a ``TypeError``).
+            InvalidMessageError: a text is not valid Unicode (a ``ValueError``).
+            StorageError: the backend failed.
+
+        """
+        items: dict[str, str] = {}
+        refs = []
+        for text in texts:
+            ref = artifact_ref(text)
+            refs.append(ref)
+            items.setdefault(ref, str.__str__(text))
+        if items:
+            self._put_many(items)
+        return refs
+
     def get(self, ref: str) -> str:
         """The exact text stored under ``ref``.
 
@@ -129,6 +151,13 @@ class ArtifactStore(ABC):
     @abstractmethod
     def _put(self, ref: str, text: str) -> None:
         """Store ``text`` under ``ref`` unless something is stored there already."""
+
+    def _put_many(self, items: dict[str, str]) -> None:
+        """Store each text under its ref unless something is stored there already (backends
+        with batches override it).
+        """
+        for ref, text in items.items():
+            self._put(ref, text)
 
     @abstractmethod
     def _get(self, ref: str) -> str | None:

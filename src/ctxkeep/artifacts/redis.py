@@ -75,6 +75,14 @@ class RedisArtifactStore(ArtifactStore):
         with self.db.errors():
             self.db.conn.set(self.keys.artifact(ref), text, nx=True)
 
+    def _put_many(self, items: dict[str, str]) -> None:
+        """Every ``SET NX`` in one pipeline (one round trip)."""
+        with self.db.errors():
+            pipe = self.db.conn.pipeline(transaction=False)
+            for ref, text in items.items():
+                pipe.set(self.keys.artifact(ref), text, nx=True)
+            pipe.execute()
+
     def _get(self, ref: str) -> str | None:
         with self.db.errors():
             return cast("str | None", self.db.conn.get(self.keys.artifact(ref)))

@@ -16,6 +16,9 @@ from typing import Any, ClassVar
 from ctxkeep._db import Database, placeholders
 from ctxkeep.artifacts.base import RECORD_VERSION, ArtifactStore
 
+BATCH = 500
+"""Refs looked up per statement by :meth:`SQLArtifactStore._put_many`."""
+
 
 class SQLArtifactStore(ArtifactStore):
     """Artifacts in the ``ctxkeep_artifacts`` table of a SQL engine."""
@@ -47,6 +50,30 @@ class SQLArtifactStore(ArtifactStore):
                     "created_at) VALUES (?, ?, ?, ?) ON CONFLICT (ref) DO NOTHING"
                 ),
                 (ref, self._encode(text), RECORD_VERSION, time.time()),
+            )
+
+    def _put_many(self, items: dict[str, str]) -> None:
+        """One read of which refs are stored (no transaction, nothing written when all are),
+        then the others in one transaction.
+        """
+        refs = list(items)
+        stored: set[str] = set()
+        for i in range(0, len(refs), BATCH):
+            chunk = tuple(refs[i : i + BATCH])
+            marks = ", ".join("?" * len(chunk))
+            sql = self._sql(f"SELECT ref FROM ctxkeep_artifacts WHERE ref IN ({marks})")
+            stored.update(str(r[0]) for r in self._db.q("look up artifacts", sql, chunk))
+        new = [ref for ref in refs if ref not in stored]
+        if not new:
+            return
+        now = time.time()
+        with self._db.tx("store artifacts") as conn:
+            conn.cursor().executemany(
+                self._sql(
+                    f"INSERT INTO ctxkeep_artifacts (ref, {self.column}, schema_version, "
+                    "created_at) VALUES (?, ?, ?, ?) ON CONFLICT (ref) DO NOTHING"
+                ),
+                [(ref, self._encode(items[ref]), RECORD_VERSION, now) for ref in new],
             )
 
     def _get(self, ref: str) -> str | None:

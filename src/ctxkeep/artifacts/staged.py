@@ -31,9 +31,10 @@ class StagedArtifacts(ArtifactStore):
         return ref in self._pending or ref in self.target
 
     def commit(self) -> None:
-        """Write what the build staged to the target store."""
-        for text in self._pending.values():
-            self.target.put(text)
+        """Write what the build staged to the target store, in one batch
+        (:meth:`~ctxkeep.artifacts.base.ArtifactStore.put_many`).
+        """
+        self.target.put_many(self._pending.values())
         self._pending.clear()
 
 

@@ -35,6 +35,8 @@ from typing import Any
 
 import pytest
 
+from ctxkeep.artifacts.base import artifact_ref
+
 # Texts a store must give back exactly: nothing normalised (NFC/NFD, line endings), nothing
 # trimmed, nothing cut at a NUL or a code point beyond the BMP.
 EXACT_TEXTS: dict[str, str] = {
@@ -89,6 +91,29 @@ class ArtifactContract:
 
     def test_different_texts_get_different_refs(self, artifacts: Any) -> None:
         assert artifacts.put("a") != artifacts.put("b")
+
+    def test_put_many_stores_each_text_once_and_returns_puts_refs_in_order(
+        self, artifacts: Any
+    ) -> None:
+        before = artifacts.put("stored before")
+        texts = ["one", "stored before", "two ✓", "one", *EXACT_TEXTS.values()]
+        refs = artifacts.put_many(iter(texts))
+        assert refs == [artifact_ref(t) for t in texts]
+        assert refs[1] == before
+        for ref, text in zip(refs, texts, strict=True):
+            assert artifacts.get(ref) == text
+        assert artifacts.put_many(texts) == refs  # again: nothing changes
+        assert artifacts.put_many([]) == []
+
+    def test_put_many_checks_every_text_before_storing_any(self, artifacts: Any) -> None:
+        from ctxkeep.errors import InvalidMessageError, InvalidTypeError
+
+        with pytest.raises(InvalidTypeError):
+            artifacts.put_many(["fine", 42])
+        with pytest.raises(InvalidMessageError):
+            artifacts.put_many(["also fine", "half a pair: \ud83d"])
+        assert artifact_ref("fine") not in artifacts
+        assert artifact_ref("also fine") not in artifacts
 
     def test_a_str_subclass_is_stored_as_plain_text(self, artifacts: Any) -> None:
         class Loud(str):
