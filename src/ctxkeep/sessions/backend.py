@@ -42,6 +42,9 @@ Row: TypeAlias = tuple[int, dict[str, Any]]
 """A stored message: ``(seq, record)``."""
 Snapshot: TypeAlias = tuple[SessionInfo, list[Row]]
 """A session and some of its messages, read at one instant."""
+Stored: TypeAlias = "tuple[int, str | bytes | dict[str, Any]]"
+"""A stored message as the backend holds it: ``(seq, its record's JSON text)``, or the record
+itself where the backend keeps it parsed (:meth:`Backend.read_stored`)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,21 @@ class Backend(ABC):
         """The session and its messages with ``seq > after_seq`` (oldest first), read at one
         instant (no write lands between the two); None for an unknown id.
         """
+
+    def read_stored(
+        self, session_id: str, after_seq: int = 0
+    ) -> tuple[SessionInfo, list[Stored]] | None:
+        """:meth:`read`, each message as stored, not parsed: a reader that turns the rows
+        into something else one at a time (:meth:`HistoryReads.decoding
+        <ctxkeep.sessions.base.HistoryReads.decoding>`) keeps no parsed record alive but the
+        one it works on (a 10,000-message read otherwise holds every record at once, and the
+        garbage collector walks them all again and again). The default parses them
+        (:meth:`read`); a backend that holds JSON text overrides it.
+        """
+        snap = self.read(session_id, after_seq)
+        if snap is None:
+            return None
+        return snap[0], list(snap[1])
 
     def read_tail(
         self,

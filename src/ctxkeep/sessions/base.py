@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -66,6 +66,7 @@ from ctxkeep.sessions.backend import (
     KnownStates,
     Row,
     Snapshot,
+    Stored,
     Tail,
     Written,
     cas_append,
@@ -118,6 +119,7 @@ __all__ = [
     "Row",
     "SessionPrompt",
     "Snapshot",
+    "Stored",
     "Tail",
     "Written",
     "cas_append",
@@ -1083,14 +1085,32 @@ class HistoryReads:
             SessionNotFoundError: unknown, deleted or expired session.
 
         """
+        return list(self.decoding(session_id))
+
+    def decoding(self, session_id: str) -> Iterator[Message]:
+        """:meth:`decoded` one message at a time: the rows are read (and the TTL check and
+        access made) before this returns, each is parsed and decoded only as the iterator
+        reaches it, so a caller that converts each message and drops it never holds more
+        than one decoded (a whole read of a long session otherwise keeps every record and
+        message alive at once, and the garbage collector walks them all, again and again).
+
+        Raises:
+            SessionNotFoundError: unknown, deleted or expired session (at once, not when
+                iterated).
+            CorruptRecordError: when iterated, a stored message that cannot be read.
+
+        """
         session_id = check_session_id(session_id)
-        info, rows = self.since(session_id)
+        snap = self.backend.read_stored(session_id)
+        if snap is None:
+            self.manager._forget(session_id)
+            raise SessionNotFoundError(f"no session {session_id!r} (unknown, deleted or expired)")
+        info, rows = snap
         self.accessed(session_id, info)
-        return [
-            record_to_message(r, session_id=session_id, seq=seq)
-            for seq, r in rows
-            if seq >= info.first_seq  # rows a trim has passed but not yet removed
-        ]
+        first = info.first_seq  # rows a trim has passed but not yet removed are left out
+        return (
+            record_to_message(r, session_id=session_id, seq=seq) for seq, r in rows if seq >= first
+        )
 
     def newest(self, session_id: str, limit: int, before_seq: int | None) -> Tail:
         """The newest ``limit`` messages below ``before_seq`` (None: the newest of all), with

@@ -201,7 +201,7 @@ def corrupt_session(session_id: str, detail: str) -> CorruptRecordError:
 
 
 def record_to_message(
-    record: dict[str, Any] | str, *, session_id: str | None = None, seq: int | None = None
+    record: dict[str, Any] | str | bytes, *, session_id: str | None = None, seq: int | None = None
 ) -> Message:
     """The message a stored record describes (upgraded first if old); ``session_id`` and
     ``seq``, where the caller knows them, name the record in an error.

@@ -34,7 +34,7 @@ from typing import Any
 from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.errors import SessionChangedError, SessionExistsError, SessionNotFoundError
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import Backend, Evicted, EvictReason, Row, Snapshot, Tail
+from ctxkeep.sessions.base import Backend, Evicted, EvictReason, Row, Snapshot, Stored, Tail
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
@@ -423,6 +423,18 @@ class SQLBackend(Backend):
 
     def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
         """The row and the messages after ``after_seq``, in one snapshot."""
+        snap = self._texts(session_id, after_seq)
+        if snap is None:
+            return None
+        return snap[0], [(seq, load_record(session_id, seq, rec)) for seq, rec in snap[1]]
+
+    def read_stored(
+        self, session_id: str, after_seq: int = 0
+    ) -> tuple[SessionInfo, list[Stored]] | None:
+        """The row and the records' texts after ``after_seq``, in one snapshot."""
+        return self._texts(session_id, after_seq)
+
+    def _texts(self, session_id: str, after_seq: int) -> tuple[SessionInfo, list[Any]] | None:
         with self.snapshot("read a session") as conn:
             row = self._session_row(conn, session_id)
             if row is None:
@@ -434,8 +446,7 @@ class SQLBackend(Backend):
                 ),
                 (session_id, after_seq),
             ).fetchall()
-        out: list[Row] = [(seq, load_record(session_id, seq, rec)) for seq, rec in rows]
-        return row_to_info(row), out
+        return row_to_info(row), rows
 
     def read_tail(
         self,

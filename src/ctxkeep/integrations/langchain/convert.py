@@ -196,7 +196,10 @@ def _from_ctxkeep(messages: Iterable[Message], *, owned: bool) -> list[BaseMessa
     their records' values and are built without validating them again (:func:`_from_record`).
     """
     out = []
-    for i, m in enumerate(_check.iterable("messages", messages)):
+    # An owned iterable is taken one message at a time (a history read's decoding: each
+    # message is dropped once converted, so no more than one is alive at a time).
+    given = messages if owned else _check.iterable("messages", messages)
+    for i, m in enumerate(given):
         if not isinstance(m, Message):
             raise InvalidTypeError(f"message {i} must be a ctxkeep Message, got {describe(m)}")
         record = m.metadata.get(_RECORD)

@@ -8,7 +8,7 @@ TTL, LRU and ``max_history`` on SQLite, Redis or PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ctxkeep import _check
 from ctxkeep.errors import (
@@ -79,8 +79,9 @@ class CtxkeepChatMessageHistory(BaseChatMessageHistory):
         """The history, oldest first (new objects on every read)."""
         return _from_ctxkeep(self._stored(), owned=True)
 
-    def _stored(self) -> list[Message]:
-        """The stored messages, decoded from the session's rows for this read alone.
+    def _stored(self) -> Iterable[Message]:
+        """The stored messages, decoded from the session's rows for this read alone, one at
+        a time as the conversion takes them (:meth:`~ctxkeep.sessions.base.HistoryReads.decoding`).
 
         ``MemoryManager.get_messages`` gives deep copies of its decoded messages, which were
         38% of a read; these are thrown away once converted, so nobody else can see them
@@ -88,7 +89,7 @@ class CtxkeepChatMessageHistory(BaseChatMessageHistory):
         share their values.
         """
         try:
-            return self.memory.reads.decoded(self.session_id)
+            return self.memory.reads.decoding(self.session_id)
         except SessionNotFoundError:
             return []
 
