@@ -45,8 +45,11 @@ def test_sqlite_read_within_the_resolution_writes_nothing(tmp_path: Path) -> Non
         assert watcher.execute("PRAGMA data_version").fetchone() != version
         watcher.close()
         now[0] += 0.5
-        mem.add_message(sid, "assistant", "hello")  # a write always sets it
-        assert _accessed(mem, sid) == 1_003.0
+        mem.add_message(sid, "assistant", "hello")  # an append, by the same rule: not yet
+        assert _accessed(mem, sid) == 1_002.5
+        now[0] += 1.5
+        mem.add_message(sid, "user", "again")  # 2 s after the last write: past it
+        assert _accessed(mem, sid) == 1_004.5
 
 
 def test_resolution_is_at_most_a_hundredth_of_the_ttl(tmp_path: Path) -> None:

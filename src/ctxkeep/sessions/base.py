@@ -152,8 +152,11 @@ class MemoryConfig:
     """Seconds: on a store where it is a write (SQL, Redis), a read writes the session's
     access time only when the stored one is at least this old (or a hundredth of
     ``session_ttl``, if less), so reads do not each cost a write transaction (a commit, an
-    fsync under ``synchronous=full``). Writes always set it; in process every read does. The
-    TTL and the LRU order are then exact to this resolution; 0 makes every read write."""
+    fsync under ``synchronous=full``). An append on a SQL store moves it by the same rule
+    (where it does not, the append's update leaves the access-time index alone: fewer pages a
+    SQLite commit writes, a HOT update on PostgreSQL); in process every read and write sets it.
+    The TTL and the LRU order are then exact to this resolution; 0 makes every read and write
+    set it."""
 
     def __post_init__(self) -> None:
         for name in ("max_history", "max_sessions"):
@@ -495,7 +498,13 @@ class MemoryManager:
             checked[:] = [info]
             return pending
 
-        batch = Append(records=records, check=check, now=now, ttl=self._native_ttl)
+        batch = Append(
+            records=records,
+            check=check,
+            now=now,
+            ttl=self._native_ttl,
+            touch_after=self._touch_resolution,
+        )
         seqs: list[int] = []
         for attempt in range(3):
             try:
@@ -721,6 +730,7 @@ class MemoryManager:
             ttl=self._native_ttl,
             replaces=newest_seq,
             replaces_id=newest_id,
+            touch_after=self._touch_resolution,
         )
         try:
             seqs = self.backend.append(session_id, batch)

@@ -50,7 +50,9 @@ SCHEMA_VERSION = len(MIGRATIONS)
 # One append as one statement (autocommit: one round trip, one commit): a compare-and-set on
 # the session's state (see ctxkeep.sessions.base.cas_append). The row is updated only if its
 # pending is still the one the client checked against, its accessed_at no earlier and its
-# generation the same (a session deleted and made again under the same id is another); the
+# generation the same (a session deleted and made again under the same id is another);
+# accessed_at moves only past the touch resolution (Append.touch_after; an unchanged value
+# keeps the update HOT: no new entries in the session table's indexes); the
 # UPDATE takes the row lock (a concurrent writer waits, and the condition is evaluated again on
 # the row it committed), then the messages go in under the sequence numbers it moved past.
 # Answers (true, the row after) when stored, (false, the row) when not, nothing when there is
@@ -64,7 +66,8 @@ APPEND_SQL = f"""
 WITH upd AS (
     UPDATE ctxkeep_sessions
     SET next_seq = next_seq + %(n)s, message_count = message_count + %(n)s,
-        pending = %(pending)s, accessed_at = GREATEST(accessed_at, %(now)s)
+        pending = %(pending)s, accessed_at = CASE WHEN %(now)s - accessed_at >= %(touch_after)s
+            THEN GREATEST(accessed_at, %(now)s) ELSE accessed_at END
     WHERE session_id = %(sid)s AND pending::jsonb = %(base_pending)s::jsonb
         AND accessed_at >= %(base_accessed)s AND generation = %(base_generation)s
     RETURNING {COLUMNS}
@@ -132,6 +135,7 @@ class PostgresBackend(SQLBackend):
                     "n": len(texts),
                     "pending": dumps(list(pending)),
                     "now": batch.now,
+                    "touch_after": batch.touch_after,
                     "base_pending": dumps(list(base.pending)),
                     "base_accessed": base.accessed_at,
                     "base_generation": base.generation,

@@ -458,6 +458,16 @@ class Append:
     """Like :attr:`replaces`, by the ``id`` of the message the caller read as the newest: the
     backend reads the newest message inside its transaction and takes it only if it has this
     id (one round trip where the caller would otherwise read the newest seq first)."""
+    touch_after: float = 0.0
+    """The session's ``accessed_at`` moves to :attr:`now` only where it is at least this many
+    seconds older (the manager's touch resolution, as for reads; 0: always). A backend may
+    leave a fresher ``accessed_at`` as it is: on SQL, an append that does not move it leaves
+    the ``accessed_at`` index alone (fewer pages written a commit on SQLite, a HOT update on
+    PostgreSQL)."""
+
+    def touches(self, accessed_at: float) -> bool:
+        """Whether the append moves an ``accessed_at`` of this value to :attr:`now`."""
+        return self.now - accessed_at >= self.touch_after
 
     @property
     def replacing(self) -> bool:

@@ -358,18 +358,22 @@ class SQLBackend(Backend):
                     for s, t, r in zip(seqs, texts, batch.records, strict=True)
                 ],
             )
+            # accessed_at only where it moves past the touch resolution: else the statement
+            # leaves its index alone (SQLite rewrites an index whose column is SET at all).
+            touch = batch.touches(info.accessed_at)
             conn.execute(
                 self._sql(
                     "UPDATE ctxkeep_sessions SET next_seq = ?, message_count = ?, pending = ?,"
-                    f" revision = ?, accessed_at = {self.dialect.greatest}(accessed_at, ?)"
-                    " WHERE session_id = ?"
+                    " revision = ?"
+                    + (f", accessed_at = {self.dialect.greatest}(accessed_at, ?)" if touch else "")
+                    + " WHERE session_id = ?"
                 ),
                 (
                     info.next_seq + len(texts),
                     info.message_count + len(texts),
                     dumps(list(pending)),
                     info.revision,
-                    batch.now,
+                    *((batch.now,) if touch else ()),
                     session_id,
                 ),
             )
