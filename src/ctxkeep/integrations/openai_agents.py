@@ -47,10 +47,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import contextvars
+import functools
 import threading
+import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ctxkeep import _check
 from ctxkeep.artifacts import (
@@ -83,6 +87,7 @@ from ctxkeep.messages import Message
 from ctxkeep.prune import PruneReport, TokenPruner
 from ctxkeep.responses import _owned_to_responses, from_responses, to_responses
 from ctxkeep.sessions import MemoryConfig, MemoryManager, open_memory
+from ctxkeep.sessions.sqlite import SQLiteBackend
 from ctxkeep.tokens import TokenCounter, get_counter
 
 try:
@@ -100,6 +105,8 @@ if TYPE_CHECKING:
     from agents.run_config import CallModelData, ModelInputData
 
     from ctxkeep.episodic.base import EpisodicMemoryStore
+
+_T = TypeVar("_T")
 
 _RETRIES = 50
 """Attempts at an atomic replace before giving up when other writers keep changing the
@@ -156,6 +163,7 @@ class CtxkeepSession:
         # The session's items kept encoded between reads (checked against the store on
         # each): get_items decodes only the messages it has not seen.
         self._items = ConvertedItems(self.memory, session_id, _items_of_message)
+        self._worker = _worker_for(self.memory)
 
     # -- the Session protocol -------------------------------------------------------------
 
@@ -164,9 +172,7 @@ class CtxkeepSession:
         ``session_settings.limit``) is set. ``0`` gives none; a negative limit gives all, as
         ``SQLiteSession`` does.
         """
-        return await asyncio.to_thread(
-            self._get_items, resolve_session_limit(limit, self.session_settings)
-        )
+        return await self._run(self._get_items, resolve_session_limit(limit, self.session_settings))
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` (all or none), creating the ctxkeep session on first use.
@@ -180,24 +186,37 @@ class CtxkeepSession:
         batch = [dict(i) for i in cast("list[dict[str, Any]]", list(items))]
         if batch:
             messages = from_responses(batch)  # fails on a malformed item before any I/O
-            await asyncio.to_thread(self._add, batch, messages)
+            await self._run(self._add, batch, messages)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item; None when the session is empty."""
-        return await asyncio.to_thread(self._pop_item)
+        return await self._run(self._pop_item)
 
     async def clear_session(self) -> None:
         """Delete the history (the ctxkeep session; the next add creates it again)."""
-        await asyncio.to_thread(self._clear)
+        await self._run(self._clear)
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the store if this session opened it."""
+        """Close the store if this session opened it (and its worker thread)."""
         if self._owns_memory:
             self.memory.close()
+            with _WORKERS_LOCK:
+                worker = _WORKERS.pop(self.memory, None)
+            if worker is not None:
+                worker.shutdown(wait=False)
 
     # -- sync work, run in a thread ---------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., _T], /, *args: Any) -> _T:
+        """``fn(*args)`` off the event loop: in the store's own worker thread where it has one
+        (:func:`_worker_for`), else in asyncio's default pool (``asyncio.to_thread``).
+        """
+        if self._worker is None:
+            return await asyncio.to_thread(fn, *args)
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, call)
 
     def _get_items(self, limit: int | None) -> list[TResponseInputItem]:
         if limit is not None and limit < 0:
@@ -225,8 +244,9 @@ class CtxkeepSession:
         """
         with self._lock:
             try:
-                self.memory.add_messages_creating(
-                    self.session_id, self.agent_id, messages, on_append=self._items.appended
+                # The messages were converted for this call alone: stored as they are.
+                self.memory._add_creating(
+                    self.session_id, self.agent_id, messages, self._items.appended, owned=True
                 )
             except MissingToolResultError:
                 if messages[0].role == "tool" or not self._join(items):
@@ -285,12 +305,43 @@ class CtxkeepSession:
         self, seq: int, generation: str, rest: list[Any]
     ) -> tuple[list[Message], list[int]]:
         return self.memory._replace(
-            self.session_id, from_responses(rest), newest_seq=seq, generation=generation
+            self.session_id,
+            from_responses(rest),
+            newest_seq=seq,
+            generation=generation,
+            owned=True,
         )
 
     def _clear(self) -> None:
         with self._lock:
             self.memory.delete_session(self.session_id)
+
+
+_WORKERS: weakref.WeakKeyDictionary[MemoryManager, ThreadPoolExecutor] = weakref.WeakKeyDictionary()
+_WORKERS_LOCK = threading.Lock()
+
+
+def _worker_for(memory: MemoryManager) -> ThreadPoolExecutor | None:
+    """The one worker thread the sessions over ``memory`` run their storage calls in, where
+    the store is a SQLite file (None elsewhere: a server's round trips overlap in asyncio's
+    pool).
+
+    A SQLite connection is one per thread, and each keeps its own page cache, which it drops
+    whenever another connection has written: calls spread over asyncio's pool meet a cold
+    cache on most calls and read the pages of every table and index they touch again (about
+    15 page reads an append). One thread keeps one connection, whose cache stays warm. It
+    serialises the sessions of one file, as the SDK's ``SQLiteSession`` does with its
+    per-file lock (SQLite runs one writer at a time anyway). The thread ends with the
+    manager.
+    """
+    if not isinstance(memory.backend, SQLiteBackend):
+        return None
+    with _WORKERS_LOCK:
+        worker = _WORKERS.get(memory)
+        if worker is None:
+            worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxkeep-sqlite")
+            _WORKERS[memory] = worker
+        return worker
 
 
 def _items_of_message(message: Message) -> list[dict[str, Any]]:

@@ -429,10 +429,25 @@ class MemoryManager:
             As :meth:`add_messages`.
 
         """
+        self._add_creating(session_id, agent_id, messages, on_append)
+
+    def _add_creating(
+        self,
+        session_id: str,
+        agent_id: str,
+        messages: Iterable[Any],
+        on_append: OnAppend | None = None,
+        *,
+        owned: bool = False,
+    ) -> None:
+        """:meth:`add_messages_creating`; ``owned``: the caller (an adapter) made the
+        ``Message`` objects for this call alone and gives them up: they are stamped (id,
+        created_at) in place and stored as they are, not copied.
+        """
         batch = list(_check.iterable("messages", messages))
         for _ in range(3):
             try:
-                self._append(session_id, batch, on_append)
+                self._append(session_id, batch, on_append, owned=owned)
                 return
             except SessionNotFoundError:
                 with suppress(SessionExistsError):  # another writer made it first
@@ -473,14 +488,19 @@ class MemoryManager:
         return [m.copy() for m in self._append(session_id, messages)]
 
     def _append(
-        self, session_id: str, messages: Iterable[Any], on_append: OnAppend | None = None
+        self,
+        session_id: str,
+        messages: Iterable[Any],
+        on_append: OnAppend | None = None,
+        *,
+        owned: bool = False,
     ) -> list[Message]:
         """:meth:`add_messages`, returning the stored messages themselves (the caller's to
         copy or drop: an adapter that drops them pays no copies); ``on_append`` is told what
         was written (not for a retry that wrote nothing).
         """
         now = self._clock()
-        stamped = self._stamped(messages, now)
+        stamped = self._stamped(messages, now, owned=owned)
         if not stamped:
             return []
         records = [message_to_record(m) for m in stamped]
@@ -586,8 +606,11 @@ class MemoryManager:
         return not seqs or first_seq < 1 or seqs[-1] - first_seq + 1 > limit
 
     @staticmethod
-    def _stamped(messages: Iterable[Any], now: float) -> list[Message]:
-        """``messages`` as ``Message`` objects, each with an ``id`` and ``created_at``."""
+    def _stamped(messages: Iterable[Any], now: float, *, owned: bool = False) -> list[Message]:
+        """``messages`` as ``Message`` objects, each with an ``id`` and ``created_at``: copies,
+        or, if ``owned`` (the caller made them for this call alone and gives them up), the
+        very ``Message`` objects given, stamped in place.
+        """
         stamped: list[Message] = []
         for i, raw in enumerate(_check.iterable("messages", messages)):
             m = coerce_message(raw, index=i)
@@ -598,6 +621,14 @@ class MemoryManager:
                     f"characters, got {len(m.id)}: {m.id[:40]!r}",
                     index=i,
                 )
+            if owned and type(m) is Message:
+                state = m.__dict__  # (a frozen dataclass: its fields live here)
+                if state["id"] is None:
+                    state["id"] = uuid.uuid4().hex
+                if state["created_at"] is None:
+                    state["created_at"] = datetime.fromtimestamp(now, UTC)
+                stamped.append(m)
+                continue
             when = m.created_at or datetime.fromtimestamp(now, UTC)
             stamped.append(m._identified(m.id or uuid.uuid4().hex, when))
         return stamped
@@ -700,16 +731,17 @@ class MemoryManager:
         newest_id: str | None = None,
         newest_seq: int | None = None,
         generation: str | None = None,
+        owned: bool = False,
     ) -> tuple[list[Message], list[int]]:
         """:meth:`replace_newest` of the newest message if it has ``newest_id`` and/or is
         at ``newest_seq`` of the session's ``generation`` (a seq is not reused within a
         generation: the message there is the one the caller read); the stored messages
-        themselves (not copies) and their seqs.
+        themselves (not copies) and their seqs. ``owned``: as for :meth:`_add_creating`.
         """
         if newest_id is None and newest_seq is None:
             raise TypeError("_replace needs newest_id or newest_seq")
         now = self._clock()
-        stamped = self._stamped(messages, now)
+        stamped = self._stamped(messages, now, owned=owned)
         session_id = check_session_id(session_id)
         ttl = self.config.session_ttl
         checked: list[SessionInfo] = []
