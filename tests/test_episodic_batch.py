@@ -238,6 +238,61 @@ def test_a_postgres_batch_is_a_fixed_number_of_statements(
         assert statements(2) == statements(200)
 
 
+def forget_statements(store: EpisodicMemoryStore, count: Callable[[], int], n: int) -> int:
+    """The statements ``count`` sees while ``n`` episodes, one in each of ``n`` sessions that
+    keep others (so positions are renumbered and windows rewritten), are forgotten at once.
+    """
+    data = [{**e, "session_id": f"f{n}-{i % n}"} for i, e in enumerate(episodes(n, 3 * n, 1))]
+    ids = store.save_episodes(data)
+    store.search("turn", 1)  # a process's caches brought up to date first, not counted
+    before = count()
+    store.forget(episode_id=ids[:n])  # the first of each session: every position moves
+    return count() - before
+
+
+def test_a_sqlite_forget_is_a_fixed_number_of_statements(tmp_path: Path) -> None:
+    with open_episodic(f"sqlite:///{tmp_path}/e.db", embedder="hash") as store:
+        store.save_episodes(episodes(4, 10, sessions=10))
+        conn: sqlite3.Connection = store._db.conn()  # type: ignore[attr-defined]
+        sent: list[str] = []
+        conn.set_trace_callback(sent.append)
+        # executemany traces its statement once a row: count the reads
+        reads = lambda: sum(s.lstrip().upper().startswith("SELECT") for s in sent)  # noqa: E731
+        assert forget_statements(store, reads, 3) == forget_statements(store, reads, 300)
+        conn.set_trace_callback(None)
+        for sid, rows in stored(store).items():
+            assert [p for p, _, _ in rows] == list(range(len(rows))), sid
+            summaries = [s for _, s, _ in rows]
+            assert [b for _, _, b in rows] == [
+                expected_body(store, summaries, p) for p in range(len(rows))
+            ]
+
+
+@pytest.mark.postgres
+def test_a_postgres_forget_is_a_fixed_number_of_statements(
+    postgres_schema_factory: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+    with open_episodic(postgres_schema_factory(), embedder="hash") as store:
+        assert forget_statements(store, lambda: len(sent), 2) == forget_statements(
+            store, lambda: len(sent), 200
+        )
+        for sid, rows in stored(store).items():
+            assert [p for p, _, _ in rows] == list(range(len(rows))), sid
+            summaries = [s for _, s, _ in rows]
+            assert [b for _, _, b in rows] == [
+                expected_body(store, summaries, p) for p in range(len(rows))
+            ]
+
+
 NO_NEIGHBOURS = RetrievalConfig(smooth=(0.0, 0.0), session_weight=0.0)
 
 

@@ -247,7 +247,7 @@ def test_sqlite_counts_repeated_tokens_like_the_memory_store(tmp_path: Path) -> 
 
 
 def test_neighbour_rows_match_session_positions() -> None:
-    from ctxkeep.episodic.sqlite import _neighbour_rows
+    from ctxkeep.episodic.base import session_neighbour_rows
 
     rng = np.random.default_rng(5)
     sessions, pos, ids = [], [], []
@@ -264,7 +264,7 @@ def test_neighbour_rows_match_session_positions() -> None:
     p = [pos[i] for i in order]
     at = {(s, q): r for s, q, r in zip(sess, p, ids_arr.tolist(), strict=True)}
     want = [[at.get((s, q + d), -1) for d in (-1, 1, -2, 2)] for s, q in zip(sess, p, strict=True)]
-    assert _neighbour_rows(ids_arr, sess, p).tolist() == want
+    assert session_neighbour_rows(ids_arr, sess, p).tolist() == want
 
 
 @pytest.mark.parametrize("window", [1, 2, 3])

@@ -17,6 +17,7 @@ values, a number any equal number (``1`` is ``1.0``), and a boolean only the sam
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Set
@@ -255,11 +256,19 @@ class EpisodeFilter:
         """Whether the filter selects every episode."""
         return all(getattr(self, k) is None for k in self.keys())
 
+    @functools.cached_property
+    def _id_sets(self) -> tuple[tuple[str, frozenset[str | None]], ...]:
+        """The id keys given, each with its values as a set (a tuple's ``in`` made a
+        filter of 10,000 episode ids cost a scan of them per episode matched).
+        """
+        return tuple(
+            (key, frozenset(want)) for key in _ID_KEYS if (want := getattr(self, key)) is not None
+        )
+
     def matches(self, e: Episode) -> bool:
         """Whether episode ``e`` passes the filter."""
-        for key in _ID_KEYS:
-            want = getattr(self, key)
-            if want is not None and getattr(e, key) not in want:
+        for key, want in self._id_sets:
+            if getattr(e, key) not in want:
                 return False
         if self.since is not None and e.created_at < self.since:
             return False

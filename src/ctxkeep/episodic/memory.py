@@ -10,7 +10,6 @@ is scored; HNSW from there, where search scores only the candidates the two inde
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -52,6 +51,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         self._lock = threading.RLock()
         self._eps: list[Episode | None] = []
         self._keys: dict[str, int] = {}
+        self._ids: dict[str, int] = {}  # episode id -> row (a forget by ids scanned every row)
         self._row_key: list[str] = []
         self._tokens: list[list[str]] = []
         self._docs: list[Counter[str]] = []
@@ -130,8 +130,9 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             self._grow(first + len(batch.episodes))
             for e, k, _, toks in batch.rows():
                 r = len(self._eps)
-                self._eps.append(copy.deepcopy(e))
+                self._eps.append(copy_episode(e))
                 self._keys[k] = r
+                self._ids[e.episode_id] = r
                 self._row_key.append(k)
                 self._tokens.append(list(toks))
                 self._docs.append(Counter())
@@ -154,8 +155,11 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                     live = [i for i, e in enumerate(self._eps) if e is not None]
                     self._live_rows = np.asarray(live, np.int64)
                 return self._live_rows
-            if f.session_id is not None:  # only the sessions' rows can match
-                cand: Any = sorted({r for s in f.session_id for r in self._sessions.get(s, ())})
+            cand: Any
+            if f.episode_id is not None:  # only the ids' rows can match
+                cand = sorted({r for i in f.episode_id if (r := self._ids.get(i)) is not None})
+            elif f.session_id is not None:  # only the sessions' rows can match
+                cand = sorted({r for s in f.session_id for r in self._sessions.get(s, ())})
             elif f.task_id is not None:  # only the tasks' rows can match
                 cand = sorted({r for t in f.task_id for r in self._tasks.get(t, ())})
             else:
@@ -267,6 +271,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
                 self._sessions[e.session_id].remove(r)
                 self._set_doc(r, Counter())
                 self._keys.pop(self._row_key[r], None)
+                self._ids.pop(e.episode_id, None)
                 self._eps[r] = None
                 self._nb[r] = -1
             self.vectors.remove(rows)

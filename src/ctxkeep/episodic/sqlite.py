@@ -52,11 +52,9 @@ from ctxkeep.episodic.base import (
     in_sorted,
     informative_terms,
     lexical_top,
+    session_neighbour_rows,
     store_bm25,
     with_neighbours,
-)
-from ctxkeep.episodic.base import (
-    session_neighbour_rows as _neighbour_rows,
 )
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.episodic.filters import Dialect, EpisodeFilter
@@ -319,7 +317,7 @@ class SQLiteEpisodicStore(SQLStore):
             self._sync_vectors(ids)
             self._cache = {
                 "ids": ids,
-                "nb": _neighbour_rows(ids, [r[1] for r in rows], [r[2] for r in rows]),
+                "nb": session_neighbour_rows(ids, [r[1] for r in rows], [r[2] for r in rows]),
                 "created": np.asarray([r[3] for r in rows], np.float64),
                 "doclen": np.asarray([r[4] for r in rows], np.float64),
             }
@@ -341,7 +339,7 @@ class SQLiteEpisodicStore(SQLStore):
         ids = ids[order]
         sessions = [tail[i][1] for i in order]
         pos = np.asarray([tail[i][2] for i in order], np.int64)
-        nb = _neighbour_rows(ids, sessions, pos.tolist())
+        nb = session_neighbour_rows(ids, sessions, pos.tolist())
         lo: dict[str, int] = {}
         for s, p in zip(sessions, pos.tolist(), strict=True):
             lo[s] = min(lo.get(s, p), p)
@@ -715,16 +713,18 @@ class SQLiteEpisodicStore(SQLStore):
         deleted: list[int] = []
         with self._db.tx("forget episodes") as conn:
             sessions: dict[str, int] = {}
-            for r in rows.tolist():
-                got = conn.execute(
-                    "SELECT session_id, pos FROM ctxkeep_episodes WHERE row = ?", (r,)
-                ).fetchone()
-                if got is None:
-                    continue
-                sessions[got[0]] = min(sessions.get(got[0], got[1]), got[1])
-                conn.execute("DELETE FROM ctxkeep_episodes WHERE row = ?", (r,))
-                deleted.append(r)
-                conn.execute("DELETE FROM ctxkeep_episode_fts WHERE rowid = ?", (r,))
+            ids = rows.tolist()
+            for s in range(0, len(ids), self.chunk):
+                part = ids[s : s + self.chunk]
+                marks = ", ".join("?" for _ in part)
+                for r, sid, pos in conn.execute(
+                    f"DELETE FROM ctxkeep_episodes WHERE row IN ({marks}) "
+                    "RETURNING row, session_id, pos",
+                    part,
+                ).fetchall():
+                    sessions[sid] = min(sessions.get(sid, pos), pos)
+                    deleted.append(r)
+                conn.execute(f"DELETE FROM ctxkeep_episode_fts WHERE rowid IN ({marks})", part)
             self._close_gaps(conn, sessions)
         with self._cache_lock:
             self._writes += 1
