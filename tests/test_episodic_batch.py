@@ -238,6 +238,15 @@ def test_a_postgres_batch_is_a_fixed_number_of_statements(
         assert statements(2) == statements(200)
 
 
+def test_a_saved_episode_shares_no_metadata_with_the_caller() -> None:
+    meta: dict[str, Any] = {"namespace": ["a", "b"], "deep": {"n": [1]}}
+    with open_episodic("memory://", embedder="hash") as store:
+        eid = store.save_episode("s", "", "text", metadata=meta)
+        meta["namespace"].append("c")
+        meta["deep"]["n"].append(2)
+        assert store.get(eid).metadata == {"namespace": ["a", "b"], "deep": {"n": [1]}}
+
+
 def forget_statements(store: EpisodicMemoryStore, count: Callable[[], int], n: int) -> int:
     """The statements ``count`` sees while ``n`` episodes, one in each of ``n`` sessions that
     keep others (so positions are renumbered and windows rewritten), are forgotten at once.

@@ -177,7 +177,9 @@ def _new_episode(i: int, item: Any, now: float) -> Episode:
     from ctxkeep.sessions.records import dumps, loads
 
     try:
-        if loads(dumps(meta)) != meta:
+        # the decoded copy is what the episode keeps: it shares nothing with the caller's
+        copied = loads(dumps(meta))
+        if copied != meta:
             raise ValueError("not exact")
     except (TypeError, ValueError) as exc:
         raise bad("metadata must be JSON objects with string keys") from exc
@@ -195,7 +197,7 @@ def _new_episode(i: int, item: Any, now: float) -> Episode:
         session_id=item["session_id"],
         task_goal=item["task_goal"],
         summary=item["summary"],
-        metadata=meta,
+        metadata=copied,
         agent_id=item.get("agent_id"),
         task_id=item.get("task_id"),
         created_at=float(created),

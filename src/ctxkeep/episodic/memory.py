@@ -130,7 +130,7 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             self._grow(first + len(batch.episodes))
             for e, k, _, toks in batch.rows():
                 r = len(self._eps)
-                self._eps.append(copy_episode(e))
+                self._eps.append(e)  # its own: save_episodes made it (and its metadata)
                 self._keys[k] = r
                 self._ids[e.episode_id] = r
                 self._row_key.append(k)

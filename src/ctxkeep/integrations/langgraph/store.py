@@ -78,6 +78,9 @@ from ctxkeep.episodic import (
     RetrievalConfig,
     open_episodic,
 )
+from ctxkeep.episodic import (
+    IndexConfig as VectorIndexConfig,
+)
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.errors import ConfigError, InvalidTypeError, MissingDependencyError
 from ctxkeep.sessions.records import loads
@@ -134,6 +137,15 @@ session, so the session knobs cannot change a ranking: smoothing with no neighbo
 every dense score alike, and the session prior of one episode adds a z-score of its own fused
 score (both monotone). Turned off, a search skips reading neighbours: on PostgreSQL a round
 trip of each search."""
+
+VECTORS = VectorIndexConfig(hnsw_from=50_000)
+"""The in-process vector index of the episodic store the store opens (``memory://``,
+SQLite): exact up to 50,000 items, not the episodic default's 20,000. A store's batches
+come in thousands (LangGraph's ``batch``, a user's import): at 10,000 items one batch of
+10,000 more crossed 20,000 and built the HNSW graph, three quarters of that batch on
+``memory://`` (then every later batch added to the graph at about 1 ms an item), where
+adding to the exact index is a copy. Exact search costs about 3.9 ms at 20,000 vectors
+(BENCHMARKS.md), so about 10 ms at 50,000."""
 
 
 # -- the store ------------------------------------------------------------------------------------
@@ -199,7 +211,10 @@ class CtxkeepStore(BaseStore):
                 url = default_url()
             self._owns_episodic = True
             self.episodic = open_episodic(
-                url, embedder if embedder is not None else "local", config=RECALL
+                url,
+                embedder if embedder is not None else "local",
+                config=RECALL,
+                index=VECTORS,
             )
         else:
             self._owns_episodic = False
