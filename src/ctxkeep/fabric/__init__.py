@@ -8,7 +8,7 @@ import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from ctxkeep.fabric.bus import DeadLetter, InProcessBus, IPCMessage, MessageBus
+from ctxkeep.fabric.bus import BusStats, DeadLetter, InProcessBus, IPCMessage, MessageBus
 from ctxkeep.fabric.core import ContextFabric, ContextLayer, ContextView, freeze
 
 if _TYPE_CHECKING:
@@ -31,6 +31,7 @@ def __getattr__(name: str) -> _Any:
 
 
 __all__ = [
+    "BusStats",
     "ContextFabric",
     "ContextLayer",
     "ContextView",

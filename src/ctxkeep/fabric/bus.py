@@ -21,6 +21,10 @@ corrupt record, one from an older ctxkeep) is moved to the agent's dead letters
 ``ctxkeep.testing.contract.BusContract`` checks the delivery rules and the refusal of poison
 payloads on every bus.
 
+:meth:`MessageBus.stats` counts what a bus holds, in one read (:class:`BusStats`): messages
+stored and not yet delivered (its depth), delivered and not acked (pending), and dead letters;
+``ctxkeep serve`` shows them per tenant in ``/metrics``.
+
 :class:`InProcessBus` serves agents in one process; ``ctxkeep.fabric.redis_bus`` serves
 processes on many machines over Redis Streams.
 """
@@ -128,6 +132,25 @@ class DeadLetter:
         return {"id": self.id, "reason": self.reason, "record": dict(self.record)}
 
 
+@dataclass(frozen=True, kw_only=True)
+class BusStats:
+    """What a bus holds, counted in one read (:meth:`MessageBus.stats`). A message sent to a
+    topic counts once per recipient, as each holds its own copy.
+    """
+
+    depth: int
+    """Messages stored and not yet delivered to any receiver."""
+    pending: int
+    """Messages delivered (received) and not acked yet: each is delivered again after
+    ``recover`` or, on the Redis and PostgreSQL buses, after ``claim_idle_ms``."""
+    dead_letters: int
+    """Stored messages that could not be delivered, moved aside (:class:`DeadLetter`)."""
+
+    def to_dict(self) -> dict[str, int]:
+        """JSON-ready form."""
+        return {"depth": self.depth, "pending": self.pending, "dead_letters": self.dead_letters}
+
+
 # -- the argument checks every bus makes, written once -----------------------------------------
 
 
@@ -203,6 +226,12 @@ class MessageBus(Protocol):
 
     def delete_dead_letters(self, agent_id: str, ids: Iterable[str]) -> int:
         """Remove dead letters by id (unknown ids are ignored); returns how many were removed."""
+        ...
+
+    def stats(self) -> BusStats:
+        """How many messages the bus holds for all its agents, undelivered, pending and dead
+        (one read of the store).
+        """
         ...
 
 
@@ -334,3 +363,12 @@ class InProcessBus:
         check_agent(agent_id)
         check_ids(ids)
         return 0
+
+    def stats(self) -> BusStats:
+        """The messages queued (depth) and received but not acked (pending) for every agent;
+        no dead letters (see :meth:`dead_letters`).
+        """
+        with self._cond:
+            depth = sum(len(q) for q in self._queues.values())
+            pending = sum(len(p) for p in self._pending.values())
+        return BusStats(depth=depth, pending=pending, dead_letters=0)

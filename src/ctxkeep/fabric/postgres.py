@@ -24,6 +24,8 @@ pending:
 * A row no ctxkeep can decode (corrupt, written by a newer ctxkeep, a payload
   :class:`~ctxkeep.fabric.bus.IPCMessage` refuses) is moved by the receive that meets it to
   ``ctxkeep_bus_dead`` with the reason, in one statement, so the messages behind it flow.
+* :meth:`PostgresBus.stats` counts the inbox rows not yet taken (depth), those taken and not
+  acked (pending) and the dead letters, in one statement.
 * :class:`~ctxkeep.fabric.postgres_state.PostgresTaskState` (``ctxkeep.fabric.postgres_state``,
   exported here too) is a task's shared state with compare-and-set versions;
   :meth:`PostgresBus.task_state` gives one over the bus's connections.
@@ -60,6 +62,7 @@ from ctxkeep import _check
 from ctxkeep._pg import PgClient
 from ctxkeep.errors import ConfigError, InvalidMessageError, SchemaVersionError, UnknownAgentError
 from ctxkeep.fabric.bus import (
+    BusStats,
     DeadLetter,
     IPCMessage,
     check_ids,
@@ -79,6 +82,7 @@ from ctxkeep.fabric.postgres_sql import (
     SEND_DIRECT_SQL,
     SEND_TOPIC_SQL,
     SETTLE_SQL,
+    STATS_SQL,
     SUBSCRIBE_SQL,
     TAKE_SQL,
     check_name,
@@ -440,6 +444,15 @@ class PostgresBus:
             "DELETE FROM ctxkeep_bus_dead WHERE agent_id = %s AND dead_id = ANY(%s)",
             (agent_id, found),
         )
+
+    # -- counts --------------------------------------------------------------------------
+
+    def stats(self) -> BusStats:
+        """The messages of every agent in the schema: undelivered (depth), received and not
+        acked (pending) and dead letters, in one statement.
+        """
+        depth, pending, dead = self.db.q("count the bus's messages", STATS_SQL)[0]
+        return BusStats(depth=int(depth), pending=int(pending), dead_letters=int(dead))
 
     # -- internals -----------------------------------------------------------------------
 

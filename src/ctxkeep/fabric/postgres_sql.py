@@ -188,6 +188,14 @@ WITH marked AS (
 SELECT count(*), pg_notify('{CHANNEL}', md5(current_schema() || ':' || %(agent)s)) FROM marked
 """
 
+# Every agent's messages: undelivered (no consumer yet), delivered and unacked, dead letters.
+STATS_SQL = """
+SELECT count(*) FILTER (WHERE consumer IS NULL),
+    count(*) FILTER (WHERE consumer IS NOT NULL),
+    (SELECT count(*) FROM ctxkeep_bus_dead)
+FROM ctxkeep_bus_inbox
+"""
+
 SUBSCRIBE_SQL = """
 WITH agent AS (
     SELECT agent_id FROM ctxkeep_bus_agents WHERE agent_id = %(agent)s

@@ -36,6 +36,8 @@ How it maps onto Redis:
   send) is moved by the receive that meets it to the agent's dead-letter stream with the
   reason, in one transaction, so the messages behind it flow; :meth:`RedisStreamBus.dead_letters`
   lists them and :meth:`RedisStreamBus.delete_dead_letters` removes them.
+* :meth:`RedisStreamBus.stats` counts the registered agents' messages in one script: an
+  inbox's length less its group's pending entries is its depth (an ack deletes its entry).
 * ``ctxkeep.fabric.redis_state.RedisTaskState`` is the task's shared state for many processes
   (compare-and-set), which can commit a handled mark together with a change.
 
@@ -103,6 +105,7 @@ from ctxkeep.errors import (
     UnknownAgentError,
 )
 from ctxkeep.fabric.bus import (
+    BusStats,
     DeadLetter,
     IPCMessage,
     check_agent,
@@ -312,6 +315,24 @@ return entries
 the replay hash; ``ARGV``: the group, the consumer, the count. Returns ``[id, [field, value,
 ...] or nil]`` entries, or nil when no replay is due."""
 
+STATS = """
+local depth, pending, dead = 0, 0, 0
+for _, agent in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local inbox = ARGV[1] .. agent
+  local held = 0
+  local summary = redis.pcall('XPENDING', inbox, agent)
+  if type(summary) == 'table' and type(summary[1]) == 'number' then held = summary[1] end
+  pending = pending + held
+  depth = depth + math.max(redis.call('XLEN', inbox) - held, 0)
+  dead = dead + redis.call('XLEN', ARGV[2] .. agent)
+end
+return {depth, pending, dead}
+"""
+"""Count the messages of every registered agent. ``KEYS``: the agents hash; ``ARGV``: the
+inbox keys' and the dead-letter keys' stems (their names without the agent). An inbox holds
+its undelivered entries and its group's pending ones (an ack deletes the entry), so its depth
+is its length less its pending count. Returns ``[depth, pending, dead letters]``."""
+
 RawFields = dict[bytes, bytes]
 """A stream entry's fields as Redis holds them: bytes, which need not be UTF-8."""
 
@@ -415,6 +436,7 @@ class RedisStreamBus:
         self._note_pending = LuaScript(self.db.conn, NOTE_PENDING)
         self._settle_script = LuaScript(self.db.conn, SETTLE)
         self._replay_script = LuaScript(self._reader, REPLAY)
+        self._stats_script = LuaScript(self.db.conn, STATS)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -610,6 +632,21 @@ class RedisStreamBus:
         check_agent(agent_id)
         found = stream_ids(check_ids(ids))
         return int(self.db.conn.xdel(self.keys.dead(agent_id), *found)) if found else 0
+
+    # -- counts --------------------------------------------------------------------------
+
+    @translated
+    def stats(self) -> BusStats:
+        """The messages of every agent that joined a task under the prefix: undelivered
+        (depth), received and not acked (pending) and dead letters, in one script.
+
+        A message sent to an agent that never joined a task waits in an inbox no receive
+        reads yet; it is counted once the agent joins (the agents hash is where the bus finds
+        inboxes without scanning the keyspace).
+        """
+        keys = self.keys
+        depth, pending, dead = self._stats_script([keys.agents], keys.inbox(""), keys.dead(""))
+        return BusStats(depth=int(depth), pending=int(pending), dead_letters=int(dead))
 
     # -- internals -----------------------------------------------------------------------
 

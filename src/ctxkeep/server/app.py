@@ -636,6 +636,8 @@ def create_app(
         keys.close()
         raise
     state = ServerState(url=url, keys=keys, stores=stores, max_body_bytes=max_body_bytes)
+    if observed is not None:
+        observed.watch_buses(stores.open_fabrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

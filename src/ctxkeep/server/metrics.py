@@ -14,9 +14,14 @@ multiprocess mode: with ``PROMETHEUS_MULTIPROC_DIR`` set before prometheus-clien
 imported, every process writes its values to files there and whichever worker answers
 ``/metrics`` adds up every process's (``serve`` sets the variable to a fresh directory).
 
-Not here: the bus's depth and pending messages per tenant. The fabric offers no count of
-either (:class:`~ctxkeep.server.fabric.TenantFabric` has send, receive, ack, recover and the
-dead letters only), and counting them through it would read every queue on each scrape.
+The bus's messages per tenant are not counted as requests go: they are read from the store
+when ``/metrics`` is scraped (:class:`BusCollector`, through each bus's
+:meth:`~ctxkeep.fabric.MessageBus.stats`, one read per tenant), for every tenant whose fabric
+this process has open (the tenants whose agents used the fabric routes since it started). On
+Redis and PostgreSQL the counts are the shared store's, so every worker that has a tenant's
+fabric open shows the same values for it; in multiprocess mode they are added to the files'
+values at the scrape, never written to files (a gauge per process would be summed over the
+workers). A tenant whose store does not answer is left out of that scrape, with a warning.
 
 prometheus-client comes with the ``metrics`` extra and is imported only by
 :func:`open_metrics`; without it ``/metrics`` answers 501 ``missing-dependency`` naming the
@@ -25,10 +30,17 @@ extra.
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
-from ctxkeep.errors import MissingDependencyError
+from ctxkeep.errors import CtxkeepError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from ctxkeep.server.fabric import TenantFabric
+
+log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """The directory prometheus-client's multiprocess mode keeps every process's values in."""
@@ -45,6 +57,17 @@ TOKEN_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576)
 
 PRUNE_ACTIONS = ("compressed", "dropped", "summarised")
 """The report's counts of messages the pruner did not keep as they were."""
+
+BUS_GAUGES = (
+    ("ctxkeep_bus_depth", "depth", "Messages in a tenant's bus not yet delivered to a receiver."),
+    ("ctxkeep_bus_pending", "pending", "Messages of a tenant's bus received and not acked."),
+    (
+        "ctxkeep_bus_dead_letters",
+        "dead_letters",
+        "Messages of a tenant's bus that could not be delivered, moved aside.",
+    ),
+)
+"""The bus's gauges: name, the :class:`~ctxkeep.fabric.BusStats` field, help."""
 
 
 def open_metrics() -> Metrics:
@@ -114,6 +137,8 @@ class Metrics:
             ("action",),
             registry=reg,
         )
+        self.buses: BusCollector | None = None
+        """The bus gauges, once :meth:`watch_buses` was called."""
         self.store_errors = client.Counter(
             "ctxkeep_store_errors",
             "Requests failed by the store, by problem type (storage-unavailable, "
@@ -145,6 +170,13 @@ class Metrics:
             if count > 0:
                 self.pruned.labels(action).inc(count)
 
+    def watch_buses(self, fabrics: Callable[[], Mapping[str, TenantFabric]]) -> None:
+        """Show the bus gauges of the tenants ``fabrics()`` returns (tenant -> its open
+        fabric), read at each scrape (:class:`BusCollector`).
+        """
+        self.buses = BusCollector(fabrics)
+        self.registry.register(self.buses)
+
     def store_error(self, kind: str) -> None:
         """Count a request the store failed (``kind``: the problem's slug)."""
         self.store_errors.labels(kind).inc()
@@ -160,4 +192,43 @@ class Metrics:
 
             registry = client.CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            if self.buses is not None:
+                registry.register(self.buses)
         return client.generate_latest(registry), client.CONTENT_TYPE_LATEST
+
+
+class BusCollector:
+    """The bus gauges (:data:`BUS_GAUGES`), labelled by tenant, read from each open tenant's
+    bus when collected (a prometheus-client custom collector).
+
+    Args:
+        fabrics: tenant -> its open :class:`~ctxkeep.server.fabric.TenantFabric`, called at
+            each collection.
+
+    """
+
+    def __init__(self, fabrics: Callable[[], Mapping[str, TenantFabric]]) -> None:
+        from prometheus_client.metrics_core import GaugeMetricFamily
+
+        self._gauge = GaugeMetricFamily
+        self._fabrics = fabrics
+
+    def describe(self) -> list[Any]:
+        """Nothing to read at registration (the registry would otherwise collect once)."""
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        """One gauge family per count, a sample per tenant whose bus answered."""
+        families = [
+            (self._gauge(name, text, labels=["tenant"]), field) for name, field, text in BUS_GAUGES
+        ]
+        for tenant, fabric in sorted(self._fabrics().items()):
+            try:
+                stats = fabric.bus.stats()
+            except CtxkeepError as exc:
+                log.warning("bus of tenant %r not counted: %s", tenant, exc)
+                continue
+            for family, field in families:
+                family.add_metric([tenant], getattr(stats, field))
+        for family, _ in families:
+            yield family

@@ -389,6 +389,11 @@ class TenantStores:
                 found = self._fabrics[tenant] = self._new_fabric(tenant)
             return found
 
+    def open_fabrics(self) -> dict[str, TenantFabric]:
+        """Tenant -> its fabric, for every fabric made so far (``/metrics`` counts their buses)."""
+        with self._shared:
+            return dict(self._fabrics)
+
     def _new_fabric(self, tenant: str) -> TenantFabric:
         if self.scheme in _REDIS:
             return RedisFabric(self.records_url(tenant))
