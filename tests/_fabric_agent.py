@@ -8,6 +8,10 @@ worker: restores its latest checkpoint (if any), then handles work items: sends 
     ``--stall-after K`` it hangs after the K-th item's effect is committed but before that
     message is acked, for the test to kill it there.
 
+``--backend redis`` (the Redis Streams bus, task state and checkpoints under ``--prefix``) or
+``postgres`` (the PostgreSQL bus, task state and checkpoints in the ``search_path`` schema of
+``--url``).
+
 Events go to stdout as JSON lines.
 """
 
@@ -18,10 +22,7 @@ import json
 import time
 from typing import Any
 
-from ctxkeep import CognitiveState, ContextFabric, IPCMessage
-from ctxkeep.checkpoints.redis import RedisCheckpointStore
-from ctxkeep.fabric.redis_bus import RedisStreamBus
-from ctxkeep.fabric.redis_state import RedisTaskState
+from ctxkeep import CheckpointStore, CognitiveState, ContextFabric, IPCMessage
 
 
 def emit(event: str, **data: Any) -> None:
@@ -32,7 +33,7 @@ def append(key: str, value: Any) -> Any:
     return lambda data: {key: [*data.get(key, []), value]}
 
 
-def planner(args: argparse.Namespace, bus: RedisStreamBus, state: RedisTaskState) -> None:
+def planner(args: argparse.Namespace, bus: Any, state: Any) -> None:
     fabric = ContextFabric(bus=bus)
     fabric.set_task_context("planner", {}, task_id=args.task)
     for n in range(1, args.n + 1):
@@ -49,8 +50,18 @@ def planner(args: argparse.Namespace, bus: RedisStreamBus, state: RedisTaskState
     emit("finished")
 
 
-def worker(args: argparse.Namespace, bus: RedisStreamBus, state: RedisTaskState) -> None:
-    store = RedisCheckpointStore(args.url, prefix=args.prefix)
+def checkpoints(args: argparse.Namespace) -> CheckpointStore:
+    if args.backend == "redis":
+        from ctxkeep.checkpoints.redis import RedisCheckpointStore
+
+        return RedisCheckpointStore(args.url, prefix=args.prefix)
+    from ctxkeep.checkpoints.postgres import PostgresCheckpointStore
+
+    return PostgresCheckpointStore(args.url)
+
+
+def worker(args: argparse.Namespace, bus: Any, state: Any) -> None:
+    store = checkpoints(args)
     fabric = ContextFabric(bus=bus)
     restored = fabric.restore_checkpoint("worker", store)
     if not restored:
@@ -98,7 +109,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["planner", "worker"])
     ap.add_argument("--url", required=True)
-    ap.add_argument("--prefix", required=True)
+    ap.add_argument("--backend", choices=["redis", "postgres"], default="redis")
+    ap.add_argument("--prefix", default="")
     ap.add_argument("--task", required=True)
     ap.add_argument("--n", type=int, required=True)
     ap.add_argument("--consumer", required=True)
@@ -106,14 +118,27 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=5)
     ap.add_argument("--stall-after", type=int, default=0)
     args = ap.parse_args()
-    bus = RedisStreamBus(
-        args.url,
-        consumer=args.consumer,
-        prefix=args.prefix,
-        claim_idle_ms=args.claim_idle_ms,
-        block_ms=100,
-    )
-    state = RedisTaskState(args.url, args.task, prefix=args.prefix)
+    bus: Any
+    state: Any
+    if args.backend == "redis":
+        from ctxkeep.fabric.redis_bus import RedisStreamBus
+        from ctxkeep.fabric.redis_state import RedisTaskState
+
+        bus = RedisStreamBus(
+            args.url,
+            consumer=args.consumer,
+            prefix=args.prefix,
+            claim_idle_ms=args.claim_idle_ms,
+            block_ms=100,
+        )
+        state = RedisTaskState(args.url, args.task, prefix=args.prefix)
+    else:
+        from ctxkeep.fabric.postgres import PostgresBus
+
+        bus = PostgresBus(
+            args.url, consumer=args.consumer, claim_idle_ms=args.claim_idle_ms, block_ms=100
+        )
+        state = bus.task_state(args.task)
     try:
         (planner if args.role == "planner" else worker)(args, bus, state)
     finally:

@@ -1,6 +1,6 @@
-"""Two agent processes cooperate on one task over the Redis bus and shared task state; the
-worker is killed with SIGKILL mid-task, restarts from its latest checkpoint, and the task
-completes with no message lost and none handled twice.
+"""Two agent processes cooperate on one task over a shared bus and task state (Redis Streams, and
+PostgreSQL tables: the same checks for both); the worker is killed with SIGKILL mid-task, restarts
+from its latest checkpoint, and the task completes with no message lost and none handled twice.
 
 The agents are ``tests/_fabric_agent.py``. The planner publishes N work items on the task's
 ``work`` topic and records the results the worker sends back; the worker records each item it
@@ -14,7 +14,6 @@ consumer's messages after ``claim_idle_ms``, skips the one already handled, and 
 from __future__ import annotations
 
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -27,17 +26,11 @@ from typing import Any
 
 import pytest
 
-redis = pytest.importorskip(
-    "redis", reason="redis-py is not installed: pip install 'ctxkeep[redis]'"
-)
+from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
+from ctxkeep.checkpoints import CheckpointStore
 
-from ctxkeep.checkpoints.redis import RedisCheckpointStore  # noqa: E402
-from ctxkeep.fabric.redis_bus import RedisBusKeys, RedisStreamBus  # noqa: E402
-from ctxkeep.fabric.redis_state import RedisTaskState  # noqa: E402
+__all__ = ["postgres_schema_factory", "postgres_url", "redis_prefix_factory", "redis_url"]
 
-pytestmark = pytest.mark.redis
-
-REDIS_URL = os.environ.get("CTXKEEP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AGENT_SCRIPT = Path(__file__).with_name("_fabric_agent.py")
 N = 30
 STALL_AFTER = 7
@@ -45,28 +38,137 @@ BATCH = 5
 WAIT = 30.0  # seconds any one step may take before the test gives up
 
 
-@pytest.fixture
-def redis_prefix() -> Iterator[tuple[str, str]]:
-    """``(url, fresh prefix)``; the prefix's keys are deleted afterwards. Skips without a
-    Redis unless ``CTXKEEP_REQUIRE_SERVICES=1``.
+class Backend:
+    """What the test needs of one backend: its bus, task state and checkpoints as the agents
+    open them, and a look at the worker's inbox from outside.
     """
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, decode_responses=True)
+
+    name: str
+    url: str
+    args: list[str]
+
+    def bus(self) -> Any:
+        raise NotImplementedError
+
+    def state(self, task: str) -> Any:
+        raise NotImplementedError
+
+    def checkpoints(self) -> CheckpointStore:
+        raise NotImplementedError
+
+    def pending(self, agent: str) -> list[str]:
+        """The consumer of each of the agent's messages received and not acked."""
+        raise NotImplementedError
+
+    def stored(self, agent: str) -> int:
+        """How many messages the agent's inbox holds (any state)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class RedisBackend(Backend):
+    name = "redis"
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+
+        from ctxkeep.fabric.redis_bus import RedisBusKeys
+
+        self.url, self.prefix = url, prefix
+        self.args = ["--backend", "redis", "--url", url, "--prefix", prefix]
+        self.keys = RedisBusKeys(prefix)
+        self.client = redis.Redis.from_url(url, decode_responses=True)
+
+    def bus(self) -> Any:
+        from ctxkeep.fabric.redis_bus import RedisStreamBus
+
+        return RedisStreamBus(self.url, consumer="test", prefix=self.prefix)
+
+    def state(self, task: str) -> Any:
+        from ctxkeep.fabric.redis_state import RedisTaskState
+
+        return RedisTaskState(self.url, task, prefix=self.prefix)
+
+    def checkpoints(self) -> CheckpointStore:
+        from ctxkeep.checkpoints.redis import RedisCheckpointStore
+
+        return RedisCheckpointStore(self.url, prefix=self.prefix)
+
+    def pending(self, agent: str) -> list[str]:
+        found = self.client.xpending_range(self.keys.inbox(agent), agent, "-", "+", 100)
+        return [p["consumer"] for p in found]
+
+    def stored(self, agent: str) -> int:
+        return int(self.client.xlen(self.keys.inbox(agent)))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class PostgresBackend(Backend):
+    name = "postgres"
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.url = url
+        self.args = ["--backend", "postgres", "--url", url]
+        self.sql = psycopg.connect(url, autocommit=True)
+
+    def bus(self) -> Any:
+        from ctxkeep.fabric.postgres import PostgresBus
+
+        return PostgresBus(self.url, consumer="test")
+
+    def state(self, task: str) -> Any:
+        from ctxkeep.fabric.postgres import PostgresTaskState
+
+        return PostgresTaskState(self.url, task)
+
+    def checkpoints(self) -> CheckpointStore:
+        from ctxkeep.checkpoints.postgres import PostgresCheckpointStore
+
+        return PostgresCheckpointStore(self.url)
+
+    def pending(self, agent: str) -> list[str]:
+        rows = self.sql.execute(
+            "SELECT consumer FROM ctxkeep_bus_inbox WHERE agent_id = %s AND consumer IS NOT NULL",
+            (agent,),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def stored(self, agent: str) -> int:
+        rows = self.sql.execute(
+            "SELECT count(*) FROM ctxkeep_bus_inbox WHERE agent_id = %s", (agent,)
+        ).fetchall()
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        self.sql.close()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """A fresh Redis prefix or PostgreSQL schema, removed afterwards. Skips without the
+    service unless ``CTXKEEP_REQUIRE_SERVICES=1``.
+    """
+    made: Backend
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        made = RedisBackend(url, request.getfixturevalue("redis_prefix_factory")())
+    else:
+        made = PostgresBackend(request.getfixturevalue("postgres_schema_factory")())
     try:
-        client.ping()
-    except redis.RedisError as exc:
-        client.close()
-        reason = f"no Redis answers at {REDIS_URL} ({exc}); start redis-server"
-        if os.environ.get("CTXKEEP_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{reason} (CTXKEEP_REQUIRE_SERVICES=1)", pytrace=False)
-        pytest.skip(reason)
-    prefix = f"ctxkeep-test:{uuid.uuid4().hex}:"
-    try:
-        yield REDIS_URL, prefix
+        yield made
     finally:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=500))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        made.close()
 
 
 class Agent:
@@ -119,19 +221,16 @@ class Agent:
 
 
 def test_killed_worker_restarts_from_its_checkpoint_and_nothing_is_lost_or_doubled(
-    redis_prefix: tuple[str, str], tmp_path: Path
+    backend: Backend, tmp_path: Path
 ) -> None:
-    url, prefix = redis_prefix
     task = f"task-{uuid.uuid4().hex[:8]}"
-    keys = RedisBusKeys(prefix)
-    common = ["--url", url, "--prefix", prefix, "--task", task, "--n", str(N)]
+    common = [*backend.args, "--task", task, "--n", str(N)]
     common += ["--claim-idle-ms", "500", "--batch", str(BATCH)]
 
-    # The task exists before its agents start: members, subscriptions and state live in Redis.
-    setup = RedisStreamBus(url, consumer="test", prefix=prefix)
-    state = RedisTaskState(url, task, prefix=prefix)
-    store = RedisCheckpointStore(url, prefix=prefix)
-    client = redis.Redis.from_url(url, decode_responses=True)
+    # The task exists before its agents start: members, subscriptions and state are shared.
+    setup = backend.bus()
+    state = backend.state(task)
+    store = backend.checkpoints()
     agents: list[Agent] = []
     try:
         setup.register("planner", task)
@@ -152,8 +251,8 @@ def test_killed_worker_restarts_from_its_checkpoint_and_nothing_is_lost_or_doubl
         # Mid-task: the stalled item is committed but unacked, and so is the rest of its batch.
         _, data = state.read()
         assert data["handled"] == list(range(1, STALL_AFTER + 1))
-        pending = client.xpending_range(keys.inbox("worker"), "worker", "-", "+", 100)
-        assert {p["consumer"] for p in pending} == {"worker-1"}
+        pending = backend.pending("worker")
+        assert set(pending) == {"worker-1"}
         assert len(pending) == BATCH - STALL_AFTER % BATCH + 1
         checkpoint_at_kill = store.latest("worker")
         assert checkpoint_at_kill is not None and checkpoint_at_kill.seq == STALL_AFTER
@@ -173,7 +272,9 @@ def test_killed_worker_restarts_from_its_checkpoint_and_nothing_is_lost_or_doubl
         for agent in agents:
             agent.stop()
         setup.close()
-        store.close()
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
 
     try:
         _, data = state.read()
@@ -185,15 +286,16 @@ def test_killed_worker_restarts_from_its_checkpoint_and_nothing_is_lost_or_doubl
         assert stalled["n"] not in done["handled_here"]
         assert len(done["handled_here"]) == N - STALL_AFTER
         # The restarted worker carried its checkpointed state forward.
-        latest = RedisCheckpointStore(url, prefix=prefix)
+        latest = backend.checkpoints()
         final = latest.latest("worker")
-        latest.close()
+        close = getattr(latest, "close", None)
+        if close is not None:
+            close()
         assert final is not None and final.seq == N
         assert final.state.working_memory == {"lives": 2, "handled_here": N - STALL_AFTER}
         # Every message was acked and left its inbox.
         for agent in ("worker", "planner"):
-            assert client.xpending(keys.inbox(agent), agent)["pending"] == 0
-            assert client.xlen(keys.inbox(agent)) == 0
+            assert backend.pending(agent) == []
+            assert backend.stored(agent) == 0
     finally:
         state.close()
-        client.close()
