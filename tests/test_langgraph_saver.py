@@ -271,6 +271,29 @@ def test_a_list_reads_in_bulk_what_each_get_tuple_reads_alone(
         ]
 
 
+def test_a_checkpoint_of_many_channels_is_read_back_whole(new_url: Callable[[], str]) -> None:
+    """More channels than one blob INSERT holds (``BLOB_ROWS``): every value comes back, by id
+    and as the newest, and a later checkpoint that changes one channel keeps the others'."""
+    from ctxkeep.integrations.langgraph._saver_sql import BLOB_ROWS
+
+    n = BLOB_ROWS * 2 + 7
+    values = {f"ch{i}": {"i": i, "text": "x" * (i % 5)} for i in range(n)}
+    with CtxkeepSaver(new_url()) as s:
+        first = {**checkpoint(str(uuid.UUID(int=1)), **values)}
+        versions = dict(first["channel_versions"])
+        cfg1 = s.put(config("many"), first, {"step": 1}, versions)
+        second = checkpoint(str(uuid.UUID(int=2)), **{**values, "ch3": "changed"})
+        second["channel_versions"] = {**versions, "ch3": "2"}
+        cfg2 = s.put(cfg1, second, {"step": 2}, {"ch3": "2"})
+        by_id = s.get_tuple(cfg1)
+        newest = s.get_tuple(config("many"))
+        assert by_id is not None and newest is not None
+        assert by_id.checkpoint["channel_values"] == values
+        assert newest.config == cfg2
+        assert newest.parent_config == cfg1
+        assert newest.checkpoint["channel_values"] == {**values, "ch3": "changed"}
+
+
 # -- schema versions ------------------------------------------------------------------------------
 
 

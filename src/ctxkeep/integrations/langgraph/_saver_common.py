@@ -150,6 +150,13 @@ class _Backend(ABC):
 
 def _identifier(name: str, value: Any) -> str:
     """An id of a config (a string; a thread id may also be an int or a UUID, kept as text)."""
+    if (  # the usual id, at once (ASCII: no lone surrogate to look for)
+        type(value) is str
+        and value.isascii()
+        and "\0" not in value
+        and (value or name == "checkpoint_ns")
+    ):
+        return value
     if isinstance(value, bool):
         raise InvalidTypeError(f"{name} must be a string, got bool")
     if name in ("thread_id", "run_id") and isinstance(value, int | uuid.UUID):

@@ -107,6 +107,10 @@ CHUNK = 400
 most, far below SQLite's and PostgreSQL's bounds."""
 
 
+BLOB_ROWS = 150
+"""Blobs written per ``INSERT`` of many rows (900 parameters: below SQLite's oldest bound)."""
+
+
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
@@ -114,9 +118,38 @@ def _marks(n: int) -> str:
 class _SQLBackend(_Backend):
     """The primitives over the three tables, for an engine client and its placeholder."""
 
+    join_writes = True
+    """Whether :meth:`read_one` joins a checkpoint's writes to it (one round trip fewer on a
+    server); SQLite reads them by a statement of their own (the join took it longer)."""
+
     def __init__(self, db: Database, param: str) -> None:
         self.db = db
         self.param = param
+        # get_tuple's statements, written once: by id and the newest, each with its writes
+        # joined (join_writes) or alone; the writes of one checkpoint.
+        key = "thread_id = ? AND checkpoint_ns = ?"
+        by_id = f"SELECT {_CP_COLS} FROM {_CP} WHERE {key} AND checkpoint_id = ?"
+        newest = f"SELECT {_CP_COLS} FROM {_CP} WHERE {key} ORDER BY checkpoint_id DESC LIMIT 1"
+        if self.join_writes:
+            by_id, newest = (
+                self._sql(
+                    f"WITH c AS ({sql}) SELECT c.*, {_JOINED_WRITE_COLS} FROM c "
+                    f"LEFT JOIN {_WRITES} w ON w.thread_id = c.thread_id "
+                    "AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id"
+                )
+                for sql in (by_id, newest)
+            )
+        self._one_sql = (self._sql(by_id), self._sql(newest))
+        self._one_blobs_sql: dict[tuple[int, int], str] = {}  # by (channels, versions)
+        self._put_blobs_sql: dict[int, str] = {}  # by the number of blobs
+        self._put_sql = self._sql(
+            f"INSERT INTO {_CP} ({_CP_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
+            f"(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET {_CP_UPDATE}"
+        )
+        self._one_writes_sql = self._sql(
+            f"SELECT task_id, idx, channel, type, blob, task_path FROM {_WRITES} "
+            f"WHERE {key} AND checkpoint_id = ?"
+        )
 
     def _sql(self, sql: str) -> str:
         return placeholders(sql, self.param)
@@ -128,10 +161,7 @@ class _SQLBackend(_Backend):
     def put(self, row: _Row, blobs: dict[str, tuple[str, Typed]]) -> None:
         with self.db.tx("put a LangGraph checkpoint") as conn:
             conn.execute(
-                self._sql(
-                    f"INSERT INTO {_CP} ({_CP_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
-                    f"(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET {_CP_UPDATE}"
-                ),
+                self._put_sql,
                 (
                     row.thread_id,
                     row.checkpoint_ns,
@@ -142,19 +172,20 @@ class _SQLBackend(_Backend):
                     *row.metadata,
                 ),
             )
-            if blobs:
-                executemany(
-                    conn,
-                    self._sql(
-                        f"INSERT INTO {_BLOBS} ({_BLOB_COLS}) VALUES ({_marks(6)}) "
-                        "ON CONFLICT (thread_id, checkpoint_ns, channel, version) "
+            # the blobs in statements of up to BLOB_ROWS rows (their SQL cached by rows)
+            t, ns = row.thread_id, row.checkpoint_ns
+            values = [(t, ns, ch, ver, *value) for ch, (ver, value) in blobs.items()]
+            for start in range(0, len(values), BLOB_ROWS):
+                chunk = values[start : start + BLOB_ROWS]
+                sql = self._put_blobs_sql.get(len(chunk))
+                if sql is None:
+                    sql = self._put_blobs_sql[len(chunk)] = self._sql(
+                        f"INSERT INTO {_BLOBS} ({_BLOB_COLS}) VALUES "
+                        + ", ".join([f"({_marks(6)})"] * len(chunk))
+                        + " ON CONFLICT (thread_id, checkpoint_ns, channel, version) "
                         "DO UPDATE SET type = excluded.type, blob = excluded.blob"
-                    ),
-                    [
-                        (row.thread_id, row.checkpoint_ns, ch, ver, *value)
-                        for ch, (ver, value) in blobs.items()
-                    ],
-                )
+                    )
+                conn.execute(sql, tuple(x for v in chunk for x in v))
 
     def put_writes(self, thread_id: str, ns: str, checkpoint_id: str, writes: list[_Write]) -> None:
         """One ``executemany`` per conflict rule (regular writes are kept, special ones
@@ -182,6 +213,14 @@ class _SQLBackend(_Backend):
         checkpoint's writes joined to it. Sending PostgreSQL a step's statements pipelined
         was measured too: no faster, the commit's flush is the cost.
         """
+        one = query.limit == 1 and not query.filtered
+        if (
+            one
+            and query.thread_id is not None
+            and query.checkpoint_ns is not None
+            and query.before is None
+        ):
+            return self.read_one(query.thread_id, query.checkpoint_ns, query.checkpoint_id, accept)
         where, params = ["1 = 1"], []
         for column, value in (
             ("thread_id = ?", query.thread_id),
@@ -198,8 +237,7 @@ class _SQLBackend(_Backend):
         )
         if query.limit is not None and not query.filtered:
             sql += f" LIMIT {int(query.limit)}"
-        # One checkpoint (get_tuple): its writes joined to it, one statement fewer.
-        one = query.limit == 1 and not query.filtered
+        # One checkpoint of any thread or namespace: its writes joined to it.
         if one:
             sql = (
                 f"WITH c AS ({sql}) SELECT c.*, {_JOINED_WRITE_COLS} FROM c LEFT JOIN {_WRITES} w "
@@ -257,6 +295,48 @@ class _SQLBackend(_Backend):
             )
         return out
 
+    def read_one(
+        self, thread_id: str, ns: str, checkpoint_id: str | None, accept: Accept
+    ) -> list[_Loaded]:
+        """One checkpoint of a thread and namespace (``checkpoint_id``, else the newest),
+        what ``get_tuple`` reads: its row (with its writes joined where ``join_writes``), its
+        writes, and its blobs in one statement; statements written once, in one snapshot.
+        """
+        key: tuple[str, ...] = (thread_id, ns)
+        by_id, newest = self._one_sql
+        with self._read_tx("read a LangGraph checkpoint") as conn:
+            if checkpoint_id is None:
+                rows = conn.execute(newest, key).fetchall()
+            else:
+                rows = conn.execute(by_id, (*key, checkpoint_id)).fetchall()
+            if not rows:
+                return []
+            r = rows[0]
+            row = _Row(
+                thread_id=r[0],
+                checkpoint_ns=r[1],
+                checkpoint_id=r[2],
+                parent_id=r[3],
+                run_id=r[4],
+                checkpoint=(r[5], bytes(r[6])),
+                metadata=(r[7], bytes(r[8])),
+            )
+            accepted = accept(row)
+            if accepted is None:
+                return []
+            versions, decoded = accepted
+            if self.join_writes:
+                writes = [_write(w[9:]) for w in rows if w[9] is not None]
+            else:
+                cur = conn.execute(self._one_writes_sql, (*key, row.checkpoint_id))
+                writes = [_write(w) for w in cur.fetchall()]
+            blobs: dict[str, Typed] = {}
+            for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
+                for ch, ver, kind, b in cur.fetchall():
+                    if versions.get(ch) == ver:
+                        blobs[ch] = (kind, bytes(b))
+        return [_Loaded(row=row, decoded=decoded, blobs=blobs, writes=writes)]
+
     def _blob_reads(
         self, conn: Any, picked: list[tuple[_Row, dict[str, str], Any]]
     ) -> list[tuple[tuple[str, str], Any]]:
@@ -270,15 +350,16 @@ class _SQLBackend(_Backend):
             row, versions, _ = picked[0]
             if versions:
                 chs, vers = list(versions), list(dict.fromkeys(versions.values()))
-                sql = (
-                    f"SELECT channel, version, type, blob FROM {_BLOBS} WHERE thread_id = ? "
-                    f"AND checkpoint_ns = ? AND channel IN ({_marks(len(chs))}) "
-                    f"AND version IN ({_marks(len(vers))})"
-                )
+                shape = (len(chs), len(vers))
+                sql = self._one_blobs_sql.get(shape)
+                if sql is None:
+                    sql = self._one_blobs_sql[shape] = self._sql(
+                        f"SELECT channel, version, type, blob FROM {_BLOBS} WHERE thread_id = ? "
+                        f"AND checkpoint_ns = ? AND channel IN ({_marks(len(chs))}) "
+                        f"AND version IN ({_marks(len(vers))})"
+                    )
                 params = (row.thread_id, row.checkpoint_ns, *chs, *vers)
-                out.append(
-                    ((row.thread_id, row.checkpoint_ns), conn.execute(self._sql(sql), params))
-                )
+                out.append(((row.thread_id, row.checkpoint_ns), conn.execute(sql, params)))
             return out
         needed: dict[tuple[str, str, str], dict[str, None]] = {}
         for row, versions, _ in picked:
@@ -397,6 +478,8 @@ class _SQLBackend(_Backend):
 
 
 class _SQLiteBackend(_SQLBackend):
+    join_writes = False
+
     def __init__(self, path: str) -> None:
         from ctxkeep._sqlite import SQLiteClient
 
