@@ -347,17 +347,18 @@ class SQLBackend(Backend):
             settle_ids(session_id, batch.records, self._rows_with_ids(conn, session_id, batch))
             pending = batch.check(info)
             seqs = list(range(info.next_seq, info.next_seq + len(texts)))
-            executemany(
-                conn,
-                self._sql(
-                    "INSERT INTO ctxkeep_messages (session_id, seq, record, role, message_id) "
-                    "VALUES (?, ?, ?, ?, ?)"
-                ),
-                [
-                    (session_id, s, t, r["role"], r.get("id"))
-                    for s, t, r in zip(seqs, texts, batch.records, strict=True)
-                ],
-            )
+            if texts:  # (a pop: nothing takes the newest message's place)
+                executemany(
+                    conn,
+                    self._sql(
+                        "INSERT INTO ctxkeep_messages (session_id, seq, record, role, message_id) "
+                        "VALUES (?, ?, ?, ?, ?)"
+                    ),
+                    [
+                        (session_id, s, t, r["role"], r.get("id"))
+                        for s, t, r in zip(seqs, texts, batch.records, strict=True)
+                    ],
+                )
             # accessed_at only where it moves past the touch resolution: else the statement
             # leaves its index alone (SQLite rewrites an index whose column is SET at all).
             touch = batch.touches(info.accessed_at)
@@ -402,22 +403,21 @@ class SQLBackend(Backend):
         """Inside an append's transaction: delete the newest message, which must be the one
         ``batch`` replaces (:meth:`Append.takes`); the session as it is without it.
         """
+        # Taken and read back in one statement; one that is not the batch's to replace is
+        # put back by the transaction's rollback (the SessionChangedError ends it).
         newest = conn.execute(
             self._sql(
-                "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
-                "ORDER BY seq DESC LIMIT 1"
+                "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = "
+                "(SELECT max(seq) FROM ctxkeep_messages WHERE session_id = ?) "
+                "RETURNING seq, record"
             ),
-            (info.session_id,),
+            (info.session_id, info.session_id),
         ).fetchone()
         if newest is None:
             raise SessionChangedError(info.session_id)
         record = load_record(info.session_id, *newest)
         if not batch.takes(newest[0], record):
             raise SessionChangedError(info.session_id)
-        conn.execute(
-            self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = ?"),
-            (info.session_id, newest[0]),
-        )
         return replace(
             info,
             message_count=info.message_count - 1,
