@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from ctxkeep import _check
 from ctxkeep.errors import ConfigError, InvalidTypeError, describe
@@ -34,9 +34,8 @@ EMPTY: Typed = ("empty", b"")
 # -- rows, free of I/O ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Row:
-    """One stored checkpoint, encoded."""
+class _Row(NamedTuple):
+    """One stored checkpoint, encoded (a named tuple: many are made per ``list``)."""
 
     thread_id: str
     """The thread."""
@@ -54,8 +53,7 @@ class _Row:
     """The checkpoint's metadata."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Write:
+class _Write(NamedTuple):
     """One pending write, encoded."""
 
     task_id: str
@@ -88,8 +86,7 @@ class _Query:
     """Whether ``accept`` may refuse rows (then no row limit is pushed to the engine)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Loaded:
+class _Loaded(NamedTuple):
     """A checkpoint row with the blobs and writes it needs."""
 
     row: _Row
