@@ -48,10 +48,18 @@ the manager's read of the session for its trim): 2.6x the appends per second on 
 two-core machine (``bench/redis_appends.py``). The client's share is kept small too: the script
 goes straight to redis-py's ``execute_command`` (:class:`~ctxkeep._redis.LuaScript`), answers
 its numbers as integers, and redis-py packs the command and parses the answer in C when hiredis
-is installed (the ``redis`` extra brings it). Replacing the newest message keeps the ``WATCH``
-path: ``WATCH`` the hash and the messages, read, check, one ``MULTI``/``EXEC``, retried if
-another client changed the session meanwhile. Sequence numbers stay gapless under any number of
-writers. Multi-key transactions need one Redis node (no Redis Cluster); Redis 6.2 or newer.
+is installed (the ``redis`` extra brings it). Replacing the newest message (an Agents SDK
+``pop_item``, a pop) is one script call the same way (:data:`REPLACE_SCRIPT`): the check runs on
+the state and the newest message this process last saw (each read and write remembers them),
+and the script takes that message off and writes the replacement only if the session still has
+that generation, ``pending``, no earlier ``accessed_at`` and its newest message at that seq (a
+seq is not reused within a generation, so it names the message); else it answers them as they
+are, and the check runs again. Where there were four round trips (``WATCH``, two reads,
+``MULTI``/``EXEC``), one; ``tests/test_redis_round_trips.py`` counts them. A whole read
+(:meth:`RedisBackend.read`) is one script call too, lighter on both ends than a
+``MULTI``/``EXEC`` pipeline, and so is a read's access (:data:`TOUCH_SCRIPT`). Sequence
+numbers stay gapless under any number of writers. Multi-key transactions need one Redis node
+(no Redis Cluster); Redis 6.2 or newer.
 A trim is one script too (:data:`TRIM_SCRIPT`): the messages up to the cut are archived and
 removed in one atomic step, so the archive is in seq order under any number of writers, and
 no reader sees a message both held and archived.
@@ -88,6 +96,7 @@ memory; use PostgreSQL or SQLite for history that must outlive the server.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
@@ -312,6 +321,55 @@ def parse_member(session_id: str, member: str) -> tuple[int, dict[str, Any]]:
     return seq, load_record(session_id, seq, text)
 
 
+@dataclass(frozen=True)
+class _Top:
+    """A session's newest message as this process last saw it: its generation and seq (which
+    name one message: a seq is not reused within a generation) and what a replacement needs of
+    its record (id, role, the call it answers, whether it makes calls).
+    """
+
+    generation: str
+    seq: int
+    record: dict[str, Any]
+
+
+class _Tops:
+    """The newest message of each session this process last saw (the newest few thousand
+    sessions), what the replace script's compare-and-set checks against: only a guess, which
+    the script verifies by generation and seq.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._tops: dict[str, _Top] = {}
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> _Top | None:
+        """The newest message last seen, or None."""
+        return self._tops.get(session_id)
+
+    def put(self, session_id: str, generation: str, seq: int, record: dict[str, Any]) -> None:
+        """Remember ``record`` at ``seq`` as the session's newest message (only the fields a
+        replacement reads are kept).
+        """
+        stub = {
+            "id": record.get("id"),
+            "role": record.get("role"),
+            "tool_call_id": record.get("tool_call_id"),
+            "tool_calls": bool(record.get("tool_calls")),
+        }
+        with self._lock:
+            self._tops.pop(session_id, None)
+            self._tops[session_id] = _Top(generation, seq, stub)
+            while len(self._tops) > self.size:
+                self._tops.pop(next(iter(self._tops)))
+
+    def forget(self, session_id: str) -> None:
+        """Drop what is known of a session's newest message."""
+        with self._lock:
+            self._tops.pop(session_id, None)
+
+
 # -- the append script ------------------------------------------------------------------------
 
 # One append, in one round trip: a compare-and-set on the session's state (see
@@ -386,6 +444,99 @@ else
   redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
 end
 return {'ok', first, accessed, tonumber(count)}
+"""
+
+
+# A replacement of the newest message (or a pop: no records), in one round trip: a
+# compare-and-set as the append's (see APPEND_SCRIPT), on the session's state and its newest
+# message as this process last saw them. The client ran the manager's check on that state less
+# the newest message (ARGV[8], its seq: a seq is never reused within a generation, so the seq
+# and the generation name one message); the script takes that message off and stores the
+# records in its place only if the hash still has that generation, pending and no earlier
+# accessed_at, and the newest message is still at that seq. Else it answers the hash and the
+# newest member as they are, to check again. Then idempotency by id, as in the append (the
+# message taken off does not count as held).
+# KEYS: session hash, messages zset, roles index, ids hash, accessed index, expires index.
+# ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now, deadline in
+#       Unix ms ("" for no TTL), base generation, the newest message's seq, its role (as the
+#       roles index has it), its id ("" for none), then the records (JSON), oldest first,
+#       then their roles, then their ids, in the same order.
+# Answer: {'ok', first seq, accessed_at, message_count, revision, the member now newest ('' when
+# records were written, the client knows it, or when none is left)}, {'stale', the hash's fields
+# and values, the newest member or ''}, {'found', the members held under the batch's ids} or
+# {'missing'}.
+REPLACE_SCRIPT = """
+local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
+  'generation', 'revision')
+if not h[1] then return {'missing'} end
+local top = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '-inf', 'LIMIT', 0, 1)[1]
+local same = top ~= nil and h[5] == ARGV[7] and string.match(top, '^(%d+):') == ARGV[8]
+  and tonumber(h[4]) >= tonumber(ARGV[3])
+if same then
+  local stored, base = cjson.decode(h[3]), cjson.decode(ARGV[2])
+  same = #stored == #base
+  if same then
+    for i = 1, #stored do
+      if stored[i] ~= base[i] then same = false break end
+    end
+  end
+end
+if not same then return {'stale', redis.call('HGETALL', KEYS[1]), top or ''} end
+local n = (#ARGV - 10) / 3
+local held = {}
+for i = 1, n do
+  local id = ARGV[10 + 2 * n + i]
+  local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
+  if seq and seq ~= ARGV[8] then
+    local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
+    if m and cjson.decode(string.sub(m, #seq + 2)).id == id then held[#held + 1] = m end
+  end
+end
+if #held > 0 then return {'found', held} end
+redis.call('ZREM', KEYS[2], top)
+redis.call('ZREM', KEYS[3], ARGV[9] .. ':' .. string.rep('0', 20 - #ARGV[8]) .. ARGV[8])
+if ARGV[10] ~= '' and redis.call('HGET', KEYS[4], ARGV[10]) == ARGV[8] then
+  redis.call('HDEL', KEYS[4], ARGV[10])
+end
+local first = tonumber(h[1])
+local count = math.max(tonumber(h[2]) - 1, 0) + n
+local batch, roles, ids = {}, {}, {}
+for i = 1, n do
+  local seq = string.format('%d', first + i - 1)
+  batch[#batch + 1] = seq
+  batch[#batch + 1] = seq .. ':' .. ARGV[10 + i]
+  roles[#roles + 1] = 0
+  roles[#roles + 1] = ARGV[10 + n + i] .. ':' .. string.format('%020d', first + i - 1)
+  if ARGV[10 + 2 * n + i] ~= '' then
+    ids[#ids + 1] = ARGV[10 + 2 * n + i]
+    ids[#ids + 1] = seq
+  end
+  if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
+    redis.call('ZADD', KEYS[2], unpack(batch))
+    redis.call('ZADD', KEYS[3], unpack(roles))
+    if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) end
+    batch, roles, ids = {}, {}, {}
+  end
+end
+local accessed = h[4]
+if tonumber(ARGV[5]) > tonumber(h[4]) then accessed = ARGV[5] end
+local revision = tonumber(h[6] or '0') + 1
+redis.call('HSET', KEYS[1], 'next_seq', string.format('%d', first + n),
+  'message_count', string.format('%d', count), 'pending', ARGV[4], 'accessed_at', accessed,
+  'revision', string.format('%d', revision))
+redis.call('ZADD', KEYS[5], accessed, ARGV[1])
+if ARGV[6] == '' then
+  for k = 1, 4 do redis.call('PERSIST', KEYS[k]) end
+  redis.call('ZREM', KEYS[6], ARGV[1])
+else
+  for k = 1, 4 do redis.call('PEXPIREAT', KEYS[k], ARGV[6]) end
+  redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
+end
+local now_top = ''
+if n == 0 then
+  now_top = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '-inf', 'LIMIT', 0, 1)[1] or ''
+end
+return {'ok', first, accessed, count, revision, now_top}
 """
 
 
@@ -498,6 +649,38 @@ redis.call('HSET', KEYS[1], 'message_count', string.format('%d', count),
 return gone
 """
 
+# A session's hash and its messages after a seq, at one instant (RedisBackend.read).
+# KEYS: session hash, messages zset. ARGV: the lower bound as a score ('(seq').
+# Answer: false for no session, or {the hash's fields and values, the members}.
+READ_SCRIPT = """
+local info = redis.call('HGETALL', KEYS[1])
+if #info == 0 then return false end
+return {info, redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[1], '+inf')}
+"""
+
+# A read's access (RedisBackend.info with touch): the hash as it was, accessed_at moved forward
+# (never back), the session in the accessed index at that time, and its keys' deadline moved
+# (or removed, for no TTL), in one step.
+# KEYS: session hash, messages zset, roles index, ids hash, accessed index, expires index.
+# ARGV: session id, the time of the access, deadline in Unix ms ("" for no TTL).
+# Answer: false for no session, or {the hash's fields and values, the accessed_at now stored}.
+TOUCH_SCRIPT = """
+local info = redis.call('HGETALL', KEYS[1])
+if #info == 0 then return false end
+local accessed = redis.call('HGET', KEYS[1], 'accessed_at')
+if not accessed or tonumber(ARGV[2]) > tonumber(accessed) then accessed = ARGV[2] end
+redis.call('HSET', KEYS[1], 'accessed_at', accessed)
+redis.call('ZADD', KEYS[5], accessed, ARGV[1])
+if ARGV[3] == '' then
+  for k = 1, 4 do redis.call('PERSIST', KEYS[k]) end
+  redis.call('ZREM', KEYS[6], ARGV[1])
+else
+  for k = 1, 4 do redis.call('PEXPIREAT', KEYS[k], ARGV[3]) end
+  redis.call('ZADD', KEYS[6], ARGV[3], ARGV[1])
+end
+return {info, accessed}
+"""
+
 _NO_SEQ_BOUND = "9" * SEQ_DIGITS
 """Above every seq, as the tail script compares them."""
 
@@ -585,7 +768,11 @@ class RedisBackend(Backend):
         self._put_fold_script = LuaScript(self._client, PUT_FOLD_SCRIPT)
         self._tail_script = LuaScript(self._client, TAIL_SCRIPT)
         self._trim_script = LuaScript(self._client, TRIM_SCRIPT)
+        self._replace_script = LuaScript(self._client, REPLACE_SCRIPT)
+        self._read_script = LuaScript(self._client, READ_SCRIPT)
+        self._touch_script = LuaScript(self._client, TOUCH_SCRIPT)
         self._known = KnownStates()
+        self._tops = _Tops()
 
     def _atomic(self, watch: list[str], body: Callable[[Pipeline], T]) -> T:
         return atomic(self._client, watch, body)
@@ -761,24 +948,32 @@ class RedisBackend(Backend):
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None
     ) -> SessionInfo | None:
-        """Read the hash; with ``touch``, move ``accessed_at`` forward and the deadline."""
+        """Read the hash; with ``touch``, move ``accessed_at`` forward and the deadline, in
+        one script call (:data:`TOUCH_SCRIPT`).
+        """
         if touch is None:
             fields = self._hash(self._client, session_id)
-            return session_from_fields(session_id, fields) if fields else None
-
-        def body(pipe: Pipeline) -> SessionInfo | None:
-            fields = self._hash(pipe, session_id)
-            if not fields:
-                return None
-            info = session_from_fields(session_id, fields)
-            accessed = max(info.accessed_at, touch)
-            pipe.multi()
-            pipe.hset(self.keys.session(session_id), "accessed_at", repr(accessed))
-            pipe.zadd(self.keys.accessed, {session_id: accessed})
-            self._expire(pipe, session_id, ttl)
-            return replace(info, accessed_at=accessed)
-
-        return self._atomic([self.keys.session(session_id)], body)
+            info = session_from_fields(session_id, fields) if fields else None
+        else:
+            keys = self.keys
+            out = self._touch_script(
+                [*keys.own(session_id), keys.accessed, keys.expires],
+                session_id,
+                repr(float(touch)),
+                "" if ttl is None else str(self._deadline_ms(ttl)),
+            )
+            if out is None:
+                info = None
+            else:
+                flat, accessed = out
+                fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                info = replace(session_from_fields(session_id, fields), accessed_at=float(accessed))
+        if info is None:
+            self._known.forget(session_id)
+            self._tops.forget(session_id)
+        else:
+            self._saw(info, None)
+        return info
 
     @translated
     def append(self, session_id: str, batch: Append) -> list[int]:
@@ -832,101 +1027,145 @@ class RedisBackend(Backend):
                 next_seq=first + len(records),
                 message_count=out[3],
             )
+            self._tops.put(session_id, base.generation, after.next_seq - 1, batch.records[-1])
             return list(range(first, first + len(records))), after
 
         return cas_append(session_id, batch, self._known, read, write)
 
     def _replace(self, session_id: str, batch: Append) -> list[int]:
-        """WATCH the session, check, then write everything in one MULTI/EXEC (retried if
-        another writer got there first).
+        """One round trip when this process knows the session's state and its newest
+        message: the replace script, a compare-and-set as the append's (:data:`REPLACE_SCRIPT`).
+        Unknown or stale, the script answers them as they are, and the check runs again on
+        that (a check refused on a remembered state is believed only on the state as stored).
         """
-        self._known.forget(session_id)
         keys = self.keys
-        records, check, now, ttl = batch.records, batch.check, batch.now, batch.ttl
-        replacing = batch.replacing
-
-        def body(pipe: Pipeline) -> list[int]:
-            fields = self._hash(pipe, session_id)
-            if not fields:
-                raise SessionNotFoundError(f"no session {session_id!r}")
-            info = session_from_fields(session_id, fields)
-            taken: str | None = None
-            if replacing:
-                newest = cast("list[str]", pipe.zrange(keys.messages(session_id), -1, -1))
-                if not newest or not batch.takes(*parse_member(session_id, newest[0])):
+        script_keys = [*keys.own(session_id), keys.accessed, keys.expires]
+        records = [dumps(r) for r in batch.records]
+        roles = [role_of(r) for r in batch.records]
+        ids = [r.get("id") or "" for r in batch.records]
+        now = repr(float(batch.now))
+        deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
+        base, top = self._known.get(session_id), self._tops.get(session_id)
+        exact = False
+        while True:
+            if base is None or top is None or top.generation != base.generation:
+                # nothing to compare: the script answers the session as it is
+                answer = self._replace_script(
+                    script_keys, session_id, "[]", "0", "[]", now, deadline, "", "", "", ""
+                )
+                base, top, exact = self._stale(session_id, answer), self._tops.get(session_id), True
+            assert base is not None
+            try:
+                if top is None or not batch.takes(top.seq, top.record):
                     raise SessionChangedError(session_id)
-                taken = newest[0]
                 info = replace(
-                    info,
-                    message_count=max(info.message_count - 1, 0),
-                    pending=pending_after_pop(info.pending, parse_member(session_id, taken)[1]),
-                    revision=info.revision + 1,
+                    base,
+                    message_count=max(base.message_count - 1, 0),
+                    pending=pending_after_pop(base.pending, top.record),
+                    revision=base.revision + 1,
                 )
-            settle_ids(session_id, records, self._held(pipe, session_id, batch, taken))
-            pending = check(info)
-            seqs = list(range(info.next_seq, info.next_seq + len(records)))
-            accessed = max(info.accessed_at, now)
-            pipe.multi()
-            if taken is not None:
-                pipe.zrem(keys.messages(session_id), taken)
-                seq, record = parse_member(session_id, taken)
-                pipe.zrem(keys.roles(session_id), role_member(role_of(record), seq))
-                pipe.hdel(keys.ids(session_id), str(record.get("id")))
-            held_ids = {r["id"]: s for s, r in zip(seqs, records, strict=True) if r.get("id")}
-            if held_ids:
-                pipe.hset(keys.ids(session_id), mapping=held_ids)
-                pipe.zadd(
-                    keys.messages(session_id),
-                    {message_member(s, r): s for s, r in zip(seqs, records, strict=True)},
-                )
-                pipe.zadd(
-                    keys.roles(session_id),
-                    {role_member(role_of(r), s): 0 for s, r in zip(seqs, records, strict=True)},
-                )
-            pipe.hset(
-                keys.session(session_id),
-                mapping={
-                    "next_seq": str(info.next_seq + len(records)),
-                    "message_count": str(info.message_count + len(records)),
-                    "pending": dumps(list(pending)),
-                    "revision": str(info.revision),
-                    "accessed_at": repr(accessed),
-                },
+                pending = batch.check(info)
+            except Exception:
+                if exact:
+                    raise
+                base = None  # a guess refused it: ask the store
+                continue
+            out = self._replace_script(
+                script_keys,
+                session_id,
+                _pending_json(base.pending),
+                repr(float(base.accessed_at)),
+                _pending_json(pending),
+                now,
+                deadline,
+                base.generation,
+                str(top.seq),
+                role_of(top.record),
+                top.record.get("id") or "",
+                *records,
+                *roles,
+                *ids,
             )
-            pipe.zadd(keys.accessed, {session_id: accessed})
-            self._expire(pipe, session_id, ttl)
-            return seqs
+            if out[0] == "stale":
+                base, top, exact = self._stale(session_id, out), self._tops.get(session_id), True
+                continue
+            if out[0] == "ok":
+                break
+            self._known.forget(session_id)
+            self._tops.forget(session_id)
+            if out[0] == "missing":
+                raise SessionNotFoundError(f"no session {session_id!r}")
+            settle_ids(session_id, batch.records, [parse_member(session_id, m) for m in out[1]])
+            raise StorageError(  # settle_ids raises on any held id, as the script found
+                f"Redis ids index of session {session_id!r} disagrees with its messages"
+            )
+        first: int = out[1]
+        after = replace(
+            info,
+            pending=pending,
+            accessed_at=float(out[2]),
+            next_seq=first + len(records),
+            message_count=out[3],
+            revision=out[4],
+        )
+        self._known.put(after)
+        if records:
+            self._tops.put(
+                session_id, after.generation, first + len(records) - 1, batch.records[-1]
+            )
+        elif out[5]:
+            self._tops.put(session_id, after.generation, *parse_member(session_id, out[5]))
+        else:
+            self._tops.forget(session_id)
+        return list(range(first, first + len(records)))
 
-        watched = [keys.session(session_id)]
-        if replacing:
-            watched.append(keys.messages(session_id))
-        return self._atomic(watched, body)
+    def _stale(self, session_id: str, answer: list[Any]) -> SessionInfo:
+        """The session as a ``'stale'`` answer of the replace script gives it (its newest
+        message remembered).
 
-    def _held(self, pipe: Pipeline, session_id: str, batch: Append, taken: str | None) -> list[Row]:
-        """The session's messages under the batch's ids (by the ``ids:`` hash, each checked
-        against the message its seq holds), but for ``taken``, the member being replaced.
+        Raises:
+            SessionNotFoundError: the answer is ``'missing'``.
+
         """
-        if not batch.message_ids:
-            return []
-        keys = self.keys
-        seqs = cast("list[str | None]", pipe.hmget(keys.ids(session_id), batch.message_ids))
-        held: list[Row] = []
-        for seq in {s for s in seqs if s is not None}:
-            members = cast("list[str]", pipe.zrangebyscore(keys.messages(session_id), seq, seq))
-            held += [parse_member(session_id, m) for m in members if m != taken]
-        return held
+        if answer[0] == "missing":
+            self._known.forget(session_id)
+            self._tops.forget(session_id)
+            raise SessionNotFoundError(f"no session {session_id!r}")
+        flat = answer[1]
+        info = session_from_fields(session_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+        self._known.put(info)
+        if answer[2]:
+            self._tops.put(session_id, info.generation, *parse_member(session_id, answer[2]))
+        else:
+            self._tops.forget(session_id)
+        return info
 
     @translated
     def read(self, session_id: str, after_seq: int = 0) -> Snapshot | None:
-        """The hash and the messages after ``after_seq``, in one MULTI/EXEC (atomic)."""
-        pipe = self._client.pipeline(transaction=True)
-        pipe.hgetall(self.keys.session(session_id))
-        pipe.zrangebyscore(self.keys.messages(session_id), f"({after_seq}", "+inf")
-        fields, members = pipe.execute()
-        if not fields:
+        """The hash and the messages after ``after_seq``, in one script call (atomic): a
+        ``MULTI``/``EXEC`` pipeline's three commands and their answers cost more on both ends.
+        What it saw is remembered for the next compare-and-set write.
+        """
+        out = self._read_script(
+            [self.keys.session(session_id), self.keys.messages(session_id)], f"({after_seq}"
+        )
+        if out is None:
+            self._known.forget(session_id)
+            self._tops.forget(session_id)
             return None
+        flat, members = out
+        info = session_from_fields(session_id, dict(zip(flat[::2], flat[1::2], strict=True)))
         rows: list[Row] = [parse_member(session_id, m) for m in members]
-        return session_from_fields(session_id, fields), rows
+        self._saw(info, rows[-1] if rows else None)
+        return info, rows
+
+    def _saw(self, info: SessionInfo, newest: Row | None) -> None:
+        """Remember the session as a read saw it (and its newest message, when the read
+        reached it), for the next compare-and-set write: only a guess, which that write checks.
+        """
+        self._known.put(info)
+        if newest is not None:
+            self._tops.put(info.session_id, info.generation, *newest)
 
     @translated
     def read_rows(
@@ -981,9 +1220,11 @@ class RedisBackend(Backend):
             )
         _, flat, page, marks = out
         info = session_from_fields(session_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+        rows = [parse_member(session_id, m) for m in reversed(page)]
+        self._saw(info, rows[-1] if rows and before_seq is None else None)
         return Tail(
             info,
-            [parse_member(session_id, m) for m in reversed(page)],
+            rows,
             sorted((parse_member(session_id, m) for m in marks), key=lambda row: row[0]),
         )
 
@@ -1090,6 +1331,7 @@ class RedisBackend(Backend):
         ``MULTI``/``EXEC``, with ``archive``).
         """
         self._known.forget(session_id)
+        self._tops.forget(session_id)
         return self._drop(
             session_id, only_if_gone=False, generation=generation, archive=archive is not None
         )

@@ -1,0 +1,247 @@
+"""The adapters' operations on the Redis backend, one round trip each (issue 26): an append, a
+pop, a newest-N read and a whole read of the Agents SDK session and the LangChain history are
+each one ``EVALSHA`` once the process knows the session; a pop that finds the session changed
+by another process is checked again on the session as it is, and takes the right item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import pytest
+
+from conftest_services import redis_prefix_factory, redis_url
+from ctxkeep.sessions import open_memory
+from ctxkeep.sessions.base import MemoryConfig, MemoryManager
+
+redis = pytest.importorskip(
+    "redis", reason="redis-py is not installed: pip install 'ctxkeep[redis]'"
+)
+
+pytestmark = pytest.mark.redis
+
+__all__ = ["redis_prefix_factory", "redis_url"]
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def url(redis_url: str, redis_prefix_factory: Callable[[], str]) -> str:
+    return f"{redis_url}?{urlencode({'prefix': redis_prefix_factory()})}"
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every command redis-py sends from now on, one entry per send (a pipeline's
+    commands, sent together, are one entry joined by ``+``): the round trips.
+    """
+    names: list[str] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        parts = packed.split(b"\r\n")
+        found = [parts[i + 2].decode() for i, p in enumerate(parts[:-2]) if p.startswith(b"*")]
+        names.append("+".join(n.upper() for n in found))
+        send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    return names
+
+
+def _config(**limits: Any) -> MemoryConfig:
+    # reads write the access time only when it is a minute old: none does in these tests
+    return MemoryConfig(
+        **{"max_history": None, "max_sessions": None, "access_resolution": 60.0, **limits}
+    )
+
+
+@pytest.fixture(params=[None, 3600.0], ids=["no-ttl", "ttl"])
+def config(request: pytest.FixtureRequest) -> MemoryConfig:
+    return _config(session_ttl=request.param)
+
+
+@pytest.fixture
+def mem(url: str, config: MemoryConfig) -> Iterator[MemoryManager]:
+    with open_memory(url, config) as manager:
+        yield manager
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def _item(i: int) -> dict[str, Any]:
+    return {"role": "user" if i % 2 == 0 else "assistant", "content": f"item {i}"}
+
+
+# -- the Agents SDK session -----------------------------------------------------------------
+
+
+@pytest.fixture
+def agents_session(mem: MemoryManager) -> Any:
+    pytest.importorskip("agents")
+    from ctxkeep.integrations.openai_agents import CtxkeepSession
+
+    session = CtxkeepSession("conv", memory=mem)
+    for i in range(30):
+        run(session.add_items([_item(i)]))
+    return session
+
+
+def test_an_agents_sdk_add_is_one_evalsha(agents_session: Any, sent: list[str]) -> None:
+    sent.clear()
+    run(agents_session.add_items([_item(30)]))
+    assert sent == ["EVALSHA"]
+
+
+def test_agents_sdk_pops_are_one_evalsha_each_and_take_the_newest_items(
+    agents_session: Any, sent: list[str]
+) -> None:
+    run(agents_session.get_items())  # the items held: a pop replaces the newest held
+    popped = []
+    for _ in range(3):
+        sent.clear()
+        popped.append(run(agents_session.pop_item()))
+        assert sent == ["EVALSHA"]
+    assert popped == [_item(29), _item(28), _item(27)]
+    sent.clear()
+    run(agents_session.add_items([_item(27)]))  # the state after a pop is known
+    assert sent == ["EVALSHA"]
+    sent.clear()
+    assert run(agents_session.pop_item()) == _item(27)
+    assert sent == ["EVALSHA"]
+    assert run(agents_session.get_items()) == [_item(i) for i in range(27)]
+
+
+def test_agents_sdk_reads_are_one_evalsha(agents_session: Any, sent: list[str]) -> None:
+    sent.clear()
+    assert run(agents_session.get_items(limit=20)) == [_item(i) for i in range(10, 30)]
+    assert run(agents_session.get_items()) == [_item(i) for i in range(30)]
+    assert run(agents_session.get_items(limit=20)) == [_item(i) for i in range(10, 30)]
+    assert sent == ["EVALSHA"] * 3
+
+
+def test_a_new_agents_sdk_session_pops_after_one_read(
+    url: str, config: MemoryConfig, agents_session: Any, sent: list[str]
+) -> None:
+    from ctxkeep.integrations.openai_agents import CtxkeepSession
+
+    other = CtxkeepSession("conv", url, config=config)
+    try:
+        sent.clear()
+        assert run(other.pop_item()) == _item(29)
+        assert sent == ["EVALSHA", "EVALSHA"]  # the newest message, then the replace
+    finally:
+        other.close()
+
+
+def test_a_pop_after_another_process_changed_the_session_takes_the_newest_item(
+    url: str, config: MemoryConfig, agents_session: Any, sent: list[str]
+) -> None:
+    # what this process remembers (the state, the newest message) is a guess the script
+    # checks: changed elsewhere, the pop is checked again on the session as it is
+    from ctxkeep.integrations.openai_agents import CtxkeepSession
+
+    run(agents_session.get_items())
+    other = CtxkeepSession("conv", url, config=config)
+    try:
+        assert run(other.pop_item()) == _item(29)
+        run(other.add_items([{"role": "user", "content": "from elsewhere"}]))
+        assert run(agents_session.pop_item()) == {"role": "user", "content": "from elsewhere"}
+        assert run(agents_session.pop_item()) == _item(28)
+        assert run(other.pop_item()) == _item(27)
+        assert run(agents_session.get_items()) == [_item(i) for i in range(27)]
+        assert run(other.get_items()) == [_item(i) for i in range(27)]
+    finally:
+        other.close()
+
+
+# -- the manager's replace -------------------------------------------------------------------
+
+
+def test_replace_newest_is_one_evalsha_once_the_newest_message_was_read(
+    mem: MemoryManager, sent: list[str]
+) -> None:
+    sid = mem.create_session("agent")
+    mem.add_message(sid, "user", "hello")
+    newest = mem.add_message(sid, "assistant", "hi")
+    sent.clear()
+    mem.replace_newest(sid, [{"role": "assistant", "content": "hi there"}], newest_id=newest.id)
+    assert sent == ["EVALSHA"]
+    assert [m.content for m in mem.get_messages(sid)] == ["hello", "hi there"]
+
+
+def test_a_replace_keeps_the_pending_calls_as_the_session_holds_them(
+    mem: MemoryManager, sent: list[str]
+) -> None:
+    sid = mem.create_session("agent")
+    mem.add_message(sid, "user", "what time is it?")
+    call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    mem.add_message(sid, "assistant", None, tool_calls=[call])
+    result = mem.add_message(sid, "tool", "12:00", tool_call_id="c1")
+    sent.clear()
+    mem.replace_newest(sid, [], newest_id=result.id)  # the call waits again
+    assert sent == ["EVALSHA"]
+    assert mem.get_session(sid).pending == ("c1",)
+    fresh = mem.replace_newest(sid, [], newest_id=mem.get_messages(sid, limit=1)[0].id or "")
+    assert fresh == [] and mem.get_session(sid).pending == ()
+    assert mem.get_session(sid).message_count == 1
+
+
+# -- the LangChain history -------------------------------------------------------------------
+
+
+def test_langchain_history_adds_and_reads_are_one_evalsha_each(
+    url: str, config: MemoryConfig, mem: MemoryManager, sent: list[str]
+) -> None:
+    pytest.importorskip("langchain_core")
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from ctxkeep.integrations.langchain import CtxkeepChatMessageHistory
+
+    history = CtxkeepChatMessageHistory("chat", memory=mem)
+    history.add_message(HumanMessage("hello"))
+    sent.clear()
+    history.add_message(AIMessage("hi"))
+    history.add_message(HumanMessage("how are you?"))
+    assert sent == ["EVALSHA"] * 2
+    sent.clear()
+    assert [m.content for m in history.messages] == ["hello", "hi", "how are you?"]
+    assert sent == ["EVALSHA"]
+    # a new object, as RunnableWithMessageHistory makes each turn: read, then add
+    other = CtxkeepChatMessageHistory("chat", url, config=config)
+    try:
+        sent.clear()
+        assert len(other.messages) == 3
+        other.add_message(AIMessage("fine"))
+        assert sent == ["EVALSHA", "EVALSHA"]
+    finally:
+        other.close()
+    assert [m.content for m in history.messages][-1] == "fine"
+
+
+def test_a_read_that_writes_the_access_time_writes_it_in_one_evalsha(
+    url: str, sent: list[str]
+) -> None:
+    with open_memory(url, _config(session_ttl=3600.0, access_resolution=0.0)) as mem:
+        sid = mem.create_session("agent")
+        mem.add_message(sid, "user", "hello")
+        before = mem.get_session(sid).accessed_at
+        sent.clear()
+        assert [m.content for m in mem.get_messages(sid)] == ["hello"]
+        assert sent == ["EVALSHA", "EVALSHA"]  # the read, then its access
+        after = mem.get_session(sid)
+        assert after.accessed_at > before
+        client = redis.Redis.from_url(url.split("?")[0])
+        prefix = url.split("prefix=")[1].replace("%3A", ":")
+        try:
+            score = client.zscore(f"{prefix}accessed", sid)
+            deadline = client.pexpiretime(f"{prefix}session:{sid}")
+        finally:
+            client.close()
+        assert score == after.accessed_at
+        assert deadline >= (after.accessed_at + 2 * 3600.0) * 1000 - 1000
