@@ -459,3 +459,39 @@ def test_serve_with_workers_keeps_to_workers_times_its_pool_size(db: str, tmp_pa
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
     assert 1 <= watch.peak <= 4, watch.peak
+
+
+def test_episodes_save_on_a_connection_the_pool_opened_before_the_episodic_store_was_imported(
+    db: str,
+) -> None:
+    """The vectors' binary dumper must reach connections that a session store of the same
+    process opened first (CI lost every episode save of a server whose pool had one: psycopg
+    copies its global adapters into a connection as it opens).
+    """
+    import os
+    import subprocess
+    import sys
+
+    with psycopg.connect(in_schema(db, "ext"), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA ext")
+    url = in_schema(db, "one")
+    vector_url = url.replace("search_path%3Done", "search_path%3Done%2Cext")
+    script = f"""
+import sys
+from ctxkeep import open_episodic, open_memory
+with open_memory({url!r}) as mem:
+    mem.add_message(mem.create_session("agent"), "user", "hello")
+    assert "ctxkeep.episodic.postgres" not in sys.modules
+    with open_episodic({vector_url!r}, embedder="hash") as episodic:
+        episodic.save_episode("s", "goal", "a summary")
+        print(len(episodic.search("summary")))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CTXKEEP_PG_POOL_MAX": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1"]

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
@@ -102,8 +101,6 @@ class _FloatsDumper(Dumper):
         body["v"] = flat
         return head + body.tobytes()
 
-
-psycopg.adapters.register_dumper(_Floats, _FloatsDumper)
 
 _NEIGHBOUR_COLUMN = {-1: 0, 1: 1, -2: 2, 2: 3}
 
@@ -197,6 +194,10 @@ class PostgresEpisodicStore(SQLStore):
         values = [r.values() for r in rows]
         arrays = [[v[i] for v in values] for i in range(len(values[0]))]
         dim = self.embedder.dim
+        # on the connection, not psycopg's global map: a pooled connection copies that map
+        # when it opens, and the process's one pool may have opened it before this module
+        # was imported (a session store's first)
+        conn.adapters.register_dumper(_Floats, _FloatsDumper)
         conn.execute(
             f"INSERT INTO ctxkeep_episodes ({COLUMNS}, body, embedding) "
             f"SELECT {COLUMNS}, to_tsvector('simple', doc), "
