@@ -344,3 +344,28 @@ def test_the_example_runs_offline_within_its_budget(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1] / "src" / "ctxkeep"
     sent, whole = run(module.main(root, f"sqlite:///{tmp_path}/ex.db", 6000))
     assert len(sent) >= 10 and max(sent) <= 6000 < whole
+
+
+def test_without_recall_the_must_keep_count_is_not_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It only sizes recall's room: without an episodic store it is work thrown away (issue 24).
+    import ctxkeep.integrations.openai_agents as oa
+
+    calls: list[int] = []
+    real = oa.must_keep_tokens
+
+    def counted(*args: Any) -> int:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(oa, "must_keep_tokens", counted)
+    items = _history(2)
+    plain = ctxkeep_input_filter(max_tokens=3000, counter=COUNTER, cache_stable=False)
+    out = plain(_data(items))
+    assert calls == []
+    store = open_episodic("memory://", embedder="hash")
+    recalling = ctxkeep_input_filter(
+        max_tokens=3000, counter=COUNTER, cache_stable=False, episodic=store
+    )
+    again = recalling(_data(items))
+    assert calls == [1]
+    assert again.input == out.input and again.instructions == out.instructions

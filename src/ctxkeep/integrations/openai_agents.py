@@ -472,17 +472,20 @@ class CtxkeepInputFilter:
             )
         instructions = data.model_data.instructions
         newest = newest_user_message(messages)
-        head = [] if instructions is None else [Message("system", instructions)]
-        room = recall_room(
-            budget,
-            must_keep_tokens(self.counter, head + messages, newest),
-            self.max_prior_tokens,
-        )
+        policy = self._recall_policy
+        room = 0  # without recall nothing reads it: the must-keep count is not made
+        if policy is not None:
+            head = [] if instructions is None else [Message("system", instructions)]
+            room = recall_room(
+                budget,
+                must_keep_tokens(self.counter, head + messages, newest),
+                self.max_prior_tokens,
+            )
         (kept, report), hits, prior = recall_then_fit(
             lambda prior: self._prune(budget, join_prior(instructions, prior), messages),
             query=newest.text if newest is not None else "",
             room=room,
-            recall=self._recall_policy,
+            recall=policy,
             counter=self.counter,
         )
         text = join_prior(instructions, prior)
