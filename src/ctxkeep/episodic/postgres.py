@@ -202,8 +202,8 @@ class PostgresEpisodicStore(SQLStore):
             f"INSERT INTO ctxkeep_episodes ({COLUMNS}, body, embedding) "
             f"SELECT {COLUMNS}, to_tsvector('simple', doc), "
             f"(%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::vector FROM unnest("
-            "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], "
-            "%s::int[], %s::text[], %s::text[], %s::text[]) WITH ORDINALITY "
+            "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::float8[], "
+            "%b::int8[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY "
             f"AS t({COLUMNS}, doc, ord) ORDER BY ord",
             (
                 _Floats(np.stack([r.vector for r in rows])),
