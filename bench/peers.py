@@ -17,7 +17,11 @@ they would see. The pairs (ctxkeep's adapter | the peer, per engine):
   (engine ``memory``: ``CtxkeepStore("memory://")``). Operations: ``search`` with a query (p50
   of 20; the peers at their defaults have no index, so their query does not rank: they return
   the newest matches), ``search`` with a filter and no query (p50 of 20), one ``put`` (p50 of 20),
-  a ``batch`` of ``size`` puts (then deleted, untimed), bytes on disk after the load;
+  a ``batch`` of ``size`` puts (then deleted, untimed), bytes on disk after the load. Each peer
+  runs twice (``--store-peer-index also``): at its defaults, and as ``SqliteStore+index`` (etc.)
+  with LangGraph's ``index={"dims", "embed"}`` over the same embedder and fields as ctxkeep's
+  (it then embeds every put and ranks a query, as ctxkeep's does: puts and query searches like
+  for like), each against a ctxkeep store of its own;
 * LangChain chat histories: ``CtxkeepChatMessageHistory`` | ``SQLChatMessageHistory``
   (langchain-community, SQLite), ``PostgresChatMessageHistory`` (langchain-postgres),
   ``RedisChatMessageHistory`` (langchain-community, plain Redis lists). Operations: read all
@@ -641,23 +645,67 @@ def store_side(
     )
 
 
-def store_pairs(engine: str, size: int, args: argparse.Namespace, stack: ExitStack) -> list[Pair]:
-    """The LangGraph store pairs on ``engine``."""
+def same_index(embedder: str) -> dict[str, Any]:
+    """LangGraph's index config that embeds with the embedder ``CtxkeepStore`` uses (a new
+    instance, with a vector cache of its own as ctxkeep's has), over the same fields (both
+    default to ``["$"]``, the whole value): a peer given it embeds every put and ranks
+    query searches, as ctxkeep's store does.
+    """
+    from ctxkeep.episodic.embedders import get_embedder
+
+    emb = get_embedder(embedder)
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        out: list[list[float]] = emb.embed_documents(texts).tolist()
+        return out
+
+    return {"dims": emb.dim, "embed": embed}
+
+
+def store_pairs(
+    engine: str, size: int, args: argparse.Namespace, stack: ExitStack, notes: list[str]
+) -> list[Pair]:
+    """The LangGraph store pairs on ``engine``: the peer at its defaults (no index), and,
+    unless ``--store-peer-index off``, the peer with the same index as ctxkeep's
+    (:func:`same_index`; a peer named ``...+index``, against a ctxkeep store of its own).
+    """
+    pairs: list[Pair] = []
+    if args.store_peer_index != "only":
+        pairs += store_engine_pairs(engine, size, args, stack, indexed=False)
+    if args.store_peer_index != "off":
+        try:
+            pairs += store_engine_pairs(engine, size, args, stack, indexed=True)
+        except (AttributeError, ImportError, sqlite3.OperationalError) as exc:
+            # SqliteStore's index loads sqlite-vec, an extension some Pythons cannot load
+            # (no sqlite3.Connection.enable_load_extension)
+            note = f"not runnable here: the {engine} store peer with an index: {exc!r:.120}"
+            if note not in notes:
+                notes.append(note)
+    return pairs
+
+
+def store_engine_pairs(
+    engine: str, size: int, args: argparse.Namespace, stack: ExitStack, *, indexed: bool
+) -> list[Pair]:
+    """The LangGraph store pair on ``engine``, its peer indexed as ctxkeep's or not."""
     from ctxkeep.integrations.langgraph import CtxkeepStore
 
     items = store_items(size)
     env: Engines = args.env
+    index: Any = same_index(args.embedder) if indexed else None
+    tag = "-ix" if indexed else ""
+    plus = "+index" if indexed else ""
     if engine == "sqlite":
         from langgraph.store.sqlite import SqliteStore
 
-        ck_dir = env.sqlite(f"store-ck-{size}")
+        ck_dir = env.sqlite(f"store-ck{tag}-{size}")
         ck = CtxkeepStore(f"sqlite:///{ck_dir}/ck.db", embedder=args.embedder)
         items_table: Any = ck._items  # its SQLite client: what it runs, whatever the URL
         ck_sync = pragma_synchronous(items_table._db.conn())
-        peer_dir = env.sqlite(f"store-peer-{size}")
+        peer_dir = env.sqlite(f"store-peer{tag}-{size}")
         conn = sqlite3.connect(peer_dir / "store.db", check_same_thread=False, isolation_level=None)
         conn.execute(f"PRAGMA synchronous={ck_sync}")
-        peer: Any = SqliteStore(conn)
+        peer: Any = SqliteStore(conn, index=index)
         peer.setup()
         stack.callback(conn.close)
         return [
@@ -668,7 +716,7 @@ def store_pairs(engine: str, size: int, args: argparse.Namespace, stack: ExitSta
                     "CtxkeepStore", ck, items, f"{ck_sync} (fixed)", lambda: folder_bytes(ck_dir)
                 ),
                 store_side(
-                    "SqliteStore",
+                    f"SqliteStore{plus}",
                     peer,
                     items,
                     f"{pragma_synchronous(conn)} (set)",
@@ -679,10 +727,10 @@ def store_pairs(engine: str, size: int, args: argparse.Namespace, stack: ExitSta
     if engine == "postgres":
         from langgraph.store.postgres import PostgresStore
 
-        ck_url = env.database(f"store_ck_{size}")
-        peer_url = env.database(f"store_peer_{size}")
+        ck_url = env.database(f"store_ck{tag.replace('-', '_')}_{size}")
+        peer_url = env.database(f"store_peer{tag.replace('-', '_')}_{size}")
         ck = CtxkeepStore(ck_url, embedder=args.embedder)
-        peer = stack.enter_context(PostgresStore.from_conn_string(peer_url))
+        peer = stack.enter_context(PostgresStore.from_conn_string(peer_url, index=index))
         peer.setup()
         return [
             Pair(
@@ -696,7 +744,7 @@ def store_pairs(engine: str, size: int, args: argparse.Namespace, stack: ExitSta
                     lambda: database_bytes(ck_url),
                 ),
                 store_side(
-                    "PostgresStore",
+                    f"PostgresStore{plus}",
                     peer,
                     items,
                     "server",
@@ -718,7 +766,7 @@ def store_pairs(engine: str, size: int, args: argparse.Namespace, stack: ExitSta
                     "",
                     None,
                 ),
-                store_side("InMemoryStore", InMemoryStore(), items, "", None),
+                store_side(f"InMemoryStore{plus}", InMemoryStore(index=index), items, "", None),
             )
         ]
     return []
@@ -1082,7 +1130,7 @@ def build_pairs(
             if adapter == "agents":
                 made = agents_pairs(engine, size, args, args.env, loop)
             elif adapter == "store":
-                made = store_pairs(engine, size, args, stack)
+                made = store_pairs(engine, size, args, stack, notes)
             elif adapter == "history":
                 made = history_pairs(engine, size, args)
             elif adapter == "saver":
@@ -1204,6 +1252,13 @@ def main() -> None:
         help="SQLite synchronous of ctxkeep's sessions and histories (peers' default: full)",
     )
     ap.add_argument("--embedder", default="local", help="CtxkeepStore's embedder (default: local)")
+    ap.add_argument(
+        "--store-peer-index",
+        choices=("also", "off", "only"),
+        default="also",
+        help="also run each store peer with the same index as CtxkeepStore (its embedder, "
+        "fields ['$']: it embeds on put and ranks a query), off, or only that",
+    )
     ap.add_argument("--pg-url", help="a PostgreSQL server to make databases on")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     ap.add_argument("--json", help="also write every figure to this file")
@@ -1347,7 +1402,9 @@ def render(
     console.print(
         "search with a query: the peers at their defaults have no index, so their query does not "
         "rank (the newest 10 matches come back); CtxkeepStore ranks by hybrid recall "
-        f"({args.embedder} embedder), and its bytes hold that index (episodes, text, vectors). "
+        f"({args.embedder} embedder), and its bytes hold that index (episodes, text, vectors); "
+        "a peer named ...+index is given the same embedder (a dense index over the whole value: "
+        "it embeds every put and ranks a query by cosine, like for like). "
         "sync: SQLite's synchronous per side ('fixed': the adapter ignores the URL's; 'set': the "
         "peer's connection set to match), else the server's setting, the same for both sides"
     )
