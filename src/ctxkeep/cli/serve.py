@@ -320,6 +320,10 @@ def run(args: argparse.Namespace) -> int:
         "timeout_keep_alive": args.keep_alive,
         "limit_concurrency": args.max_connections,
         "timeout_graceful_shutdown": args.graceful_timeout,
+        # uvicorn kills a worker that does not answer its health ping in this time, and a
+        # spawned worker answers only once it has imported itself: at the default 5 s, a
+        # loaded machine (a CI run) killed every worker while it started, again and again
+        "timeout_worker_healthcheck": 60,
     }
     workers.log_access_to_stderr()
     if args.workers == 1:
@@ -338,13 +342,27 @@ def run(args: argparse.Namespace) -> int:
         made_dir = tempfile.mkdtemp(prefix="ctxkeep-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = made_dir
     try:
-        uvicorn.run(
-            workers.WORKER_APP,
-            factory=True,
-            workers=args.workers,
-            http=workers.WORKER_PROTOCOL,
-            **options,
-        )
+        if workers.REUSE_PORT and args.port != 0:
+            # uvicorn.run's workers branch, but each worker listens on a socket of its own
+            from uvicorn.supervisors import Multiprocess
+
+            config = uvicorn.Config(
+                workers.WORKER_APP,
+                factory=True,
+                workers=args.workers,
+                http=workers.WORKER_PROTOCOL,
+                **options,
+            )
+            own = workers.OwnSocket(args.host, args.port)
+            Multiprocess(config, sockets=[own]).run()  # type: ignore[list-item]
+        else:
+            uvicorn.run(
+                workers.WORKER_APP,
+                factory=True,
+                workers=args.workers,
+                http=workers.WORKER_PROTOCOL,
+                **options,
+            )
     finally:
         if made_dir is not None:
             shutil.rmtree(made_dir, ignore_errors=True)
