@@ -14,16 +14,19 @@ reads).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import threading
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from ctxkeep.errors import SessionChangedError
-from ctxkeep.messages import Message
+from ctxkeep.errors import InvalidMessageError, SessionChangedError, describe
+from ctxkeep.messages import Content, Message
+from ctxkeep.responses import CARRIER_KIND, RESPONSES_KEY, _Reader
 from ctxkeep.sessions import MemoryManager
 from ctxkeep.sessions.records import SessionInfo, record_to_message
 
@@ -176,3 +179,90 @@ class ConvertedItems:
             held.items.append([orjson.dumps(item) for item in self.convert(message)])
         self._held = held
         return held
+
+
+# -- Responses items to messages, once ------------------------------------------------------
+
+_DEFAULTS: dict[str, Any] = {
+    f.name: None if f.default is dataclasses.MISSING else f.default
+    for f in dataclasses.fields(Message)
+}
+
+
+def _owned_message(role: str, content: Content, **fields: Any) -> Message:
+    """A new message made of values this process owns (copied from the caller's items once):
+    checked as a new message is, not copied again.
+    """
+    return Message._from_owned({**_DEFAULTS, "role": role, "content": content, **fields})
+
+
+class _OwnedReader(_Reader):
+    """:func:`~ctxkeep.from_responses`'s reader over items it was given copies of: each
+    message is made and checked once, its metadata set in place, where ``from_responses``
+    makes it, then a copy of it with the metadata (validated and deep-copied again).
+    """
+
+    @staticmethod
+    def _message(role: str, content: Content, call_id: str | None, i: int) -> Message:
+        try:
+            return _owned_message(role, content, tool_call_id=call_id)
+        except InvalidMessageError as exc:
+            raise InvalidMessageError(str(exc), index=i) from None
+
+    def _close_run(self) -> None:
+        if self.run_open:
+            self.out[-1] = _owned_message("assistant", None, tool_calls=self.calls)
+            self.run_open = False
+
+    def finish(self) -> list[Message]:
+        self._close_run()
+        if self.pending and not self.out:
+            self.out.append(_owned_message("assistant", "", event_kind=CARRIER_KIND))
+            self.entries.append([])
+        if self.pending:
+            self.entries[-1].extend(self.pending)
+        for m, entries in zip(self.out, self.entries, strict=True):
+            m.__dict__["metadata"] = {RESPONSES_KEY: entries}  # made here, shared with no one
+        return self.out
+
+
+def owned_from_responses(items: Iterable[Any]) -> list[Message]:
+    """:func:`~ctxkeep.from_responses` (the same messages, the same errors) for an adapter
+    that gives the messages up to the store (``owned=True``): the items are copied once and
+    each message is checked once, not copied and checked again for its metadata.
+    """
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise InvalidMessageError(
+            f"expected a list of Responses input items, got {describe(items)}"
+        )
+    reader = _OwnedReader()
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping) or not all(isinstance(k, str) for k in item):
+            raise InvalidMessageError(
+                f"a Responses input item must be an object with string keys, got {describe(item)}",
+                index=i,
+            )
+        try:
+            copied = _json_copy(item)
+        except RecursionError:  # nested too deep, or a cycle: as from_responses copies it
+            copied = copy.deepcopy(dict(item))
+        reader.add(copied, i)
+    return reader.finish()
+
+
+def _json_copy(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``item``: plain JSON values copied directly, anything else by
+    ``copy.deepcopy`` (as ``from_responses`` copies every item).
+    """
+    return {k: _copy_value(v) for k, v in item.items()}
+
+
+def _copy_value(value: Any) -> Any:
+    t = type(value)
+    if t is str or t is int or t is float or t is bool or value is None:
+        return value
+    if t is dict:
+        return {k: _copy_value(v) for k, v in value.items()}
+    if t is list:
+        return [_copy_value(v) for v in value]
+    return copy.deepcopy(value)

@@ -82,7 +82,7 @@ from ctxkeep.errors import (
     SessionNotFoundError,
     describe,
 )
-from ctxkeep.integrations._items import ConvertedItems
+from ctxkeep.integrations._items import ConvertedItems, owned_from_responses
 from ctxkeep.messages import Message
 from ctxkeep.prune import PruneReport, TokenPruner
 from ctxkeep.responses import _owned_to_responses, from_responses, to_responses
@@ -185,7 +185,8 @@ class CtxkeepSession:
         """
         batch = [dict(i) for i in cast("list[dict[str, Any]]", list(items))]
         if batch:
-            messages = from_responses(batch)  # fails on a malformed item before any I/O
+            # Fails on a malformed item before any I/O; made for this call alone.
+            messages = owned_from_responses(batch)
             await self._run(self._add, batch, messages)
 
     async def pop_item(self) -> TResponseInputItem | None:
@@ -306,7 +307,7 @@ class CtxkeepSession:
     ) -> tuple[list[Message], list[int]]:
         return self.memory._replace(
             self.session_id,
-            from_responses(rest),
+            owned_from_responses(rest),
             newest_seq=seq,
             generation=generation,
             owned=True,

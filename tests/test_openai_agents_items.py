@@ -1,0 +1,102 @@
+"""CtxkeepSession's own conversion of the items it stores (``owned_from_responses``): the same
+messages and errors as ``from_responses``, each message made and checked once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import ctxkeep.messages as messages_module
+from ctxkeep import MemoryConfig
+from ctxkeep.errors import InvalidMessageError
+from ctxkeep.integrations._items import owned_from_responses
+from ctxkeep.integrations.openai_agents import CtxkeepSession
+from ctxkeep.responses import from_responses, to_responses
+from test_responses import EXAMPLES, _long_history, histories
+
+
+def _same(items: list[Any]) -> None:
+    want, got = from_responses(items), owned_from_responses(items)
+    assert got == want
+    assert json.dumps(to_responses(got)) == json.dumps(to_responses(want))
+
+
+def test_every_item_type_gives_the_messages_from_responses_gives() -> None:
+    _same(list(EXAMPLES.values()))
+    for item in EXAMPLES.values():
+        _same([item])
+    _same(_long_history(3))
+    _same([{"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": "E"}])
+    _same([])
+
+
+@given(histories())
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_histories_give_the_same_messages(items: list[dict[str, Any]]) -> None:
+    _same(items)
+
+
+def test_the_messages_share_nothing_with_the_items() -> None:
+    items = [dict(EXAMPLES["reasoning"]), dict(EXAMPLES["message (typed, parts)"])]
+    before = json.dumps(items)
+    msgs = owned_from_responses(items)
+    items[0]["summary"].append({"type": "summary_text", "text": "changed"})
+    items[1]["content"][0]["text"] = "changed"
+    assert json.dumps(to_responses(msgs)) == before
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [{"role": "user", "content": "ok"}, "junk"],
+        [{"content": "no role or type"}],
+        [{"role": "tool", "content": "x"}],
+        [{"type": "message", "role": "user"}],
+        [{"role": "user", "content": {"not": "parts"}}],
+        [{"type": "function_call", "name": "f", "arguments": "{}"}],
+        [{"type": "function_call_output", "call_id": "", "output": "x"}],
+        [{"type": "function_call_output", "call_id": "c", "output": [1]}],
+        "hello",
+    ],
+)
+def test_malformed_items_raise_the_same_error(items: Any) -> None:
+    with pytest.raises(InvalidMessageError) as want:
+        from_responses(items)
+    with pytest.raises(InvalidMessageError) as got:
+        owned_from_responses(items)
+    assert (str(got.value), got.value.index) == (str(want.value), want.value.index)
+
+
+def test_add_items_checks_each_message_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # from_responses checked (and deep-copied) every message twice: once made, once more
+    # for its metadata. A session stores what it converted: once is enough.
+    session = CtxkeepSession(
+        "s",
+        f"sqlite:///{tmp_path}/ck.db",
+        config=MemoryConfig(max_history=None, session_ttl=None, max_sessions=None),
+    )
+    items = _long_history(2)
+    asyncio.run(session.add_items(items[:1]))  # the session exists
+    n_messages = len(from_responses(items[1:]))
+    runs = 2  # a run of calls starts as a placeholder (no content), made before its message
+    calls: list[int] = []
+    real = messages_module._normalise
+
+    def counted(state: dict[str, Any], *, owned: bool) -> None:
+        calls.append(1)
+        real(state, owned=owned)
+
+    monkeypatch.setattr(messages_module, "_normalise", counted)
+    asyncio.run(session.add_items(items[1:]))
+    monkeypatch.undo()
+    assert len(calls) == n_messages + runs  # from_responses: 2 x n_messages + runs
+    assert asyncio.run(session.get_items()) == items
+    session.close()
