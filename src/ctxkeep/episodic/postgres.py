@@ -21,7 +21,9 @@ The embedder's name and dimension are recorded; opening with another is refused.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -150,6 +152,8 @@ class PostgresEpisodicStore(SQLStore):
     ) -> None:
         super().__init__(embedder, config)
         self.ef_search = ef_search
+        self._joined = threading.local()
+        """``conn``: the connection of the :meth:`transaction` this thread is in, if any."""
         self._db = PgClient(
             url,
             name="ctxkeep-episodic",
@@ -178,6 +182,48 @@ class PostgresEpisodicStore(SQLStore):
     def close(self) -> None:
         """Close the pool."""
         self._db.close()
+
+    @property
+    def db(self) -> PgClient:
+        """The engine client (its pool and ``search_path`` say which tables it reaches)."""
+        return self._db
+
+    @contextmanager
+    def transaction(self, doing: str) -> Iterator[Any]:
+        """One transaction that every read and write of this store on this thread joins until
+        it ends; yields its connection, for a caller to write its own tables of the same
+        database in it (``CtxkeepStore``: an item's row and its episode in one commit, not
+        two or three: a put of one item on PostgreSQL was two commits and 15 round trips).
+        Nested, it joins the one open.
+        """
+        held = getattr(self._joined, "conn", None)
+        if held is not None:
+            yield held
+            return
+        # pipelined: BEGIN goes with the first statement, COMMIT with the last sync, and a
+        # statement whose result is not read (an insert) waits for none
+        with (
+            self._db.errors(doing),
+            self._db.connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+        ):
+            self._joined.conn = conn
+            try:
+                yield conn
+            finally:
+                self._joined.conn = None
+
+    def _tx(self, doing: str) -> Any:
+        """A write transaction: the joined one (:meth:`transaction`), else a new one."""
+        return self.transaction(doing)
+
+    def _q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        held = getattr(self._joined, "conn", None)
+        if held is None:
+            return self._db.q(doing, sql, params)
+        rows: list[Any] = held.execute(sql, params).fetchall()
+        return rows
 
     def _write_windows(self, conn: Any, docs: Sequence[tuple[int, str, int]]) -> None:
         conn.execute(
@@ -216,11 +262,12 @@ class PostgresEpisodicStore(SQLStore):
 
     def _insert(self, batch: NewEpisodes) -> None:
         sessions = list(dict.fromkeys(e.session_id for e in batch.episodes))
-        with self._db.tx("save episodes") as conn:
+        with self._tx("save episodes") as conn:
             # each session's append is serialised: a lock per bucket of sessions (of
             # LOCK_BUCKETS; a lock per session made a batch of 10,000 sessions run out of
             # the server's lock table), taken in one order, so no two batches wait for
-            # each other's locks
+            # each other's locks; pipelined (:meth:`transaction`) with the read of the
+            # sessions' ends (one round trip for both)
             conn.execute(
                 "SELECT pg_advisory_xact_lock(%s, h) FROM (SELECT DISTINCT "
                 f"hashtext(s) & {LOCK_BUCKETS - 1} AS h "
@@ -301,7 +348,7 @@ class PostgresEpisodicStore(SQLStore):
         if not terms or rows.size == 0:
             return scores
         query = " | ".join(dict.fromkeys(terms))
-        found = self._db.q(
+        found = self._q(
             "rank text",
             "SELECT row, ts_rank(body, to_tsquery('simple', %s)) FROM ctxkeep_episodes "
             "WHERE row = ANY(%s)",
@@ -313,7 +360,7 @@ class PostgresEpisodicStore(SQLStore):
         return scores
 
     def _dense(self, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        found = self._db.q(
+        found = self._q(
             "score vectors",
             "SELECT row, 1 - (embedding <=> %s::vector) FROM ctxkeep_episodes WHERE row = ANY(%s)",
             (_vec(q), rows.tolist()),
@@ -335,7 +382,7 @@ class PostgresEpisodicStore(SQLStore):
         )
 
     def _nb_rows(self, rows: np.ndarray) -> np.ndarray:
-        found = self._db.q(
+        found = self._q(
             "read neighbours",
             "SELECT c.row, n.pos - c.pos, n.row FROM ctxkeep_episodes c JOIN ctxkeep_episodes n "
             "ON n.session_id = c.session_id AND n.pos BETWEEN c.pos - 2 AND c.pos + 2 "
@@ -357,7 +404,7 @@ class PostgresEpisodicStore(SQLStore):
         return np.asarray([found[int(r)] for r in rows], np.float64)
 
     def _delete(self, rows: np.ndarray) -> None:
-        with self._db.tx("forget episodes") as conn:
+        with self._tx("forget episodes") as conn:
             sessions: dict[str, int] = {}
             for sid, pos in conn.execute(
                 "DELETE FROM ctxkeep_episodes WHERE row = ANY(%s) RETURNING session_id, pos",

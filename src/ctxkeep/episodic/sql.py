@@ -79,6 +79,12 @@ class SQLStore(EpisodicMemoryStore):
         """``text`` written with ``?`` placeholders, in the engine's placeholders."""
         return placeholders(text, self.dialect.mark)
 
+    def _q(self, doing: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """The rows of one read (a store that lets a caller's transaction be joined reads in
+        it).
+        """
+        return self._db.q(doing, sql, params)
+
     @abstractmethod
     def _insert_rows(self, conn: Any, rows: Sequence[NewRow]) -> None:
         """Insert new episodes with their window documents, in order (a store that numbers
@@ -104,7 +110,7 @@ class SQLStore(EpisodicMemoryStore):
         out: list[Any] = []
         for s in range(0, len(values), self.chunk):
             cond, params = self.dialect.one_of(column, tuple(values[s : s + self.chunk]))
-            out += self._db.q(doing, f"{select} WHERE {cond}", tuple(params))
+            out += self._q(doing, f"{select} WHERE {cond}", tuple(params))
         return out
 
     def _find_keys(self, keys: Sequence[str]) -> dict[str, str]:
@@ -119,7 +125,7 @@ class SQLStore(EpisodicMemoryStore):
 
     def _rows(self, f: EpisodeFilter) -> np.ndarray:
         where, params = f.where(self.dialect)
-        rows = self._db.q(
+        rows = self._q(
             "filter episodes",
             f"SELECT row FROM ctxkeep_episodes WHERE {where} ORDER BY row",
             tuple(params),

@@ -213,10 +213,19 @@ class Items(ABC):
         """Per namespace: its text, how many of its rows never expire, the latest expiry."""
 
     @abstractmethod
-    def write(self, puts: Sequence[tuple[Key, Row | None]], merge: Merge) -> list[Row]:
+    def write(
+        self, puts: Sequence[tuple[Key, Row | None]], merge: Merge, conn: Any = None
+    ) -> list[Row]:
         """In one transaction, store ``merge(stored, put)`` for each put (``None``: delete);
-        returns the stored rows that were replaced or deleted.
+        returns the stored rows that were replaced or deleted. ``conn``: a connection inside
+        a transaction the caller holds (:meth:`joins` said yes), to write in.
         """
+
+    def joins(self, db: Any) -> bool:
+        """Whether the item table can be written in a transaction of ``db`` (an engine
+        client of another store): the same database, reached the same way.
+        """
+        return False
 
     @abstractmethod
     def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
@@ -302,7 +311,9 @@ class MemoryItems(Items):
                 out[row.namespace] = (forever, latest)
         return [(ns, forever, latest) for ns, (forever, latest) in out.items()]
 
-    def write(self, puts: Sequence[tuple[Key, Row | None]], merge: Merge) -> list[Row]:
+    def write(
+        self, puts: Sequence[tuple[Key, Row | None]], merge: Merge, conn: Any = None
+    ) -> list[Row]:
         """Store the merged rows."""
         replaced = []
         with self._lock:
@@ -459,11 +470,28 @@ class SQLItems(Items):
         )
         return [(str(ns), int(forever), latest) for ns, forever, latest in rows]
 
-    def write(self, puts: Sequence[tuple[Key, Row | None]], merge: Merge) -> list[Row]:
-        """Store the merged rows in one transaction: the stored rows read by chunks of
-        :data:`CHUNK` keys, the writes sent with ``executemany`` (a select and an upsert per
-        key made a fifth of a batch put of 1,000 items on PostgreSQL).
+    def joins(self, db: Any) -> bool:
+        """Whether ``db`` is a PostgreSQL client of the same pool and ``search_path``."""
+        pool = getattr(self._db, "pool", None)
+        return (
+            pool is not None
+            and getattr(db, "pool", None) is pool
+            and getattr(db, "search_path", None) == getattr(self._db, "search_path", None)
+        )
+
+    def write(
+        self, puts: Sequence[tuple[Key, Row | None]], merge: Merge, conn: Any = None
+    ) -> list[Row]:
+        """Store the merged rows in one transaction (``conn``'s, if given): the stored rows
+        read by chunks of :data:`CHUNK` keys, the writes sent with ``executemany`` (a select
+        and an upsert per key made a fifth of a batch put of 1,000 items on PostgreSQL).
         """
+        if conn is None:
+            with self._db.tx("write items") as conn:
+                return self._write(conn, puts, merge)
+        return self._write(conn, puts, merge)
+
+    def _write(self, conn: Any, puts: Sequence[tuple[Key, Row | None]], merge: Merge) -> list[Row]:
         names = ", ".join(COLUMNS)
         upsert = self._sql(
             f"INSERT INTO {TABLE} ({names}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
@@ -471,25 +499,24 @@ class SQLItems(Items):
             + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
         )
         delete = self._sql(f"DELETE FROM {TABLE} WHERE namespace = ? AND item_key = ?")
-        with self._db.tx("write items") as conn:
-            stored: dict[Key, Row | None] = {}
-            for sql, params in self._chunks([key for key, _ in puts]):
-                for values in conn.execute(sql, params).fetchall():
-                    row = _row(values)
-                    stored[row.address] = row
-            replaced = []
-            final: dict[Key, Row | None] = {}
-            for key, put in puts:
-                old = final[key] if key in final else stored.get(key)
-                final[key] = merge(old, put)
-                if old is not None:
-                    replaced.append(old)
-            deletes = [key for key, row in final.items() if row is None]
-            upserts = [_values(row) for row in final.values() if row is not None]
-            if deletes:
-                executemany(conn, delete, deletes)
-            if upserts:
-                executemany(conn, upsert, upserts)
+        stored: dict[Key, Row | None] = {}
+        for sql, params in self._chunks([key for key, _ in puts]):
+            for values in conn.execute(sql, params).fetchall():
+                row = _row(values)
+                stored[row.address] = row
+        replaced = []
+        final: dict[Key, Row | None] = {}
+        for key, put in puts:
+            old = final[key] if key in final else stored.get(key)
+            final[key] = merge(old, put)
+            if old is not None:
+                replaced.append(old)
+        deletes = [key for key, row in final.items() if row is None]
+        upserts = [_values(row) for row in final.values() if row is not None]
+        if deletes:
+            executemany(conn, delete, deletes)
+        if upserts:
+            executemany(conn, upsert, upserts)
         return replaced
 
     def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:

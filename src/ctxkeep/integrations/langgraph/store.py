@@ -27,9 +27,11 @@ How an item is kept. Two parts, both in the store the URL names (``memory://``,
   into another's (ctxkeep smooths scores over a session's neighbours).
 
 A put saves the new episode, then writes the row (keeping ``created_at`` of a live item), then
-forgets the episode the row pointed at; a crash in between leaves at most an orphan episode,
-which no search returns (searches are scoped to the episodes live rows point at). An item put
-with ``index=False``, or whose fields hold no text, has no episode.
+forgets the episode the row pointed at. On PostgreSQL, where the item table and the episodes
+share a database, the three are one transaction (one commit a batch); elsewhere a crash in
+between leaves at most an orphan episode, which no search returns (searches are scoped to the
+episodes live rows point at). An item put with ``index=False``, or whose fields hold no text,
+has no episode.
 
 How the parts fit: this module holds the store's rules (batches, puts, recall, TTL); the item
 tables (the ``memory://`` dict and the one SQL table of SQLite and PostgreSQL, with its
@@ -68,6 +70,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from ctxkeep import _check
@@ -330,15 +333,27 @@ class CtxkeepStore(BaseStore):
                     "task_id": ns,
                     "created_at": now,
                 }
-        ids = dict(zip(docs, self.episodic.save_episodes(docs.values()), strict=True))
-        for k, eid in ids.items():
-            rows[k] = dataclasses.replace(rows[k], episode_id=eid)
 
         def merge(old: Row | None, new: Row | None) -> Row | None:
             if new is not None and old is not None and old.live(now):
                 return dataclasses.replace(new, created_at=old.created_at)
             return new
 
+        def save() -> dict[Key, str]:
+            ids = dict(zip(docs, self.episodic.save_episodes(docs.values()), strict=True))
+            for k, eid in ids.items():
+                rows[k] = dataclasses.replace(rows[k], episode_id=eid)
+            return ids
+
+        joined = self._joined()
+        if joined is not None:
+            # one transaction: the episodes, the rows, the forgetting (all or nothing)
+            with joined("put items") as conn:
+                save()
+                replaced = self._items.write([(k, rows.get(k)) for k in puts], merge, conn)
+                self._forget(replaced)
+            return
+        ids = save()
         try:
             replaced = self._items.write([(k, rows.get(k)) for k in puts], merge)
         except BaseException:
@@ -346,6 +361,16 @@ class CtxkeepStore(BaseStore):
                 self.episodic.forget(episode_id=list(ids.values()))
             raise
         self._forget(replaced)
+
+    def _joined(self) -> Callable[[str], AbstractContextManager[Any]] | None:
+        """The episodic store's joinable transaction, when the item table is in the same
+        database (PostgreSQL: the same pool and ``search_path``), else None.
+        """
+        transaction = getattr(self.episodic, "transaction", None)
+        db = getattr(self.episodic, "db", None)
+        if transaction is None or db is None or not self._items.joins(db):
+            return None
+        return transaction  # type: ignore[no-any-return]
 
     def _forget(self, rows: Iterable[Row]) -> None:
         gone = [r.episode_id for r in rows if r.episode_id is not None]
