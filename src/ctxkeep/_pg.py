@@ -60,6 +60,9 @@ _MIGRATION_LOCK = 0x6374786B  # the same lock as the session store: one schema s
 ALIVE_BYPASS = 0.5
 """Seconds after its last use in which a pooled connection is handed out without a ping."""
 
+REPEATABLE_READ = psycopg.IsolationLevel.REPEATABLE_READ
+"""The isolation of a snapshot read (:meth:`PgClient.tx`'s ``isolation``)."""
+
 POOL_MAX_SETTING = "pg_pool_max"
 """The setting of a pool's maximum (``CTXKEEP_PG_POOL_MAX``, or ``pg_pool_max`` in the config
 file); see the module docstring."""
@@ -367,10 +370,35 @@ class PgClient:
                     shared.paths.pop(conn, None)
 
     @contextmanager
-    def tx(self, doing: str) -> Iterator[Any]:
-        """A connection inside one transaction."""
-        with self.errors(doing), self.connection() as conn, conn.transaction():
-            yield conn
+    def tx(
+        self,
+        doing: str,
+        *,
+        isolation: psycopg.IsolationLevel | None = None,
+        read_only: bool | None = None,
+    ) -> Iterator[Any]:
+        """A connection inside one transaction; with ``isolation`` and/or ``read_only``, one
+        that begins as ``BEGIN ISOLATION LEVEL ... READ ONLY``: psycopg builds its ``BEGIN``
+        from the connection's attributes, so the transaction's characteristics cost no
+        ``SET TRANSACTION`` round trip. The pooled connection's attributes are set back as it
+        goes back (a connection whose attributes cannot be set back is closed, so the pool
+        drops it): the next user of the connection begins as it would have.
+        """
+        if isolation is None and read_only is None:
+            with self.errors(doing), self.connection() as conn, conn.transaction():
+                yield conn
+            return
+        with self.errors(doing), self.connection() as conn:
+            before = conn.isolation_level, conn.read_only
+            try:
+                conn.isolation_level, conn.read_only = isolation, read_only
+                with conn.transaction():
+                    yield conn
+            finally:
+                try:
+                    conn.isolation_level, conn.read_only = before
+                except psycopg.Error:
+                    conn.close()
 
     def q(
         self,

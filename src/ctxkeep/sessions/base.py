@@ -32,6 +32,7 @@ another.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -833,7 +834,40 @@ class MemoryManager:
                     f"system must be a string or a Message, got {type(system).__name__}"
                 )
             prefix = [system if isinstance(system, Message) else Message("system", system)]
-        self._live(session_id, touch=True)
+        session_id = check_session_id(session_id)
+        now = self._clock()
+        # The TTL test and the touch are made on the row the prompt's own snapshot read (no
+        # read of the row before it: one round trip fewer per prompt on a server). A session
+        # found idle past its TTL is reclaimed and raises, as by _live; one touched or made
+        # again meanwhile is read again the way it was before (_live first), as is one whose
+        # read or prune failed (the error stands, unless the session had expired).
+        try:
+            prompt = self._prompt(session_id, prefix, pruner)
+        except SessionNotFoundError:
+            raise
+        except Exception:
+            try:
+                self._live(session_id, touch=True)  # an expired session: SessionNotFoundError
+            except SessionNotFoundError:
+                raise
+            except StorageError:
+                pass
+            raise
+        info = prompt.info
+        ttl = self.config.session_ttl
+        if ttl is not None and info.accessed_at < now - ttl:
+            self._live(session_id, touch=True)  # reclaims and raises, or touched meanwhile
+            return self._prompt(session_id, prefix, pruner)
+        touched = self._touch(session_id, info, now)
+        if touched is not info and touched.generation == info.generation:
+            info = dataclasses.replace(info, accessed_at=max(info.accessed_at, touched.accessed_at))
+            prompt = dataclasses.replace(prompt, info=info)
+        return prompt
+
+    def _prompt(self, session_id: str, prefix: list[Message], pruner: Any) -> SessionPrompt:
+        """:meth:`build_prompt` without the TTL test and the touch (its caller makes them on
+        the info read).
+        """
         # A pruner that declares how it reads (a TokenPruner: the newest pages, or its fold
         # snapshot) reads through this manager's primitives; None from it: read it all.
         read = getattr(pruner, "read_prompt", None)

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ctxkeep._pg import PgClient
+from ctxkeep._pg import REPEATABLE_READ, PgClient
 from ctxkeep.errors import StorageError
 from ctxkeep.sessions.base import EvictReason, KnownStates, Written, cas_append
 from ctxkeep.sessions.records import Append, SessionInfo, dumps
@@ -175,7 +175,9 @@ class PostgresBackend(SQLBackend):
 
     @contextmanager
     def snapshot(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
-        """A ``REPEATABLE READ`` transaction: every statement sees one snapshot."""
-        with self._pg.tx(doing) as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        """A ``REPEATABLE READ READ ONLY`` transaction: every statement sees one snapshot.
+        It begins as such (:meth:`~ctxkeep._pg.PgClient.tx`): no ``SET TRANSACTION`` round
+        trip after the ``BEGIN``.
+        """
+        with self._pg.tx(doing, isolation=REPEATABLE_READ, read_only=True) as conn:
             yield conn
