@@ -61,8 +61,9 @@ SCHEMA_VERSION = len(MIGRATIONS)
 # which decides a retry or a conflict (ctxkeep.sessions.records.settle_ids). The records,
 # roles and ids go as binary arrays (%b): in a text array psycopg escapes
 # each of a JSON record's double quotes with a regular expression, about 25 us of client CPU
-# per one-message append (more for records with more quotes).
-APPEND_SQL = f"""
+# per one-message append (more for records with more quotes); one message's go as scalars
+# (APPEND_ONE_SQL).
+_APPEND = """
 WITH upd AS (
     UPDATE ctxkeep_sessions
     SET next_seq = next_seq + %(n)s, message_count = message_count + %(n)s,
@@ -70,18 +71,34 @@ WITH upd AS (
             THEN GREATEST(accessed_at, %(now)s) ELSE accessed_at END
     WHERE session_id = %(sid)s AND pending::jsonb = %(base_pending)s::jsonb
         AND accessed_at >= %(base_accessed)s AND generation = %(base_generation)s
-    RETURNING {COLUMNS}
+    RETURNING {columns}
 ), ins AS (
     INSERT INTO ctxkeep_messages (session_id, seq, record, role, message_id)
-    SELECT upd.session_id, upd.next_seq - %(n)s + m.i - 1, m.record, m.role, m.message_id
-    FROM upd, unnest(%(records)b::text[], %(roles)b::text[], %(ids)b::text[])
-        WITH ORDINALITY AS m(record, role, message_id, i)
+    {messages}
 )
-SELECT true, {COLUMNS} FROM upd
+SELECT true, {columns} FROM upd
 UNION ALL
-SELECT false, {COLUMNS} FROM ctxkeep_sessions
+SELECT false, {columns} FROM ctxkeep_sessions
 WHERE session_id = %(sid)s AND NOT EXISTS (SELECT 1 FROM upd)
 """
+
+APPEND_SQL = _APPEND.format(
+    columns=COLUMNS,
+    messages="""SELECT upd.session_id, upd.next_seq - %(n)s + m.i - 1, m.record, m.role,
+        m.message_id
+    FROM upd, unnest(%(records)b::text[], %(roles)b::text[], %(ids)b::text[])
+        WITH ORDINALITY AS m(record, role, message_id, i)""",
+)
+"""An append of any number of messages (see the comment above)."""
+
+APPEND_ONE_SQL = _APPEND.format(
+    columns=COLUMNS,
+    messages="""SELECT upd.session_id, upd.next_seq - 1, %(record)s::text, %(role)s::text,
+        %(id)s::text FROM upd""",
+)
+"""An append of one message, :data:`APPEND_SQL` with the record, role and id as scalars: a
+list parameter costs psycopg a scan of its items' types and an array dumper for each of the
+three (a one-message append is the common one: a chat history's ``add_message``)."""
 
 
 class PostgresBackend(SQLBackend):
@@ -127,23 +144,23 @@ class PostgresBackend(SQLBackend):
             return self.info(session_id, touch=None, ttl=None)
 
         def write(base: SessionInfo, pending: tuple[str, ...]) -> Written:
-            rows = self._pg.q(
-                "append",
-                APPEND_SQL,
-                {
-                    "sid": session_id,
-                    "n": len(texts),
-                    "pending": dumps(list(pending)),
-                    "now": batch.now,
-                    "touch_after": batch.touch_after,
-                    "base_pending": dumps(list(base.pending)),
-                    "base_accessed": base.accessed_at,
-                    "base_generation": base.generation,
-                    "records": texts,
-                    "roles": roles,
-                    "ids": [r.get("id") for r in batch.records],
-                },
-            )
+            params = {
+                "sid": session_id,
+                "n": len(texts),
+                "pending": dumps(list(pending)),
+                "now": batch.now,
+                "touch_after": batch.touch_after,
+                "base_pending": dumps(list(base.pending)),
+                "base_accessed": base.accessed_at,
+                "base_generation": base.generation,
+            }
+            if len(texts) == 1:
+                sql = APPEND_ONE_SQL
+                params.update(record=texts[0], role=roles[0], id=batch.records[0].get("id"))
+            else:
+                sql = APPEND_SQL
+                params.update(records=texts, roles=roles, ids=[r.get("id") for r in batch.records])
+            rows = self._pg.q("append", sql, params)
             if not rows:
                 return None
             info = row_to_info(rows[0][1:])
