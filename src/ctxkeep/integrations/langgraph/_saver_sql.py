@@ -111,6 +111,14 @@ BLOB_ROWS = 150
 """Blobs written per ``INSERT`` of many rows (900 parameters: below SQLite's oldest bound)."""
 
 
+WRITE_ROWS = 100
+"""Pending writes per ``INSERT`` of many rows (900 parameters)."""
+
+
+def _flat(rows: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    return tuple(x for r in rows for x in r)
+
+
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
@@ -142,6 +150,7 @@ class _SQLBackend(_Backend):
         self._one_sql = (self._sql(by_id), self._sql(newest))
         self._one_blobs_sql: dict[tuple[int, int], str] = {}  # by (channels, versions)
         self._put_blobs_sql: dict[int, str] = {}  # by the number of blobs
+        self._put_writes_cache: dict[int, str] = {}  # by the number of writes
         self._put_sql = self._sql(
             f"INSERT INTO {_CP} ({_CP_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
             f"(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET {_CP_UPDATE}"
@@ -157,6 +166,12 @@ class _SQLBackend(_Backend):
     @abstractmethod
     def _read_tx(self, doing: str) -> AbstractContextManager[Any]:
         """A connection inside one read transaction that sees one snapshot."""
+
+    @abstractmethod
+    def _auto(self, doing: str) -> AbstractContextManager[Any]:
+        """A connection outside a transaction: each statement is its own (atomic, one
+        snapshot), with no ``BEGIN`` or ``COMMIT`` to send.
+        """
 
     def put(self, row: _Row, blobs: dict[str, tuple[str, Typed]]) -> None:
         with self.db.tx("put a LangGraph checkpoint") as conn:
@@ -188,24 +203,48 @@ class _SQLBackend(_Backend):
                 conn.execute(sql, tuple(x for v in chunk for x in v))
 
     def put_writes(self, thread_id: str, ns: str, checkpoint_id: str, writes: list[_Write]) -> None:
-        """One ``executemany`` per conflict rule (regular writes are kept, special ones
-        replaced), not a statement per write.
+        """One ``INSERT`` of many rows whose conflict rule keeps a regular write that exists
+        and replaces a special one (``DO UPDATE ... WHERE excluded.idx < 0``); up to
+        :data:`WRITE_ROWS` writes (a step's few) run as that one statement alone, atomic
+        without a ``BEGIN`` and a ``COMMIT`` around it (a round trip instead of three on
+        PostgreSQL), more in one transaction.
         """
-        insert = f"INSERT INTO {_WRITES} ({_WRITE_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
-        key = "(thread_id, checkpoint_ns, checkpoint_id, task_id, idx)"
-        rows = {
-            special: [
-                (thread_id, ns, checkpoint_id, w.task_id, w.idx, w.channel, *w.value, w.task_path)
-                for w in writes
-                if (w.idx < 0) == special
-            ]
-            for special in (False, True)
-        }
+        # One row per key (a statement may not touch a row twice): a later special write to
+        # the same idx replaces an earlier one, as successive statements would.
+        rows: dict[tuple[str, int], tuple[Any, ...]] = {}
+        for w in writes:
+            key = (w.task_id, w.idx)
+            if w.idx < 0 or key not in rows:
+                rows[key] = (
+                    thread_id,
+                    ns,
+                    checkpoint_id,
+                    w.task_id,
+                    w.idx,
+                    w.channel,
+                    *w.value,
+                    w.task_path,
+                )
+        values = list(rows.values())
+        if len(values) <= WRITE_ROWS:
+            with self._auto("put LangGraph writes") as conn:
+                conn.execute(self._put_writes_sql(len(values)), _flat(values))
+            return
         with self.db.tx("put LangGraph writes") as conn:
-            for special, values in rows.items():
-                if values:
-                    conflict = f"{key} DO UPDATE SET {_WRITE_UPDATE}" if special else "DO NOTHING"
-                    executemany(conn, self._sql(insert + conflict), values)
+            for start in range(0, len(values), WRITE_ROWS):
+                chunk = values[start : start + WRITE_ROWS]
+                conn.execute(self._put_writes_sql(len(chunk)), _flat(chunk))
+
+    def _put_writes_sql(self, n: int) -> str:
+        sql = self._put_writes_cache.get(n)
+        if sql is None:
+            sql = self._put_writes_cache[n] = self._sql(
+                f"INSERT INTO {_WRITES} ({_WRITE_COLS}) VALUES "
+                + ", ".join([f"({_marks(9)})"] * n)
+                + " ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) "
+                f"DO UPDATE SET {_WRITE_UPDATE} WHERE excluded.idx < 0"
+            )
+        return sql
 
     def read(self, query: _Query, accept: Accept) -> list[_Loaded]:
         """The checkpoints, then the blobs and the writes of all of them by chunks of
@@ -300,41 +339,68 @@ class _SQLBackend(_Backend):
     ) -> list[_Loaded]:
         """One checkpoint of a thread and namespace (``checkpoint_id``, else the newest),
         what ``get_tuple`` reads: its row (with its writes joined where ``join_writes``), its
-        writes, and its blobs in one statement; statements written once, in one snapshot.
+        writes, and its blobs in one statement; statements written once.
+
+        Read outside a transaction, each statement its own snapshot, with no ``BEGIN`` and
+        ``COMMIT`` to send (two round trips of four on PostgreSQL). Blobs are never changed
+        once written, only deleted with the thread (or pruned): a blob of the checkpoint's
+        versions missing then means the thread changed between the statements, or the blob
+        was never stored; the checkpoint is then read again inside one read transaction,
+        whose answer stands.
         """
+        with self._auto("read a LangGraph checkpoint") as conn:
+            found = self._read_one(conn, thread_id, ns, checkpoint_id, accept, strict=True)
+        if found is not None:
+            return found
+        with self._read_tx("read a LangGraph checkpoint") as conn:
+            again = self._read_one(conn, thread_id, ns, checkpoint_id, accept, strict=False)
+        return again or []
+
+    def _read_one(
+        self,
+        conn: Any,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str | None,
+        accept: Accept,
+        *,
+        strict: bool,
+    ) -> list[_Loaded] | None:
+        """:meth:`read_one` on ``conn``; ``None`` if ``strict`` and a blob is missing."""
         key: tuple[str, ...] = (thread_id, ns)
         by_id, newest = self._one_sql
-        with self._read_tx("read a LangGraph checkpoint") as conn:
-            if checkpoint_id is None:
-                rows = conn.execute(newest, key).fetchall()
-            else:
-                rows = conn.execute(by_id, (*key, checkpoint_id)).fetchall()
-            if not rows:
-                return []
-            r = rows[0]
-            row = _Row(
-                thread_id=r[0],
-                checkpoint_ns=r[1],
-                checkpoint_id=r[2],
-                parent_id=r[3],
-                run_id=r[4],
-                checkpoint=(r[5], bytes(r[6])),
-                metadata=(r[7], bytes(r[8])),
-            )
-            accepted = accept(row)
-            if accepted is None:
-                return []
-            versions, decoded = accepted
-            if self.join_writes:
-                writes = [_write(w[9:]) for w in rows if w[9] is not None]
-            else:
-                cur = conn.execute(self._one_writes_sql, (*key, row.checkpoint_id))
-                writes = [_write(w) for w in cur.fetchall()]
-            blobs: dict[str, Typed] = {}
-            for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
-                for ch, ver, kind, b in cur.fetchall():
-                    if versions.get(ch) == ver:
-                        blobs[ch] = (kind, bytes(b))
+        if checkpoint_id is None:
+            rows = conn.execute(newest, key).fetchall()
+        else:
+            rows = conn.execute(by_id, (*key, checkpoint_id)).fetchall()
+        if not rows:
+            return []
+        r = rows[0]
+        row = _Row(
+            thread_id=r[0],
+            checkpoint_ns=r[1],
+            checkpoint_id=r[2],
+            parent_id=r[3],
+            run_id=r[4],
+            checkpoint=(r[5], bytes(r[6])),
+            metadata=(r[7], bytes(r[8])),
+        )
+        accepted = accept(row)
+        if accepted is None:
+            return []
+        versions, decoded = accepted
+        if self.join_writes:
+            writes = [_write(w[9:]) for w in rows if w[9] is not None]
+        else:
+            cur = conn.execute(self._one_writes_sql, (*key, row.checkpoint_id))
+            writes = [_write(w) for w in cur.fetchall()]
+        blobs: dict[str, Typed] = {}
+        for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
+            for ch, ver, kind, b in cur.fetchall():
+                if versions.get(ch) == ver:
+                    blobs[ch] = (kind, bytes(b))
+        if strict and len(blobs) < len(versions):
+            return None
         return [_Loaded(row=row, decoded=decoded, blobs=blobs, writes=writes)]
 
     def _blob_reads(
@@ -489,18 +555,29 @@ class _SQLiteBackend(_SQLBackend):
     def _read_tx(self, doing: str) -> AbstractContextManager[Any]:
         return self.client.tx(doing, immediate=False)  # a deferred BEGIN: a WAL snapshot
 
+    @contextmanager
+    def _auto(self, doing: str) -> Iterator[Any]:
+        with self.client.errors(doing):
+            yield self.client.conn()  # isolation_level=None: autocommit
+
 
 class _PostgresBackend(_SQLBackend):
     def __init__(self, url: str) -> None:
+        from psycopg import IsolationLevel
+
         from ctxkeep._pg import PgClient
 
+        self._isolation = IsolationLevel.REPEATABLE_READ
         self.client = PgClient(
             url, name="ctxkeep-langgraph", meta_key=META_KEY, migrations=POSTGRES_MIGRATIONS
         )
         super().__init__(self.client, "%s")
 
+    def _read_tx(self, doing: str) -> AbstractContextManager[Any]:
+        # the characteristics in the BEGIN itself: no SET TRANSACTION round trip
+        return self.client.tx(doing, isolation=self._isolation, read_only=True)
+
     @contextmanager
-    def _read_tx(self, doing: str) -> Iterator[Any]:
-        with self.client.tx(doing) as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            yield conn
+    def _auto(self, doing: str) -> Iterator[Any]:
+        with self.client.errors(doing), self.client.connection() as conn:
+            yield conn  # the pool's connections are autocommit

@@ -1,0 +1,95 @@
+"""CtxkeepSaver on SQLite: the statements a LangGraph step sends (counted with SQLite's trace
+callback), and the write rules the fewer statements keep on every engine.
+
+A step is ``put`` + ``put_writes`` + ``get_tuple``; each statement the engine runs costs a
+call into it (a round trip on PostgreSQL), ``BEGIN`` and ``COMMIT`` included.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.conformance")
+
+from conftest_services import (  # noqa: F401
+    postgres_schema_factory,
+    postgres_url,
+    redis_prefix_factory,
+    redis_url,
+)
+from ctxkeep.integrations.langgraph import CtxkeepSaver
+from test_langgraph_saver import checkpoint, config, new_url, saver  # noqa: F401
+
+
+@pytest.fixture
+def traced(tmp_path: Path) -> Iterator[tuple[CtxkeepSaver, list[str]]]:
+    """A SQLite saver and the statements its connection runs (from when it is traced)."""
+    with CtxkeepSaver(f"sqlite:///{tmp_path / 'lg.db'}") as s:
+        ran: list[str] = []
+        conn = s._backend.client.conn()  # type: ignore[attr-defined]
+        conn.set_trace_callback(ran.append)
+        yield s, ran
+
+
+def _first(s: CtxkeepSaver) -> Any:
+    cp = checkpoint(str(uuid.UUID(int=1)), messages=["hi"], step=1)
+    return s.put(config("t", checkpoint_ns=""), cp, {"step": 1}, dict(cp["channel_versions"]))
+
+
+def test_put_writes_of_a_step_is_one_statement(traced: tuple[CtxkeepSaver, list[str]]) -> None:
+    s, ran = traced
+    cfg = _first(s)
+    ran.clear()
+    s.put_writes(cfg, [("messages", ["a"]), ("step", 2), ("__interrupt__", "x")], "task-1")
+    assert len(ran) == 1 and ran[0].startswith("INSERT INTO ctxkeep_lg_writes")
+
+
+def test_get_tuple_sends_no_begin_or_commit(traced: tuple[CtxkeepSaver, list[str]]) -> None:
+    s, ran = traced
+    cfg = _first(s)
+    s.put_writes(cfg, [("messages", ["a"])], "task-1")
+    ran.clear()
+    got = s.get_tuple(cfg)
+    assert got is not None and got.checkpoint["channel_values"] == {"messages": ["hi"], "step": 1}
+    assert got.pending_writes == [("task-1", "messages", ["a"])]
+    assert [q.split()[0] for q in ran] == ["SELECT", "SELECT", "SELECT"]
+
+
+def test_a_missing_blob_is_read_again_in_one_snapshot(
+    traced: tuple[CtxkeepSaver, list[str]],
+) -> None:
+    """A checkpoint whose channel version has no stored value (put without it in
+    ``new_versions``): read again inside a transaction, returned without that channel."""
+    s, ran = traced
+    cp = checkpoint(str(uuid.UUID(int=1)), kept=1, never=2)
+    cfg = s.put(config("t", checkpoint_ns=""), cp, {}, {"kept": "1"})
+    ran.clear()
+    got = s.get_tuple(cfg)
+    assert got is not None and got.checkpoint["channel_values"] == {"kept": 1}
+    assert [q.split()[0] for q in ran].count("BEGIN") == 1
+
+
+def test_writes_many_and_special_keep_their_rules(saver: CtxkeepSaver) -> None:  # noqa: F811
+    """A regular write stored under (task, idx) is kept; a special one is replaced, the last
+    of one call winning; more writes than one statement holds are all stored."""
+    cfg = _first(saver)
+    saver.put_writes(cfg, [("a", 1), ("__interrupt__", "first"), ("__interrupt__", "last")], "t1")
+    saver.put_writes(cfg, [("a", 2), ("__error__", "boom")], "t1")
+    saver.put_writes(cfg, [("__error__", "again")], "t1")
+    many = [(f"ch{i}", i) for i in range(250)]
+    saver.put_writes(cfg, many, "t2")
+    got = saver.get_tuple(cfg)
+    assert got is not None
+    by_task = [(t, ch, v) for t, ch, v in got.pending_writes if t == "t1"]
+    assert sorted(by_task, key=repr) == sorted(
+        [("t1", "a", 1), ("t1", "__interrupt__", "last"), ("t1", "__error__", "again")], key=repr
+    )
+    assert [(ch, v) for t, ch, v in got.pending_writes if t == "t2"] == many
+
+
+_: Callable[..., Any] = new_url  # the fixture, used through ``saver``
