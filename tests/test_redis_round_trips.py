@@ -7,6 +7,7 @@ by another process is checked again on the session as it is, and takes the right
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -34,10 +35,21 @@ def url(redis_url: str, redis_prefix_factory: Callable[[], str]) -> str:
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def sent(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
     """The name of every command redis-py sends from now on, one entry per send (a pipeline's
-    commands, sent together, are one entry joined by ``+``): the round trips.
+    commands, sent together, are one entry joined by ``+``): the round trips. The backend's
+    scripts are in the server's cache first (a script's first run on a server costs a
+    ``SCRIPT LOAD`` more, once).
     """
+    from ctxkeep.sessions import redis as backend
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for name in dir(backend):
+            if name.endswith("_SCRIPT"):
+                client.script_load(getattr(backend, name))
+    finally:
+        client.close()
     names: list[str] = []
     send = redis.connection.AbstractConnection.send_packed_command
 
@@ -245,3 +257,74 @@ def test_a_read_that_writes_the_access_time_writes_it_in_one_evalsha(
             client.close()
         assert score == after.accessed_at
         assert deadline >= (after.accessed_at + 2 * 3600.0) * 1000 - 1000
+
+
+# -- what a write's script does on the server --------------------------------------------------
+
+
+def _raw(url: str) -> tuple[Any, str]:
+    """A plain client of the test's Redis and the test's key prefix."""
+    prefix = url.split("prefix=")[1].replace("%3A", ":")
+    return redis.Redis.from_url(url.split("?")[0], decode_responses=True), prefix
+
+
+def test_writes_within_the_touch_resolution_leave_the_access_and_the_deadline(url: str) -> None:
+    # as on SQL (Append.touch_after): a session written many times a second moves its
+    # accessed_at, its place in the accessed index and its keys' deadline once a second,
+    # which spares an append six of its script's twelve commands
+    now = [1_000_000.0]
+    config = _config(session_ttl=3600.0, access_resolution=1.0)
+    client, prefix = _raw(url)
+    with open_memory(url, config, clock=lambda: now[0]) as mem:
+        sid = mem.create_session("agent")
+        now[0] += 0.25
+        mem.add_message(sid, "user", "hello")  # the session's first keys: they get a deadline
+        own = [f"{prefix}{kind}:{sid}" for kind in ("session", "messages", "roles", "ids")]
+        deadlines = [client.pexpiretime(key) for key in own]
+        assert all(d > 0 for d in deadlines) and len(set(deadlines)) == 1
+        for _ in range(3):  # 0.25 s after the create, then within 0.75 s
+            now[0] += 0.15
+            mem.add_message(sid, "assistant", "hi")
+            newest = mem.get_messages(sid, limit=1)[0]
+            now[0] += 0.05
+            mem.replace_newest(sid, [], newest_id=newest.id or "")
+        assert client.zscore(f"{prefix}accessed", sid) == 1_000_000.0
+        assert mem.get_session(sid).accessed_at == 1_000_000.0
+        assert [client.pexpiretime(key) for key in own] == deadlines
+        now[0] += 1.0
+        time.sleep(0.002)  # the deadline is the wall clock's (in ms) plus the TTL and grace
+        mem.add_message(sid, "assistant", "later")
+        assert client.zscore(f"{prefix}accessed", sid) == now[0]
+        assert mem.get_session(sid).accessed_at == now[0]
+        moved = [client.pexpiretime(key) for key in own]
+        assert len(set(moved)) == 1 and moved[0] > deadlines[0]
+        assert client.zscore(f"{prefix}expires", sid) == moved[0]
+    client.close()
+
+
+def test_a_write_that_makes_the_keys_again_gives_them_the_deadline(url: str) -> None:
+    # a pop of the only message deletes the messages, roles and ids keys; the next write
+    # within the touch resolution makes them again, with the session's deadline
+    now = [2_000_000.0]
+    client, prefix = _raw(url)
+    with open_memory(
+        url, _config(session_ttl=3600.0, access_resolution=1.0), clock=lambda: now[0]
+    ) as mem:
+        sid = mem.create_session("agent")
+        only = mem.add_message(sid, "user", "hello")
+        mem.replace_newest(sid, [], newest_id=only.id or "")
+        own = [f"{prefix}{kind}:{sid}" for kind in ("messages", "roles", "ids")]
+        assert client.exists(*own) == 0
+        now[0] += 0.5
+        mem.add_message(sid, "user", "again")
+        newest = mem.get_messages(sid, limit=1)[0]
+        now[0] += 0.1
+        mem.replace_newest(sid, [{"role": "user", "content": "once more"}], newest_id=newest.id)
+        assert all(client.pexpiretime(key) > 0 for key in own)
+    with open_memory(url, _config(session_ttl=None, access_resolution=1.0)) as mem:
+        mem.add_message(sid, "assistant", "no TTL here")  # a touch: the keys persist
+        assert [
+            client.pexpiretime(f"{prefix}{k}:{sid}")
+            for k in ("session", *[o.split(":")[-2] for o in own])
+        ] == [-1] * 4
+    client.close()

@@ -40,7 +40,8 @@ keys are gone is pruned from them lazily, when a query finds it (``expires`` tel
 Atomicity. An append is one call of a Lua script (:data:`APPEND_SCRIPT`, ``EVALSHA``): the
 manager's check runs on the session's state this process last saw, and the script, atomic on
 the server, writes the messages (and their ``roles:`` entries), the hash and the indexes
-(``accessed``, ``expires``, the keys' deadline) only if the hash still has that ``pending`` and
+(``accessed``, ``expires``, the keys' deadline: these three only where ``accessed_at`` moves,
+past the manager's touch resolution, as on SQL) only if the hash still has that ``pending`` and
 no earlier ``accessed_at``; else it answers the hash as it is, the check runs again on it and
 the script is called again (:func:`~ctxkeep.sessions.base.cas_append`). One round trip per
 append where four were (a read, ``WATCH``, a read, ``MULTI``/``EXEC``; a ``max_history`` adds
@@ -372,6 +373,61 @@ class _Tops:
 
 # -- the append script ------------------------------------------------------------------------
 
+# What an append and a replace share (Lua, put before each script's body). KEYS as theirs
+# (session hash, messages zset, roles index, ids hash, accessed index, expires index); ARGV[1]
+# the session id, ARGV[2] the base pending (JSON), ARGV[5] now, ARGV[6] the deadline in Unix
+# ms ('' for no TTL).
+#
+# same_pending(stored): whether the hash's pending is the base's (as text first: both are
+# the client's compact JSON unless another writer spelt it otherwise; decoded only then).
+#
+# access(fields, stored, touch_after, fresh, named): the write's access. accessed_at moves to
+# now only where it is at least touch_after seconds older (Append.touch_after, the manager's
+# touch resolution: as on SQL, a session written many times a second moves once a second), and
+# with it the session's place in the accessed index and its keys' deadline (PEXPIREAT, or
+# PERSIST for no TTL): six commands of an append's twelve, which a write that does not move it
+# skips. Keys the write may have made get the deadline all the same: with ``fresh`` (the
+# session held at most the message taken off, so its messages, roles and ids keys may be new)
+# every key; with ``named`` (ids written) and a TTL, the ids hash if it has none (a session of
+# records without ids). Appends 'accessed_at' to the hash fields to write when it moves;
+# returns the accessed_at the hash holds after the write.
+_ACCESS_LUA = """
+local function same_pending(stored)
+  if stored == ARGV[2] then return true end
+  local held, base = cjson.decode(stored), cjson.decode(ARGV[2])
+  if #held ~= #base then return false end
+  for i = 1, #held do
+    if held[i] ~= base[i] then return false end
+  end
+  return true
+end
+local function deadline()
+  if ARGV[6] == '' then
+    for k = 1, 4 do redis.call('PERSIST', KEYS[k]) end
+    redis.call('ZREM', KEYS[6], ARGV[1])
+  else
+    for k = 1, 4 do redis.call('PEXPIREAT', KEYS[k], ARGV[6]) end
+    redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
+  end
+end
+local function access(fields, stored, touch_after, fresh, named)
+  local now, last = tonumber(ARGV[5]), tonumber(stored)
+  if now <= last or now - last < tonumber(touch_after) then
+    if fresh then
+      deadline()
+    elseif named and ARGV[6] ~= '' and redis.call('PTTL', KEYS[4]) == -1 then
+      redis.call('PEXPIREAT', KEYS[4], ARGV[6])
+    end
+    return stored
+  end
+  fields[#fields + 1] = 'accessed_at'
+  fields[#fields + 1] = ARGV[5]
+  redis.call('ZADD', KEYS[5], ARGV[5], ARGV[1])
+  deadline()
+  return ARGV[5]
+end
+"""
+
 # One append, in one round trip: a compare-and-set on the session's state (see
 # ctxkeep.sessions.base.cas_append). The client ran the manager's check on the state it last saw
 # (ARGV[2] pending, ARGV[3] accessed_at, ARGV[7] generation); the script stores the messages
@@ -380,22 +436,24 @@ class _Tops:
 # is, to check again. First of all, idempotency by id: if any of the batch's ids is held (the
 # ids hash names a seq whose message has that id), nothing is written and the script answers
 # those messages, for the client to decide a retry or a conflict
-# (ctxkeep.sessions.records.settle_ids).
+# (ctxkeep.sessions.records.settle_ids). The access as _ACCESS_LUA says.
 # KEYS: session hash, messages zset, roles index, ids hash, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now,
-#       deadline in Unix ms ("" for no TTL), base generation, then the records (JSON), oldest
-#       first, then their roles, then their ids, in the same order.
+#       deadline in Unix ms ("" for no TTL), base generation, touch_after (seconds), then the
+#       records (JSON), oldest first, then their roles, then their ids, in the same order.
 # Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
 # the client takes without parsing), {'stale', the hash's fields and values}, {'found', the
 # members held under the batch's ids} or {'missing'}.
-APPEND_SCRIPT = """
+APPEND_SCRIPT = (
+    _ACCESS_LUA
+    + """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation')
 if not h[1] then return {'missing'} end
-local n = (#ARGV - 7) / 3
+local n = (#ARGV - 8) / 3
 local held = {}
 for i = 1, n do
-  local id = ARGV[7 + 2 * n + i]
+  local id = ARGV[8 + 2 * n + i]
   local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
   if seq then
     local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
@@ -403,48 +461,36 @@ for i = 1, n do
   end
 end
 if #held > 0 then return {'found', held} end
-local stored, base = cjson.decode(h[3]), cjson.decode(ARGV[2])
-local same = #stored == #base and tonumber(h[4]) >= tonumber(ARGV[3]) and h[5] == ARGV[7]
-if same then
-  for i = 1, #stored do
-    if stored[i] ~= base[i] then same = false break end
-  end
+if not (h[5] == ARGV[7] and tonumber(h[4]) >= tonumber(ARGV[3]) and same_pending(h[3])) then
+  return {'stale', redis.call('HGETALL', KEYS[1])}
 end
-if not same then return {'stale', redis.call('HGETALL', KEYS[1])} end
 local first = tonumber(h[1])
 local count = string.format('%d', tonumber(h[2]) + n)
-local batch, roles, ids = {}, {}, {}
+local batch, roles, ids, named = {}, {}, {}, false
 for i = 1, n do
   local seq = string.format('%d', first + i - 1)
   batch[#batch + 1] = seq
-  batch[#batch + 1] = seq .. ':' .. ARGV[7 + i]
+  batch[#batch + 1] = seq .. ':' .. ARGV[8 + i]
   roles[#roles + 1] = 0
-  roles[#roles + 1] = ARGV[7 + n + i] .. ':' .. string.format('%020d', first + i - 1)
-  if ARGV[7 + 2 * n + i] ~= '' then  -- a record without an id is stored, never matched
-    ids[#ids + 1] = ARGV[7 + 2 * n + i]
+  roles[#roles + 1] = ARGV[8 + n + i] .. ':' .. string.format('%020d', first + i - 1)
+  if ARGV[8 + 2 * n + i] ~= '' then  -- a record without an id is stored, never matched
+    ids[#ids + 1] = ARGV[8 + 2 * n + i]
     ids[#ids + 1] = seq
   end
   if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
     redis.call('ZADD', KEYS[2], unpack(batch))
     redis.call('ZADD', KEYS[3], unpack(roles))
-    if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) end
+    if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) named = true end
     batch, roles, ids = {}, {}, {}
   end
 end
-local accessed = h[4]
-if tonumber(ARGV[5]) > tonumber(h[4]) then accessed = ARGV[5] end
-redis.call('HSET', KEYS[1], 'next_seq', string.format('%d', first + n),
-  'message_count', count, 'pending', ARGV[4], 'accessed_at', accessed)
-redis.call('ZADD', KEYS[5], accessed, ARGV[1])
-if ARGV[6] == '' then
-  for k = 1, 4 do redis.call('PERSIST', KEYS[k]) end
-  redis.call('ZREM', KEYS[6], ARGV[1])
-else
-  for k = 1, 4 do redis.call('PEXPIREAT', KEYS[k], ARGV[6]) end
-  redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
-end
+local fields = {'next_seq', string.format('%d', first + n), 'message_count', count,
+  'pending', ARGV[4]}
+local accessed = access(fields, h[4], ARGV[8], tonumber(h[2]) == 0, named)
+redis.call('HSET', KEYS[1], unpack(fields))
 return {'ok', first, accessed, tonumber(count)}
 """
+)
 
 
 # A replacement of the newest message (or a pop: no records), in one round trip: a
@@ -455,37 +501,31 @@ return {'ok', first, accessed, tonumber(count)}
 # records in its place only if the hash still has that generation, pending and no earlier
 # accessed_at, and the newest message is still at that seq. Else it answers the hash and the
 # newest member as they are, to check again. Then idempotency by id, as in the append (the
-# message taken off does not count as held).
+# message taken off does not count as held). The access as _ACCESS_LUA says.
 # KEYS: session hash, messages zset, roles index, ids hash, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now, deadline in
 #       Unix ms ("" for no TTL), base generation, the newest message's seq, its role (as the
-#       roles index has it), its id ("" for none), then the records (JSON), oldest first,
-#       then their roles, then their ids, in the same order.
+#       roles index has it), its id ("" for none), touch_after (seconds), then the records
+#       (JSON), oldest first, then their roles, then their ids, in the same order.
 # Answer: {'ok', first seq, accessed_at, message_count, revision, the member now newest ('' when
 # records were written, the client knows it, or when none is left)}, {'stale', the hash's fields
 # and values, the newest member or ''}, {'found', the members held under the batch's ids} or
 # {'missing'}.
-REPLACE_SCRIPT = """
+REPLACE_SCRIPT = (
+    _ACCESS_LUA
+    + """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation', 'revision')
 if not h[1] then return {'missing'} end
 local top = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '-inf', 'LIMIT', 0, 1)[1]
-local same = top ~= nil and h[5] == ARGV[7] and string.match(top, '^(%d+):') == ARGV[8]
-  and tonumber(h[4]) >= tonumber(ARGV[3])
-if same then
-  local stored, base = cjson.decode(h[3]), cjson.decode(ARGV[2])
-  same = #stored == #base
-  if same then
-    for i = 1, #stored do
-      if stored[i] ~= base[i] then same = false break end
-    end
-  end
+if not (top ~= nil and h[5] == ARGV[7] and string.match(top, '^(%d+):') == ARGV[8]
+    and tonumber(h[4]) >= tonumber(ARGV[3]) and same_pending(h[3])) then
+  return {'stale', redis.call('HGETALL', KEYS[1]), top or ''}
 end
-if not same then return {'stale', redis.call('HGETALL', KEYS[1]), top or ''} end
-local n = (#ARGV - 10) / 3
+local n = (#ARGV - 11) / 3
 local held = {}
 for i = 1, n do
-  local id = ARGV[10 + 2 * n + i]
+  local id = ARGV[11 + 2 * n + i]
   local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
   if seq and seq ~= ARGV[8] then
     local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
@@ -500,44 +540,36 @@ if ARGV[10] ~= '' and redis.call('HGET', KEYS[4], ARGV[10]) == ARGV[8] then
 end
 local first = tonumber(h[1])
 local count = math.max(tonumber(h[2]) - 1, 0) + n
-local batch, roles, ids = {}, {}, {}
+local batch, roles, ids, named = {}, {}, {}, false
 for i = 1, n do
   local seq = string.format('%d', first + i - 1)
   batch[#batch + 1] = seq
-  batch[#batch + 1] = seq .. ':' .. ARGV[10 + i]
+  batch[#batch + 1] = seq .. ':' .. ARGV[11 + i]
   roles[#roles + 1] = 0
-  roles[#roles + 1] = ARGV[10 + n + i] .. ':' .. string.format('%020d', first + i - 1)
-  if ARGV[10 + 2 * n + i] ~= '' then
-    ids[#ids + 1] = ARGV[10 + 2 * n + i]
+  roles[#roles + 1] = ARGV[11 + n + i] .. ':' .. string.format('%020d', first + i - 1)
+  if ARGV[11 + 2 * n + i] ~= '' then
+    ids[#ids + 1] = ARGV[11 + 2 * n + i]
     ids[#ids + 1] = seq
   end
   if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
     redis.call('ZADD', KEYS[2], unpack(batch))
     redis.call('ZADD', KEYS[3], unpack(roles))
-    if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) end
+    if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) named = true end
     batch, roles, ids = {}, {}, {}
   end
 end
-local accessed = h[4]
-if tonumber(ARGV[5]) > tonumber(h[4]) then accessed = ARGV[5] end
 local revision = tonumber(h[6] or '0') + 1
-redis.call('HSET', KEYS[1], 'next_seq', string.format('%d', first + n),
-  'message_count', string.format('%d', count), 'pending', ARGV[4], 'accessed_at', accessed,
-  'revision', string.format('%d', revision))
-redis.call('ZADD', KEYS[5], accessed, ARGV[1])
-if ARGV[6] == '' then
-  for k = 1, 4 do redis.call('PERSIST', KEYS[k]) end
-  redis.call('ZREM', KEYS[6], ARGV[1])
-else
-  for k = 1, 4 do redis.call('PEXPIREAT', KEYS[k], ARGV[6]) end
-  redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
-end
+local fields = {'next_seq', string.format('%d', first + n), 'message_count',
+  string.format('%d', count), 'pending', ARGV[4], 'revision', string.format('%d', revision)}
+local accessed = access(fields, h[4], ARGV[11], tonumber(h[2]) <= 1, named)
+redis.call('HSET', KEYS[1], unpack(fields))
 local now_top = ''
 if n == 0 then
   now_top = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '-inf', 'LIMIT', 0, 1)[1] or ''
 end
 return {'ok', first, accessed, count, revision, now_top}
 """
+)
 
 
 # -- the backend ------------------------------------------------------------------------------
@@ -989,6 +1021,7 @@ class RedisBackend(Backend):
         roles = [role_of(r) for r in batch.records]
         now = repr(float(batch.now))
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
+        touch_after = repr(float(batch.touch_after))
 
         def read() -> SessionInfo | None:
             fields = self._hash(self._client, session_id)
@@ -1004,6 +1037,7 @@ class RedisBackend(Backend):
                 now,
                 deadline,
                 base.generation,
+                touch_after,
                 *records,
                 *roles,
                 *(r.get("id") or "" for r in batch.records),
@@ -1045,13 +1079,14 @@ class RedisBackend(Backend):
         ids = [r.get("id") or "" for r in batch.records]
         now = repr(float(batch.now))
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
+        touch_after = repr(float(batch.touch_after))
         base, top = self._known.get(session_id), self._tops.get(session_id)
         exact = False
         while True:
             if base is None or top is None or top.generation != base.generation:
                 # nothing to compare: the script answers the session as it is
                 answer = self._replace_script(
-                    script_keys, session_id, "[]", "0", "[]", now, deadline, "", "", "", ""
+                    script_keys, session_id, "[]", "0", "[]", now, deadline, "", "", "", "", ""
                 )
                 base, top, exact = self._stale(session_id, answer), self._tops.get(session_id), True
             assert base is not None
@@ -1082,6 +1117,7 @@ class RedisBackend(Backend):
                 str(top.seq),
                 role_of(top.record),
                 top.record.get("id") or "",
+                touch_after,
                 *records,
                 *roles,
                 *ids,
