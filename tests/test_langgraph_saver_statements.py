@@ -93,3 +93,59 @@ def test_writes_many_and_special_keep_their_rules(saver: CtxkeepSaver) -> None: 
 
 
 _: Callable[..., Any] = new_url  # the fixture, used through ``saver``
+
+
+class _Counting:
+    """A pooled PostgreSQL connection that notes each statement and transaction it runs."""
+
+    def __init__(self, conn: Any, ran: list[str]) -> None:
+        self._conn, self._ran = conn, ran
+
+    def execute(self, sql: Any, *args: Any, **kwargs: Any) -> Any:
+        self._ran.append(str(sql).split()[0])
+        return self._conn.execute(sql, *args, **kwargs)
+
+    def transaction(self) -> Any:
+        self._ran.append("BEGIN")
+        return self._conn.transaction()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._conn, name, value)
+
+
+@pytest.mark.postgres
+def test_a_postgres_step_is_three_statements_and_no_transaction(
+    postgres_schema_factory: Callable[[], str],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On PostgreSQL each statement is a round trip: a checkpoint with its blobs is one
+    statement, its writes one, a get_tuple two (the row with its writes joined, the blobs)."""
+    from contextlib import contextmanager
+
+    with CtxkeepSaver(postgres_schema_factory()) as s:
+        client = s._backend.client  # type: ignore[attr-defined]
+        ran: list[str] = []
+        real = client.connection
+
+        @contextmanager
+        def counted(**kwargs: Any) -> Iterator[Any]:
+            with real(**kwargs) as conn:
+                yield _Counting(conn, ran)
+
+        monkeypatch.setattr(client, "connection", counted)
+        cfg = _first(s)
+        assert ran == ["WITH"]
+        ran.clear()
+        s.put_writes(cfg, [("messages", ["a"]), ("step", 2)], "task-1")
+        assert ran == ["INSERT"]
+        ran.clear()
+        got = s.get_tuple(cfg)
+        assert got is not None and len(got.pending_writes) == 2
+        assert got.checkpoint["channel_values"] == {"messages": ["hi"], "step": 1}
+        assert ran == ["WITH", "SELECT"]

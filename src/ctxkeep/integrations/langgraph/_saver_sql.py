@@ -126,6 +126,10 @@ def _marks(n: int) -> str:
 class _SQLBackend(_Backend):
     """The primitives over the three tables, for an engine client and its placeholder."""
 
+    writable_with = True
+    """Whether an ``INSERT`` may run inside a ``WITH`` of another (PostgreSQL's data-modifying
+    ``WITH``; SQLite has none): a checkpoint and its blobs then go in one statement."""
+
     join_writes = True
     """Whether :meth:`read_one` joins a checkpoint's writes to it (one round trip fewer on a
     server); SQLite reads them by a statement of their own (the join took it longer)."""
@@ -174,33 +178,47 @@ class _SQLBackend(_Backend):
         """
 
     def put(self, row: _Row, blobs: dict[str, tuple[str, Typed]]) -> None:
+        """The checkpoint row and its blobs. Alone as one statement (no ``BEGIN`` and
+        ``COMMIT`` to send) when it can be: a checkpoint without blobs; on PostgreSQL up to
+        :data:`BLOB_ROWS` blobs written by a data-modifying ``WITH`` of the row's ``INSERT``
+        (one round trip instead of four). Else in one transaction, the blobs in statements of
+        up to ``BLOB_ROWS`` rows (their SQL cached by rows).
+        """
+        cp = (
+            row.thread_id,
+            row.checkpoint_ns,
+            row.checkpoint_id,
+            row.parent_id,
+            row.run_id,
+            *row.checkpoint,
+            *row.metadata,
+        )
+        t, ns = row.thread_id, row.checkpoint_ns
+        values = [(t, ns, ch, ver, *value) for ch, (ver, value) in blobs.items()]
+        if not values or (self.writable_with and len(values) <= BLOB_ROWS):
+            with self._auto("put a LangGraph checkpoint") as conn:
+                if values:
+                    sql = f"WITH b AS ({self._put_blobs(len(values))}) {self._put_sql}"
+                    conn.execute(sql, (*_flat(values), *cp))
+                else:
+                    conn.execute(self._put_sql, cp)
+            return
         with self.db.tx("put a LangGraph checkpoint") as conn:
-            conn.execute(
-                self._put_sql,
-                (
-                    row.thread_id,
-                    row.checkpoint_ns,
-                    row.checkpoint_id,
-                    row.parent_id,
-                    row.run_id,
-                    *row.checkpoint,
-                    *row.metadata,
-                ),
-            )
-            # the blobs in statements of up to BLOB_ROWS rows (their SQL cached by rows)
-            t, ns = row.thread_id, row.checkpoint_ns
-            values = [(t, ns, ch, ver, *value) for ch, (ver, value) in blobs.items()]
+            conn.execute(self._put_sql, cp)
             for start in range(0, len(values), BLOB_ROWS):
                 chunk = values[start : start + BLOB_ROWS]
-                sql = self._put_blobs_sql.get(len(chunk))
-                if sql is None:
-                    sql = self._put_blobs_sql[len(chunk)] = self._sql(
-                        f"INSERT INTO {_BLOBS} ({_BLOB_COLS}) VALUES "
-                        + ", ".join([f"({_marks(6)})"] * len(chunk))
-                        + " ON CONFLICT (thread_id, checkpoint_ns, channel, version) "
-                        "DO UPDATE SET type = excluded.type, blob = excluded.blob"
-                    )
-                conn.execute(sql, tuple(x for v in chunk for x in v))
+                conn.execute(self._put_blobs(len(chunk)), _flat(chunk))
+
+    def _put_blobs(self, n: int) -> str:
+        sql = self._put_blobs_sql.get(n)
+        if sql is None:
+            sql = self._put_blobs_sql[n] = self._sql(
+                f"INSERT INTO {_BLOBS} ({_BLOB_COLS}) VALUES "
+                + ", ".join([f"({_marks(6)})"] * n)
+                + " ON CONFLICT (thread_id, checkpoint_ns, channel, version) "
+                "DO UPDATE SET type = excluded.type, blob = excluded.blob"
+            )
+        return sql
 
     def put_writes(self, thread_id: str, ns: str, checkpoint_id: str, writes: list[_Write]) -> None:
         """One ``INSERT`` of many rows whose conflict rule keeps a regular write that exists
@@ -545,6 +563,7 @@ class _SQLBackend(_Backend):
 
 class _SQLiteBackend(_SQLBackend):
     join_writes = False
+    writable_with = False
 
     def __init__(self, path: str) -> None:
         from ctxkeep._sqlite import SQLiteClient
