@@ -43,6 +43,7 @@ from ctxkeep import _check
 from ctxkeep.episodic.embedders import Embedder, get_embedder, stored_embedder
 from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.index import IndexConfig
+from ctxkeep.episodic.index._base import matvec
 from ctxkeep.episodic.terms import sorted_unique
 from ctxkeep.episodic.text import tokenize
 from ctxkeep.errors import ConfigError, EpisodeNotFoundError, InvalidMessageError
@@ -800,8 +801,7 @@ class EpisodicMemoryStore(ABC):
 
     def _dense(self, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Cosine similarity of each row's vector with ``q``."""
-        out: np.ndarray = self._vectors(rows) @ q
-        return out
+        return matvec(self._vectors(rows), q)
 
     @abstractmethod
     def _find_keys(self, keys: Sequence[str]) -> dict[str, str]:

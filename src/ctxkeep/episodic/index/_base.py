@@ -88,13 +88,38 @@ def _topk(scores: np.ndarray, k: int) -> np.ndarray:
 _EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float32))
 _BLOCK = 1024  # rows gathered at a time: a reused buffer beats one fresh (page-faulting) copy
 
+SERIAL_ELEMENTS = 131_072
+"""The most matrix elements :func:`matvec` hands BLAS in one product: below OpenBLAS's
+threshold for threading a matrix-vector product (it stayed on one thread at 262,144, 1,024
+rows of 256, and threaded at 2,048 rows). Threaded, the product is memory-bound and gains
+little on an idle machine, but its threads wait for cores on a busy one: on the shared 2-core
+machine (load 7-15) 10,000 x 256 took 4-21 ms threaded, 0.6-2 ms in blocks, and a
+CtxkeepStore search at 10,000 items on SQLite (bench/store_recall.py) went from 24.6 ms p50
+to 4.2 ms with BLAS held to one thread."""
+
+
+def matvec(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``matrix @ q`` (float32), in blocks of at most :data:`SERIAL_ELEMENTS` elements, each
+    of which BLAS runs on one thread.
+    """
+    n = matrix.shape[0]
+    rows = max(64, SERIAL_ELEMENTS // max(1, matrix.shape[1]))
+    if n <= rows:
+        small: np.ndarray = matrix @ q
+        return small
+    out = np.empty(n, np.result_type(matrix.dtype, q.dtype))
+    for s in range(0, n, rows):
+        np.matmul(matrix[s : s + rows], q, out=out[s : s + rows])
+    return out
+
 
 def _gather_dot(matrix: np.ndarray, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
     """``matrix[rows] @ q`` without materialising ``matrix[rows]``."""
     out = np.empty(rows.size, np.float32)
-    buf = np.empty((min(_BLOCK, rows.size), matrix.shape[1]), np.float32)
-    for s in range(0, rows.size, _BLOCK):
-        part = rows[s : s + _BLOCK]
+    block = max(64, min(_BLOCK, SERIAL_ELEMENTS // max(1, matrix.shape[1])))  # one thread
+    buf = np.empty((min(block, rows.size), matrix.shape[1]), np.float32)
+    for s in range(0, rows.size, block):
+        part = rows[s : s + block]
         np.take(matrix, part, axis=0, out=buf[: part.size])
         np.dot(buf[: part.size], q, out=out[s : s + part.size])
     return out

@@ -6,7 +6,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ctxkeep.episodic.index._base import _gather_dot, _SlotIndex, _SlotMap, _topk
+from ctxkeep.episodic.index._base import _gather_dot, _SlotIndex, _SlotMap, _topk, matvec
 from ctxkeep.errors import StorageError
 
 
@@ -52,7 +52,7 @@ class ExactIndex(_SlotIndex):
             scores = _gather_dot(self._vecs, slots, q)
             best = _topk(scores, k)
             return slots[best], scores[best]
-        scores = self._vecs[:n] @ q
+        scores = matvec(self._vecs[:n], q)
         keep = self._slot_id[:n] >= 0
         if slots is not None:
             keep = np.zeros(n, bool)
