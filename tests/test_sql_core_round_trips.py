@@ -9,6 +9,7 @@ on the row its snapshot read (no read of the row before it).
 
 from __future__ import annotations
 
+import copy
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from conftest_services import postgres_schema_factory, postgres_url  # noqa: F401
-from ctxkeep import MemoryConfig, MemoryManager, SessionNotFoundError
+from ctxkeep import MemoryConfig, MemoryManager, Message, SessionNotFoundError
 from ctxkeep.prune import TokenPruner
 from ctxkeep.sessions.memory import MemoryBackend
 from ctxkeep.sessions.sqlite import SQLiteBackend
@@ -270,3 +271,46 @@ def test_a_prompt_of_no_session_is_not_found(manager: Any) -> None:
     mem, _ = manager
     with pytest.raises(SessionNotFoundError):
         mem.build_prompt("nope", pruner=TokenPruner(10_000))
+
+
+# -- an append copies what it must, and no more ------------------------------------------------
+
+
+def test_an_add_keeps_no_link_to_the_callers_message(manager: Any) -> None:
+    mem, _ = manager
+    sid = mem.create_session("a")
+    given = Message("user", [{"type": "text", "text": "hi"}], metadata={"k": [1]}, extra={"x": {}})
+    stored = mem.add_messages(sid, [given])[0]
+    assert stored.content is not given.content and stored.metadata is not given.metadata
+    assert stored.extra is not given.extra
+    given.content[0]["text"] = "changed"
+    given.metadata["k"].append(2)
+    given.extra["x"]["y"] = 1
+    mem.add_messages_creating(sid, "a", [given])
+    given.metadata["k"].append(3)
+    got = mem.get_messages(sid)
+    assert [m.content[0]["text"] for m in got] == ["hi", "changed"]
+    assert [m.metadata for m in got] == [{"k": [1]}, {"k": [1, 2]}]
+    assert [m.extra for m in got] == [{"x": {}}, {"x": {"y": 1}}]
+
+
+def test_an_add_that_keeps_nothing_deep_copies_nothing(
+    manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mem, _ = manager
+    sid = mem.create_session("a")
+    nested = {"lc": {"type": "human", "additional_kwargs": {"a": [1, {"b": 2}]}}}
+    copies: list[Any] = []
+    real = copy.deepcopy
+
+    def counted(x: Any, *args: Any) -> Any:
+        copies.append(x)
+        return real(x, *args)
+
+    given = [Message("user", f"m{i}", extra=nested) for i in range(3)]
+    monkeypatch.setattr(copy, "deepcopy", counted)
+    for m in given:
+        mem.add_messages_creating(sid, "a", [m])
+    monkeypatch.setattr(copy, "deepcopy", real)
+    assert copies == []
+    assert [m.extra for m in mem.get_messages(sid)] == [nested] * 3

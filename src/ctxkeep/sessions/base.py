@@ -497,11 +497,12 @@ class MemoryManager:
         owned: bool = False,
     ) -> list[Message]:
         """:meth:`add_messages`, returning the stored messages themselves (the caller's to
-        copy or drop: an adapter that drops them pays no copies); ``on_append`` is told what
-        was written (not for a retry that wrote nothing).
+        copy or drop, not to keep: with no ``on_append`` they share content, metadata and
+        extra with the messages given; an adapter that drops them pays no copies);
+        ``on_append`` is told what was written (not for a retry that wrote nothing).
         """
         now = self._clock()
-        stamped = self._stamped(messages, now, owned=owned)
+        stamped = self._stamped(messages, now, owned=owned, kept=on_append is not None)
         if not stamped:
             return []
         records = [message_to_record(m) for m in stamped]
@@ -607,10 +608,16 @@ class MemoryManager:
         return not seqs or first_seq < 1 or seqs[-1] - first_seq + 1 > limit
 
     @staticmethod
-    def _stamped(messages: Iterable[Any], now: float, *, owned: bool = False) -> list[Message]:
+    def _stamped(
+        messages: Iterable[Any], now: float, *, owned: bool = False, kept: bool = True
+    ) -> list[Message]:
         """``messages`` as ``Message`` objects, each with an ``id`` and ``created_at``: copies,
         or, if ``owned`` (the caller made them for this call alone and gives them up), the
-        very ``Message`` objects given, stamped in place.
+        very ``Message`` objects given, stamped in place. With ``kept`` False (nobody keeps
+        the stamped messages past the call: their records are made and they are dropped, or
+        copied for the caller), a message given is stamped on a shallow copy (its content,
+        metadata and extra shared with it, not deep copied: a LangChain message's extra is
+        a nest of dicts).
         """
         stamped: list[Message] = []
         for i, raw in enumerate(_check.iterable("messages", messages)):
@@ -629,6 +636,14 @@ class MemoryManager:
                 if state["created_at"] is None:
                     state["created_at"] = datetime.fromtimestamp(now, UTC)
                 stamped.append(m)
+                continue
+            if not kept and type(m) is Message:
+                state = m.__dict__.copy()
+                if state["id"] is None:
+                    state["id"] = uuid.uuid4().hex
+                if state["created_at"] is None:
+                    state["created_at"] = datetime.fromtimestamp(now, UTC)
+                stamped.append(Message._unchecked(state))
                 continue
             when = m.created_at or datetime.fromtimestamp(now, UTC)
             stamped.append(m._identified(m.id or uuid.uuid4().hex, when))
