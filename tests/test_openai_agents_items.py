@@ -100,3 +100,39 @@ def test_add_items_checks_each_message_once(
     assert len(calls) == n_messages + runs  # from_responses: 2 x n_messages + runs
     assert asyncio.run(session.get_items()) == items
     session.close()
+
+
+def test_a_run_continued_in_another_add_keeps_the_items_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A call added while another of its run waits joins the newest message (a replace);
+    # the items held follow that write, so the next read decodes nothing again (it read
+    # the whole session again: the replace changed the session's revision).
+    import ctxkeep.integrations._items as items_module
+
+    session = CtxkeepSession("s", f"sqlite:///{tmp_path}/ck.db")
+    history = [{"role": "user", "content": f"question {i}"} for i in range(50)]
+    asyncio.run(session.add_items(history))
+    assert asyncio.run(session.get_items()) == history  # held
+    calls = [
+        {"type": "function_call", "call_id": f"c{k}", "name": "read", "arguments": "{}"}
+        for k in range(2)
+    ]
+    asyncio.run(session.add_items(calls[:1]))
+    decoded: list[int] = []
+    real = items_module.record_to_message
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        decoded.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(items_module, "record_to_message", counted)
+    asyncio.run(session.add_items(calls[1:]))  # joins the first call's message
+    assert asyncio.run(session.get_items()) == history + calls
+    assert decoded == []
+    monkeypatch.undo()
+    # Popped back one by one, through the same held items.
+    assert asyncio.run(session.pop_item()) == calls[1]
+    assert asyncio.run(session.pop_item()) == calls[0]
+    assert asyncio.run(session.get_items()) == history
+    session.close()

@@ -124,6 +124,25 @@ class ConvertedItems:
             self._extend(held, seqs, stored)
             return True, decoded[-1] if decoded else None
 
+    def replaced(self, info: SessionInfo, seq: int, stored: list[Message], seqs: list[int]) -> None:
+        """After this process replaced the session's newest message, at ``seq`` (compared
+        with the generation inside the write) when the session was ``info``, by ``stored``
+        at ``seqs``: where what is held was the session as ``info`` found it, it follows the
+        write as after :meth:`pop`; else the next read reads again.
+        """
+        with self._lock:
+            held = self._held
+            if (
+                held is not None
+                and held.seqs
+                and held.seqs[-1] == seq
+                and (held.generation, held.revision, held.next_seq)
+                == (info.generation, info.revision, info.next_seq)
+            ):
+                held.revision += 1
+                del held.seqs[-1], held.items[-1]
+                self._extend(held, seqs, stored)
+
     def appended(self, info: SessionInfo, seqs: list[int], messages: list[Message]) -> None:
         """After this process's append (:data:`~ctxkeep.sessions.base.OnAppend`): where the
         append found the session as held (generation, revision, next seq), what is held

@@ -87,6 +87,7 @@ from ctxkeep.messages import Message
 from ctxkeep.prune import PruneReport, TokenPruner
 from ctxkeep.responses import _owned_to_responses, from_responses, to_responses
 from ctxkeep.sessions import MemoryConfig, MemoryManager, open_memory
+from ctxkeep.sessions.records import SessionInfo, record_to_message
 from ctxkeep.sessions.sqlite import SQLiteBackend
 from ctxkeep.tokens import TokenCounter, get_counter
 
@@ -260,16 +261,47 @@ class CtxkeepSession:
         transaction; False if no call waits (the batch itself is invalid).
         """
         for _ in range(_RETRIES):
-            if not self.memory.get_session(self.session_id).pending:
+            info, newest = self._newest()
+            if not info.pending:
                 return False
-            newest = self.memory.get_messages(self.session_id, limit=1)
-            if not newest or not newest[0].id:
+            if newest is None:
                 continue  # taken back meanwhile: look again
-            joined = from_responses(to_responses(newest) + items)
+            seq, message = newest
+            joined = owned_from_responses(_owned_to_responses([message]) + items)
             with contextlib.suppress(SessionChangedError):
-                self.memory.replace_newest(self.session_id, joined, newest_id=newest[0].id)
+                self._replace_newest_at(info, seq, joined)
                 return True
         raise SessionChangedError(self.session_id)
+
+    def _newest(self) -> tuple[SessionInfo, tuple[int, Message] | None]:
+        """The session's info and its newest message with its seq (None: it holds none),
+        read at one instant, decoded for this caller alone (no TTL test: the write that
+        follows makes it, inside its transaction).
+
+        Raises:
+            SessionNotFoundError: unknown or deleted session.
+
+        """
+        info, rows = self.memory._newest_rows(self.session_id, 1)
+        if not rows:
+            return info, None
+        seq, record = rows[-1]
+        return info, (seq, record_to_message(record, session_id=self.session_id, seq=seq))
+
+    def _replace_newest_at(self, info: SessionInfo, seq: int, messages: list[Message]) -> None:
+        """Replace the newest message, read at ``seq`` with ``info``, by ``messages`` (made
+        for this call alone) in one transaction; the items held follow the write.
+
+        Raises:
+            SessionChangedError: the newest message is no longer the one at ``seq`` of
+                ``info``'s generation (or the session idled past its TTL and was touched).
+            SessionNotFoundError: the session is gone (or expired, and reclaimed).
+
+        """
+        stored, seqs = self.memory._replace(
+            self.session_id, messages, newest_seq=seq, generation=info.generation, owned=True
+        )
+        self._items.replaced(info, seq, stored, seqs)
 
     def _pop_item(self) -> TResponseInputItem | None:
         with self._lock:
@@ -282,20 +314,18 @@ class CtxkeepSession:
                         if item is not None:
                             return cast("TResponseInputItem", item)
                         continue  # a message that stood for no item: taken back, go on
-                    newest = self.memory.get_messages(self.session_id, limit=1)
+                    info, newest = self._newest()
                 except SessionNotFoundError:
                     return None
-                if not newest:
+                if newest is None:
                     return None
-                message = newest[0]
-                rest: list[dict[str, Any]] = to_responses([message])
+                seq, message = newest
+                rest = _owned_to_responses([message])  # decoded for this pop alone
                 last = rest.pop() if rest else None
                 # The newest message without its last item takes its place, in one
                 # transaction (a message that stands for no item is just taken back).
                 try:
-                    self.memory.replace_newest(
-                        self.session_id, from_responses(rest), newest_id=message.id or ""
-                    )
+                    self._replace_newest_at(info, seq, owned_from_responses(rest))
                 except (SessionChangedError, SessionNotFoundError):
                     continue  # another writer got there first: look again
                 if last is not None:
