@@ -16,7 +16,7 @@ from ctxkeep.errors import (
     MissingDependencyError,
     SessionNotFoundError,
 )
-from ctxkeep.integrations.langchain.convert import _from_ctxkeep, to_ctxkeep_messages
+from ctxkeep.integrations.langchain.convert import _from_ctxkeep, _owned_ctxkeep_messages
 from ctxkeep.messages import Message
 from ctxkeep.sessions import MemoryConfig, MemoryManager, open_memory
 
@@ -101,10 +101,12 @@ class CtxkeepChatMessageHistory(BaseChatMessageHistory):
             OrphanToolResultError / MissingToolResultError: a broken tool sequence.
 
         """
-        batch = to_ctxkeep_messages(list(messages))
+        # The messages are made for this add and given up to the store (owned): stamped and
+        # stored as they are, never copied (the copies were a third of an add's client time).
+        batch = _owned_ctxkeep_messages(messages)
         if not batch:
             return
-        self.memory.add_messages_creating(self.session_id, self.agent_id, batch)
+        self.memory._add_creating(self.session_id, self.agent_id, batch, owned=True)
 
     def clear(self) -> None:
         """Delete the history (the ctxkeep session)."""
