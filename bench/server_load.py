@@ -1025,6 +1025,14 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]], args: argparse.Na
     Console(width=220).print(table)
 
 
+def _busy_ms(r: dict[str, Any]) -> float | None:
+    """CPU ms per request of the whole machine at normal priority, if it was measured."""
+    cpu = r["cpu_s"]
+    if not all(k in cpu for k in ("server", "clients", "other")):
+        return None
+    return float(sum(cpu[k] for k in ("server", "clients", "other")) * 1000 / r["requests"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=50)
@@ -1145,6 +1153,15 @@ def main() -> None:
                 f"{backend} {name}: {r['req_per_s']:,.0f} req/s, {r['req_per_s'] / n:,.0f} per "
                 f"worker = {per:.2f}x one worker's {one['req_per_s']:,.0f}"
             )
+            # the server, the load generator and the database share the machine's cores:
+            # requests per busy core-second is the scaling the workers themselves show
+            busy = {t: _busy_ms(x) for t, x in (("one", one), ("n", r))}
+            if busy["one"] and busy["n"]:
+                print(
+                    f"  CPU per request (server + clients + everything else) {busy['n']:.2f} ms "
+                    f"vs {busy['one']:.2f} ms with one worker: "
+                    f"{busy['one'] / busy['n']:.2f}x the requests per busy core"
+                )
     print(f"server: {server_mode}; postgres: {pg.url if pg else 'n/a'}")
     failed = False
     for backend, ts in results.items():
