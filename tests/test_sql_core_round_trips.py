@@ -314,3 +314,31 @@ def test_an_add_that_keeps_nothing_deep_copies_nothing(
     monkeypatch.setattr(copy, "deepcopy", real)
     assert copies == []
     assert [m.extra for m in mem.get_messages(sid)] == [nested] * 3
+
+
+# -- the server's work per append ----------------------------------------------------------------
+
+
+def test_a_postgres_append_fires_no_trigger_and_a_delete_leaves_no_message(pg: Any) -> None:
+    mem, _, _ = pg
+    sid = mem.create_session("a")
+    mem.add_message(sid, "user", "hi")
+    with mem.backend._pg.connection() as conn:
+        keys = conn.execute(
+            "SELECT conname FROM pg_constraint WHERE contype = 'f' "
+            "AND conrelid = 'ctxkeep_messages'::regclass"
+        ).fetchall()
+        # the insert of a message checks no key (no after-trigger locking the session row)
+        assert keys == []
+        sql = (
+            "EXPLAIN (ANALYZE, FORMAT JSON) INSERT INTO ctxkeep_messages "
+            "(session_id, seq, record) VALUES (%s, 99, '{}')"
+        )
+        plan = conn.execute(sql, (sid,)).fetchone()[0][0]
+        assert plan.get("Triggers", []) == []
+        conn.execute("DELETE FROM ctxkeep_messages WHERE seq = 99")
+    mem.add_message(sid, "assistant", "hello")
+    assert mem.delete_session(sid)
+    with mem.backend._pg.connection() as conn:
+        left = conn.execute("SELECT count(*) FROM ctxkeep_messages WHERE session_id = %s", (sid,))
+        assert left.fetchone()[0] == 0
