@@ -188,3 +188,35 @@ def postgres_schema_factory(postgres_url: str) -> Iterator[Callable[[], str]]:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             for schema in made:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+# -- one fresh store of each kind -----------------------------------------------------------------
+
+STORES = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+"""The four stores as fixture params (``@pytest.fixture(params=STORES)``), Redis and PostgreSQL
+marked; :func:`fresh_store_url` makes the store a param names. A module using it imports the
+service fixtures too (``redis_url``, ``redis_prefix_factory``, ``postgres_url``,
+``postgres_schema_factory``)."""
+
+
+def fresh_store_url(request: pytest.FixtureRequest, tmp_path: Path, name: str = "store") -> str:
+    """The URL of a fresh, empty store of the kind ``request.param`` names (one of
+    :data:`STORES`): ``memory://``, a new SQLite file ``name.db`` in ``tmp_path``, a new Redis
+    key prefix or a new PostgreSQL schema (both deleted after the test).
+    """
+    kind = request.param
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / name}.db"
+    if kind == "redis":
+        prefix = request.getfixturevalue("redis_prefix_factory")()
+        return f"{request.getfixturevalue('redis_url')}?prefix={prefix}"
+    if kind == "postgres":
+        return str(request.getfixturevalue("postgres_schema_factory")())
+    raise ValueError(f"no store kind {kind!r}")

@@ -23,7 +23,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
+from conftest_services import (
+    STORES,
+    fresh_store_url,
+    postgres_schema_factory,
+    postgres_url,
+    redis_prefix_factory,
+    redis_url,
+)
 from ctxkeep import CognitiveState, open_checkpoints, open_episodic, open_memory
 from ctxkeep._check import MAX_ID_LENGTH
 from ctxkeep.errors import (
@@ -56,25 +63,10 @@ def nested(depth: int) -> dict[str, Any]:
     return out
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        "sqlite",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
+@pytest.fixture(params=STORES)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty store of each backend."""
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/bad.db"
-    if request.param == "redis":
-        base = request.getfixturevalue("redis_url")
-        return f"{base}?prefix={request.getfixturevalue('redis_prefix_factory')()}"
-    make: Callable[[], str] = request.getfixturevalue("postgres_schema_factory")
-    return make()
+    return fresh_store_url(request, tmp_path, "bad")
 
 
 @pytest.fixture

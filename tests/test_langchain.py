@@ -51,6 +51,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 from conftest_services import (
+    STORES,
+    fresh_store_url,
     postgres_schema_factory,
     postgres_url,
     redis_prefix_factory,
@@ -595,27 +597,10 @@ class CountingChat(ScriptedChat):
 
 # -- chat message history ------------------------------------------------------------------
 
-STORES = [
-    "memory",
-    "sqlite",
-    pytest.param("redis", marks=pytest.mark.redis),
-    pytest.param("postgres", marks=pytest.mark.postgres),
-]
-
 
 @pytest.fixture(params=STORES)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    kind: str = request.param
-    if kind == "memory":
-        return "memory://"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path / 'history.db'}"
-    if kind == "postgres":
-        url: str = request.getfixturevalue("postgres_schema_factory")()
-        return url
-    base: str = request.getfixturevalue("redis_url")
-    prefix: str = request.getfixturevalue("redis_prefix_factory")()
-    return f"{base}?prefix={prefix}"
+    return fresh_store_url(request, tmp_path, "history")
 
 
 @pytest.fixture

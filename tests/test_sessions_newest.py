@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
+from conftest_services import (
+    STORES,
+    fresh_store_url,
+    postgres_schema_factory,
+    postgres_url,
+    redis_prefix_factory,
+    redis_url,
+)
 from ctxkeep import open_memory
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
@@ -21,23 +28,9 @@ from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 __all__ = ["postgres_schema_factory", "postgres_url", "redis_prefix_factory", "redis_url"]
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        "sqlite",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
+@pytest.fixture(params=STORES)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/newest.db"
-    if request.param == "redis":
-        base = request.getfixturevalue("redis_url")
-        return f"{base}?prefix={request.getfixturevalue('redis_prefix_factory')()}"
-    return str(request.getfixturevalue("postgres_schema_factory")())
+    return fresh_store_url(request, tmp_path, "newest")
 
 
 @pytest.fixture(params=[None, 50], ids=["no-max-history", "max-history-50"])

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
+from conftest_services import (
+    STORES,
+    fresh_store_url,
+    postgres_schema_factory,
+    postgres_url,
+    redis_prefix_factory,
+    redis_url,
+)
 from ctxkeep import open_memory
 from ctxkeep.errors import SessionChangedError
 from ctxkeep.messages import Message, ToolCall
@@ -18,23 +25,9 @@ from ctxkeep.sessions.base import MemoryConfig
 __all__ = ["postgres_schema_factory", "postgres_url", "redis_prefix_factory", "redis_url"]
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        "sqlite",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
+@pytest.fixture(params=STORES)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/replace.db"
-    if request.param == "redis":
-        base = request.getfixturevalue("redis_url")
-        return f"{base}?prefix={request.getfixturevalue('redis_prefix_factory')()}"
-    return str(request.getfixturevalue("postgres_schema_factory")())
+    return fresh_store_url(request, tmp_path, "replace")
 
 
 def test_a_stale_replace_changes_nothing(url: str) -> None:

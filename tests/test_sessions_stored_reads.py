@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest_services import postgres_schema_factory, postgres_url, redis_prefix_factory, redis_url
+from conftest_services import (
+    STORES,
+    fresh_store_url,
+    postgres_schema_factory,
+    postgres_url,
+    redis_prefix_factory,
+    redis_url,
+)
 from ctxkeep import open_memory
 from ctxkeep.errors import CorruptRecordError, SessionNotFoundError
 from ctxkeep.messages import Message, ToolCall
@@ -23,24 +30,9 @@ from ctxkeep.sessions.records import record_to_message
 __all__ = ["postgres_schema_factory", "postgres_url", "redis_prefix_factory", "redis_url"]
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        "sqlite",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
+@pytest.fixture(params=STORES)
 def mem(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MemoryManager]:
-    if request.param == "memory":
-        url = "memory://"
-    elif request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/stored.db"
-    elif request.param == "redis":
-        base = request.getfixturevalue("redis_url")
-        url = f"{base}?prefix={request.getfixturevalue('redis_prefix_factory')()}"
-    else:
-        url = str(request.getfixturevalue("postgres_schema_factory")())
+    url = fresh_store_url(request, tmp_path, "stored")
     config = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
     with open_memory(url, config) as m:
         yield m
