@@ -15,13 +15,13 @@ they would see. The pairs (ctxkeep's adapter | the peer, per engine):
   item at a time (``--adds`` items into a new session, the time per call);
 * LangGraph stores: ``CtxkeepStore`` | ``SqliteStore``, ``PostgresStore``, ``InMemoryStore``
   (engine ``memory``: ``CtxkeepStore("memory://")``). Operations: ``search`` with a query (p50
-  of 20; the peers at their defaults have no index, so their query does not rank: they return
-  the newest matches), ``search`` with a filter and no query (p50 of 20), one ``put`` (p50 of 20),
-  a ``batch`` of ``size`` puts (then deleted, untimed), bytes on disk after the load. Each peer
-  runs twice (``--store-peer-index also``): at its defaults, and as ``SqliteStore+index`` (etc.)
-  with LangGraph's ``index={"dims", "embed"}`` over the same embedder and fields as ctxkeep's
-  (it then embeds every put and ranks a query, as ctxkeep's does: puts and query searches like
-  for like), each against a ctxkeep store of its own;
+  of 20), ``search`` with a filter and no query (p50 of 20), one ``put`` (p50 of 20), a
+  ``batch`` of ``size`` puts (then deleted, untimed), bytes on disk after the load. Each peer
+  runs twice (``--store-peer-index also``), like for like: at its defaults, which keep no index
+  (a query does not rank: the newest matches come back), against ``CtxkeepStore(index=False)``,
+  which keeps none either; and as ``SqliteStore+index`` (etc.) with LangGraph's
+  ``index={"dims", "embed"}`` over the same embedder and fields as ctxkeep's (it then embeds
+  every put and ranks a query) against ``CtxkeepStore`` at its defaults (hybrid recall);
 * LangChain chat histories: ``CtxkeepChatMessageHistory`` | ``SQLChatMessageHistory``
   (langchain-community, SQLite), ``PostgresChatMessageHistory`` (langchain-postgres),
   ``RedisChatMessageHistory`` (langchain-community, plain Redis lists). Operations: read all
@@ -695,11 +695,14 @@ def store_engine_pairs(
     index: Any = same_index(args.embedder) if indexed else None
     tag = "-ix" if indexed else ""
     plus = "+index" if indexed else ""
+    # like for like: a peer at its defaults keeps no index, nor does CtxkeepStore(index=False)
+    ck_index: Any = None if indexed else False
+    ck_name = "CtxkeepStore" if indexed else "CtxkeepStore(index=False)"
     if engine == "sqlite":
         from langgraph.store.sqlite import SqliteStore
 
         ck_dir = env.sqlite(f"store-ck{tag}-{size}")
-        ck = CtxkeepStore(f"sqlite:///{ck_dir}/ck.db", embedder=args.embedder)
+        ck = CtxkeepStore(f"sqlite:///{ck_dir}/ck.db", embedder=args.embedder, index=ck_index)
         items_table: Any = ck._items  # its SQLite client: what it runs, whatever the URL
         ck_sync = pragma_synchronous(items_table._db.conn())
         peer_dir = env.sqlite(f"store-peer{tag}-{size}")
@@ -712,9 +715,7 @@ def store_engine_pairs(
             Pair(
                 "store",
                 engine,
-                store_side(
-                    "CtxkeepStore", ck, items, f"{ck_sync} (fixed)", lambda: folder_bytes(ck_dir)
-                ),
+                store_side(ck_name, ck, items, f"{ck_sync} (fixed)", lambda: folder_bytes(ck_dir)),
                 store_side(
                     f"SqliteStore{plus}",
                     peer,
@@ -729,7 +730,7 @@ def store_engine_pairs(
 
         ck_url = env.database(f"store_ck{tag.replace('-', '_')}_{size}")
         peer_url = env.database(f"store_peer{tag.replace('-', '_')}_{size}")
-        ck = CtxkeepStore(ck_url, embedder=args.embedder)
+        ck = CtxkeepStore(ck_url, embedder=args.embedder, index=ck_index)
         peer = stack.enter_context(PostgresStore.from_conn_string(peer_url, index=index))
         peer.setup()
         return [
@@ -737,7 +738,7 @@ def store_engine_pairs(
                 "store",
                 engine,
                 store_side(
-                    "CtxkeepStore",
+                    ck_name,
                     ck,
                     items,
                     "server",
@@ -760,8 +761,8 @@ def store_engine_pairs(
                 "store",
                 engine,
                 store_side(
-                    "CtxkeepStore",
-                    CtxkeepStore("memory://", embedder=args.embedder),
+                    ck_name,
+                    CtxkeepStore("memory://", embedder=args.embedder, index=ck_index),
                     items,
                     "",
                     None,
@@ -1400,11 +1401,11 @@ def render(
         "every history read back equal on both sides, after the load and after the rounds"
     )
     console.print(
-        "search with a query: the peers at their defaults have no index, so their query does not "
-        "rank (the newest 10 matches come back); CtxkeepStore ranks by hybrid recall "
-        f"({args.embedder} embedder), and its bytes hold that index (episodes, text, vectors); "
-        "a peer named ...+index is given the same embedder (a dense index over the whole value: "
-        "it embeds every put and ranks a query by cosine, like for like). "
+        "stores: a peer at its defaults keeps no index, so its query does not rank (the newest 10 "
+        "matches come back): it faces CtxkeepStore(index=False), which keeps none either; a peer "
+        "named ...+index is given the same embedder as CtxkeepStore at its defaults (a dense "
+        "index over the whole value: it embeds every put and ranks a query by cosine) and faces "
+        f"it (hybrid recall, {args.embedder} embedder; its bytes hold episodes, text, vectors). "
         "sync: SQLite's synchronous per side ('fixed': the adapter ignores the URL's; 'set': the "
         "peer's connection set to match), else the server's setting, the same for both sides"
     )

@@ -260,3 +260,41 @@ def test_recall_returns_only_current_items_of_the_scope_however_deep_it_looks(
     assert [
         i.key for i in store.search(("mine",), query="orchid", filter={"text": "orchid note 1"})
     ] == ["m1"]
+
+
+def test_memory_pages_read_only_the_head_of_the_order_kept_through_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1e9]
+    store = CtxkeepStore("memory://", index=False, clock=lambda: now[0])
+    try:
+        for i in range(300):
+            now[0] += 1
+            store.put(("u", f"n{i % 3}"), f"k{i}", {"i": i, "even": i % 2 == 0}, ttl=None)
+        for i in range(0, 300, 7):  # rewrites move a row to the head, deletes drop it
+            now[0] += 1
+            if i % 2:
+                store.delete(("u", f"n{i % 3}"), f"k{i}")
+            else:
+                store.put(("u", f"n{i % 3}"), f"k{i}", {"i": i, "even": True, "again": 1})
+        store.put(("u", "n0"), "short", {"even": True}, ttl=1)  # minutes
+        now[0] += 120
+        assert store.sweep_ttl() == 1
+        items = store._items
+        assert isinstance(items, _store_items.MemoryItems)
+        rows = sorted(items._rows.values(), key=lambda r: (-r.updated_at, r.namespace, r.key))
+        assert [(ns, key) for _, ns, key in items._order] == [r.address for r in rows]
+        calls = 0
+
+        def counted(value: Any, flt: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            return matches_filter(value, flt)
+
+        monkeypatch.setattr(_store_items, "matches_filter", counted)
+        page = store.search(("u",), filter={"even": True}, limit=5, offset=5)
+        expected = [r.key for r in rows if r.value and '"even":true' in r.value.replace(" ", "")]
+        assert [i.key for i in page] == expected[5:10]
+        assert calls <= 25  # the head of the order, not all ~260 rows
+    finally:
+        store.close()

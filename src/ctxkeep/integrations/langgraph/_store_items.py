@@ -12,6 +12,7 @@ missing.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import threading
@@ -244,25 +245,39 @@ class MemoryItems(Items):
 
     def __init__(self) -> None:
         self._rows: dict[Key, Row] = {}
+        self._order: list[tuple[float, str, str]] = []
+        """``(-updated_at, namespace, key)`` of every row, sorted: the order searches return,
+        kept as rows are written, so a page is read from its head (O(page), not a sort of
+        every row per search)."""
         self._lock = threading.Lock()
         self._decoded: dict[Key, tuple[str, Any]] = {}
         """Each row's value text and its decoded value, for filters only (never handed out):
         valid while the row holds that very text object (a put stores a new one)."""
 
-    def _matching(self, rows: list[Row], flt: Filter) -> list[Row]:
-        """The rows whose value matches ``flt``, each value decoded once per version (a JSON
-        decode of every row per filtered search was half of it).
+    def _matches(self, row: Row, flt: Filter) -> bool:
+        """Whether ``row``'s value matches ``flt``, each value decoded once per version (a
+        JSON decode of every row per filtered search was half of it).
         """
         if not flt:
-            return rows
-        out = []
-        for r in rows:
-            held = self._decoded.get(r.address)
-            if held is None or held[0] is not r.value:
-                held = self._decoded[r.address] = (r.value, loads(r.value))
-            if matches_filter(held[1], flt):
-                out.append(r)
-        return out
+            return True
+        held = self._decoded.get(row.address)
+        if held is None or held[0] is not row.value:
+            held = self._decoded[row.address] = (row.value, loads(row.value))
+        return matches_filter(held[1], flt)
+
+    def _matching(self, rows: list[Row], flt: Filter) -> list[Row]:
+        """The rows whose value matches ``flt``."""
+        return rows if not flt else [r for r in rows if self._matches(r, flt)]
+
+    def _place(self, old: Row | None, new: Row | None) -> None:
+        """Keep :attr:`_order` as ``old`` becomes ``new`` (either None); under the lock."""
+        if old is not None:
+            entry = (-old.updated_at, old.namespace, old.key)
+            at = bisect.bisect_left(self._order, entry)
+            if at < len(self._order) and self._order[at] == entry:
+                del self._order[at]
+        if new is not None:
+            bisect.insort(self._order, (-new.updated_at, new.namespace, new.key))
 
     def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
         """The stored rows of ``keys``."""
@@ -288,10 +303,22 @@ class MemoryItems(Items):
         offset: int = 0,
         limit: int | None = None,
     ) -> list[Row]:
-        """The live rows of ``prefix`` and below it, filtered, ordered, one page."""
-        rows = self._matching(self._live(prefix, now), flt)
-        rows.sort(key=lambda r: (-r.updated_at, r.namespace, r.key))
-        return rows[offset : None if limit is None else offset + limit]
+        """The live rows of ``prefix`` and below it, filtered, ordered, one page: read from the
+        head of the order until the page is full.
+        """
+        want = None if limit is None else offset + limit
+        below = f"{prefix}."
+        out: list[Row] = []
+        with self._lock:
+            for _, ns, key in self._order:
+                if want is not None and len(out) >= want:
+                    break
+                if prefix is not None and ns != prefix and not ns.startswith(below):
+                    continue
+                row = self._rows[ns, key]
+                if row.live(now) and self._matches(row, flt):
+                    out.append(row)
+        return out[offset:]
 
     def indexed(self, prefix: str | None, now: float, flt: Filter = None) -> dict[str, Key]:
         """Episode id -> address of the live rows with an episode."""
@@ -325,6 +352,7 @@ class MemoryItems(Items):
                     self._decoded.pop(key, None)
                 else:
                     self._rows[key] = new
+                self._place(old, new)
                 if old is not None:
                     replaced.append(old)
         return replaced
@@ -344,6 +372,7 @@ class MemoryItems(Items):
             for row in gone:
                 del self._rows[row.address]
                 self._decoded.pop(row.address, None)
+                self._place(row, None)
         return gone
 
 

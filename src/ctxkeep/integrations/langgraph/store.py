@@ -33,6 +33,12 @@ between leaves at most an orphan episode, which no search returns (searches are 
 episodes live rows point at). An item put with ``index=False``, or whose fields hold no text,
 has no episode.
 
+A store opened with ``index=False`` keeps no episodes at all, as LangGraph's own stores do
+without an index config: a put writes its row alone, a query does not rank (the matches come
+newest-updated first, ``score=None``) and the episodic store and its embedder are not opened
+(only if rows an indexed store wrote before are replaced, deleted or expire, to forget their
+episodes).
+
 How the parts fit: this module holds the store's rules (batches, puts, recall, TTL); the item
 tables (the ``memory://`` dict and the one SQL table of SQLite and PostgreSQL, with its
 migrations) are in ``_store_items``, and the I/O-free checks of values, filters, operations
@@ -167,6 +173,8 @@ class CtxkeepStore(BaseStore):
             :class:`~ctxkeep.episodic.Embedder`; not with ``episodic`` (it has its own).
         index: LangGraph's index config; ``fields`` (default ``["$"]``, the whole value) are
             the paths whose text is indexed; ``dims`` must be the embedder's if given.
+            ``False``: no index (no episodes, no embedder; a query does not rank), as
+            LangGraph's stores without one; not with ``episodic``.
         ttl: LangGraph's TTL config: ``default_ttl`` (minutes, for puts that give none),
             ``refresh_on_read`` (default True), ``sweep_interval_minutes`` (for
             :meth:`start_ttl_sweeper`). Expired items are never returned.
@@ -191,7 +199,7 @@ class CtxkeepStore(BaseStore):
         *,
         episodic: EpisodicMemoryStore | None = None,
         embedder: str | Embedder | None = None,
-        index: IndexConfig | None = None,
+        index: IndexConfig | Literal[False] | None = None,
         ttl: TTLConfig | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -207,31 +215,56 @@ class CtxkeepStore(BaseStore):
         self._sweeper: threading.Thread | None = None
         self._sweeping: concurrent.futures.Future[None] | None = None
         self._stop = threading.Event()
-        if episodic is None:
-            if url is None:
-                from ctxkeep.sessions import default_url
-
-                url = default_url()
-            self._owns_episodic = True
-            self.episodic = open_episodic(
-                url,
-                embedder if embedder is not None else "local",
-                config=RECALL,
-                index=VECTORS,
+        self._indexed = index is not False
+        if not self._indexed and episodic is not None:
+            raise ConfigError(
+                "index=False keeps no episodes: pass episodic= or index=False, not both"
             )
-        else:
-            self._owns_episodic = False
-            self.episodic = episodic
+        if episodic is not None:
             url = url if url is not None else _url_of(episodic)
+        elif url is None:
+            from ctxkeep.sessions import default_url
+
+            url = default_url()
+        self._url = url
+        self._embedder = embedder
+        self._episodic_lock = threading.Lock()
+        self._owns_episodic = episodic is None
+        self._episodic: EpisodicMemoryStore | None = episodic
+        if episodic is None and self._indexed:
+            self._episodic = self._open_episodic()
         try:
-            self._fields = _index_fields(index, self.episodic.embedder.dim)
+            self._fields = _index_fields(index, self.episodic.embedder.dim) if self._indexed else []
             self._items = _items_at(url)
         except BaseException:
-            if self._owns_episodic:
-                self.episodic.close()
+            self._close_episodic()
             raise
         self.index_config = index
         """The index config as given."""
+
+    def _open_episodic(self) -> EpisodicMemoryStore:
+        """The episodic store of ``url`` this store opens (and closes)."""
+        return open_episodic(
+            self._url,
+            self._embedder if self._embedder is not None else "local",
+            config=RECALL,
+            index=VECTORS,
+        )
+
+    @property
+    def episodic(self) -> EpisodicMemoryStore:
+        """The episodic store the items are indexed in. A store opened with ``index=False``
+        opens it on first use only: to forget the episodes of rows an indexed store wrote.
+        """
+        if self._episodic is None:
+            with self._episodic_lock:
+                if self._episodic is None:
+                    self._episodic = self._open_episodic()
+        return self._episodic
+
+    def _close_episodic(self) -> None:
+        if self._owns_episodic and self._episodic is not None:
+            self._episodic.close()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -239,8 +272,7 @@ class CtxkeepStore(BaseStore):
         """Stop the TTL sweeper, close the item table and the episodic store it opened."""
         self.stop_ttl_sweeper()
         self._items.close()
-        if self._owns_episodic:
-            self.episodic.close()
+        self._close_episodic()
 
     def __enter__(self) -> CtxkeepStore:
         return self
@@ -299,7 +331,7 @@ class CtxkeepStore(BaseStore):
 
     def _text(self, value: Mapping[str, Any], index: Literal[False] | list[str] | None) -> str:
         """The text an item's episode holds ("" when it is not to be indexed)."""
-        if index is False:
+        if index is False or not self._indexed:
             return ""
         fields = self._fields if index is None else [(p, tokenize_path(p)) for p in index]
         texts = [t for _, path in fields for t in get_text_at_path(value, path)]
@@ -340,6 +372,8 @@ class CtxkeepStore(BaseStore):
             return new
 
         def save() -> dict[Key, str]:
+            if not docs:
+                return {}
             ids = dict(zip(docs, self.episodic.save_episodes(docs.values()), strict=True))
             for k, eid in ids.items():
                 rows[k] = dataclasses.replace(rows[k], episode_id=eid)
@@ -366,8 +400,10 @@ class CtxkeepStore(BaseStore):
         """The episodic store's joinable transaction, when the item table is in the same
         database (PostgreSQL: the same pool and ``search_path``), else None.
         """
-        transaction = getattr(self.episodic, "transaction", None)
-        db = getattr(self.episodic, "db", None)
+        if self._episodic is None:
+            return None
+        transaction = getattr(self._episodic, "transaction", None)
+        db = getattr(self._episodic, "db", None)
         if transaction is None or db is None or not self._items.joins(db):
             return None
         return transaction  # type: ignore[no-any-return]
@@ -389,7 +425,7 @@ class CtxkeepStore(BaseStore):
         prefix = _ns_text(op.namespace_prefix) if op.namespace_prefix else None
         flt = _filter(op.filter)
         want = op.offset + op.limit
-        if not (op.query and want):
+        if not (op.query and want and self._indexed):
             page = self._items.scan(prefix, now, flt, op.offset, op.limit)
             return [(row, None) for row in page]
         ranked = self._recall(op.query, prefix, flt, want, now)

@@ -1,0 +1,120 @@
+"""CtxkeepStore(index=False): no episodes and no embedder, as LangGraph's own stores without an
+index config, on memory://, SQLite and PostgreSQL; beside ``InMemoryStore()`` at its defaults,
+and over rows an indexed store wrote before (their episodes are still forgotten).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("langgraph")
+from langgraph.store.memory import InMemoryStore
+
+from conftest_services import postgres_schema_factory, postgres_url
+from ctxkeep.episodic import HashEmbedder, open_episodic
+from ctxkeep.errors import ConfigError
+from ctxkeep.integrations.langgraph import CtxkeepStore
+
+__all__ = ["postgres_schema_factory", "postgres_url"]  # fixtures, re-exported for pytest
+
+
+class CountingEmbedder(HashEmbedder):
+    """The hash embedder, counting the texts it embeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts = 0
+
+    def embed_documents(self, texts: Any) -> np.ndarray:
+        texts = list(texts)
+        self.texts += len(texts)
+        return super().embed_documents(texts)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        self.texts += 1
+        return super().embed_query(text)
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/store-{uuid.uuid4().hex[:8]}.db"
+    return str(request.getfixturevalue("postgres_schema_factory")())
+
+
+def _load(store: Any) -> None:
+    for i in range(6):
+        store.put(("u", "facts"), f"k{i}", {"text": f"fact number {i} about penicillin", "n": i})
+    store.put(("u", "other"), "x", {"text": "penicillin elsewhere", "n": 9})
+
+
+def test_no_episode_no_embedding_and_the_peers_answers(url: str) -> None:
+    embedder = CountingEmbedder()
+    peer = InMemoryStore()
+    with CtxkeepStore(url, embedder=embedder, index=False) as store:
+        for side in (store, peer):
+            _load(side)
+            side.put(("u", "facts"), "k2", {"text": "replaced", "n": 2})
+            side.delete(("u", "facts"), "k3")
+        for kwargs in ({"query": "penicillin"}, {"query": "penicillin", "filter": {"n": 4}}):
+            ours = store.search(("u",), **kwargs)
+            theirs = peer.search(("u",), **kwargs)
+            # a query does not rank: the same matches as the peer's, unscored, newest-updated
+            # first (as LangGraph's SQLite and PostgreSQL stores; InMemoryStore keeps them in
+            # the order they were put)
+            assert sorted((i.key, str(i.value)) for i in ours) == sorted(
+                (i.key, str(i.value)) for i in theirs
+            )
+            assert all(i.score is None for i in ours)
+            assert [i.updated_at for i in ours] == sorted(
+                (i.updated_at for i in ours), reverse=True
+            )
+        whole = [i.key for i in store.search(("u",), query="penicillin", limit=10)]
+        assert whole[0] == "k2"
+        assert [i.key for i in store.search(("u",), query="x", limit=2, offset=1)] == whole[1:3]
+        assert store.get(("u", "facts"), "k2").value == {"text": "replaced", "n": 2}  # type: ignore[union-attr]
+        assert store.get(("u", "facts"), "k3") is None
+        assert store.list_namespaces() == peer.list_namespaces()
+        assert store._episodic is None  # never opened
+    assert embedder.texts == 0
+
+
+def test_rows_an_indexed_store_wrote_lose_their_episodes(url: str, tmp_path: Path) -> None:
+    if url == "memory://":
+        pytest.skip("a memory:// store's items do not outlive it")
+    with CtxkeepStore(url, embedder="hash", index={"fields": ["text"]}) as indexed:
+        _load(indexed)
+        assert indexed.search(("u",), query="penicillin")[0].score is not None
+        before = indexed.episodic.count({"agent_id": "langgraph-store"})
+    assert before == 7
+    with CtxkeepStore(url, embedder="hash", index=False) as plain:
+        plain.put(("u", "facts"), "k0", {"text": "no longer indexed"})
+        plain.delete(("u", "facts"), "k1")
+        assert plain.search(("u",), query="penicillin")[0].score is None
+    episodes = open_episodic(url, "hash")
+    try:
+        left = episodes.count({"agent_id": "langgraph-store"})
+    finally:
+        episodes.close()
+    assert left == 5  # k0's and k1's episodes forgotten
+    with CtxkeepStore(url, embedder="hash", index={"fields": ["text"]}) as indexed:
+        hits = indexed.search(("u",), query="penicillin", limit=10)
+        ranked = [h.key for h in hits if h.score is not None]
+        assert "k0" not in ranked and "k1" not in ranked
+        assert sorted(ranked) == ["k2", "k3", "k4", "k5", "x"]
+
+
+def test_index_false_with_an_episodic_store_is_refused() -> None:
+    episodes = open_episodic("memory://", "hash")
+    try:
+        with pytest.raises(ConfigError, match="index=False"):
+            CtxkeepStore(episodic=episodes, index=False)
+    finally:
+        episodes.close()
