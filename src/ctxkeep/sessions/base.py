@@ -502,7 +502,7 @@ class MemoryManager:
         ``on_append`` is told what was written (not for a retry that wrote nothing).
         """
         now = self._clock()
-        stamped = self._stamped(messages, now, owned=owned, kept=on_append is not None)
+        stamped, minted = self._stamped(messages, now, owned=owned, kept=on_append is not None)
         if not stamped:
             return []
         records = [message_to_record(m) for m in stamped]
@@ -525,6 +525,7 @@ class MemoryManager:
             check=check,
             now=now,
             ttl=self._native_ttl,
+            fresh_ids=minted,
             touch_after=self._touch_resolution,
         )
         seqs: list[int] = []
@@ -610,16 +611,18 @@ class MemoryManager:
     @staticmethod
     def _stamped(
         messages: Iterable[Any], now: float, *, owned: bool = False, kept: bool = True
-    ) -> list[Message]:
+    ) -> tuple[list[Message], bool]:
         """``messages`` as ``Message`` objects, each with an ``id`` and ``created_at``: copies,
         or, if ``owned`` (the caller made them for this call alone and gives them up), the
         very ``Message`` objects given, stamped in place. With ``kept`` False (nobody keeps
         the stamped messages past the call: their records are made and they are dropped, or
         copied for the caller), a message given is stamped on a shallow copy (its content,
         metadata and extra shared with it, not deep copied: a LangChain message's extra is
-        a nest of dicts).
+        a nest of dicts). Also whether every id was made here (none given: no message can be
+        stored under one, :attr:`Append.fresh_ids`).
         """
         stamped: list[Message] = []
+        minted = True
         for i, raw in enumerate(_check.iterable("messages", messages)):
             m = coerce_message(raw, index=i)
             if m.id is not None and ("\x00" in m.id or len(m.id) > _check.MAX_ID_LENGTH):
@@ -629,6 +632,7 @@ class MemoryManager:
                     f"characters, got {len(m.id)}: {m.id[:40]!r}",
                     index=i,
                 )
+            minted = minted and m.id is None
             if owned and type(m) is Message:
                 state = m.__dict__  # (a frozen dataclass: its fields live here)
                 if state["id"] is None:
@@ -647,7 +651,7 @@ class MemoryManager:
                 continue
             when = m.created_at or datetime.fromtimestamp(now, UTC)
             stamped.append(m._identified(m.id or uuid.uuid4().hex, when))
-        return stamped
+        return stamped, minted
 
     def get_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
         """The session's messages, oldest first (copies); the newest ``limit`` if given."""
@@ -757,7 +761,7 @@ class MemoryManager:
         if newest_id is None and newest_seq is None:
             raise TypeError("_replace needs newest_id or newest_seq")
         now = self._clock()
-        stamped = self._stamped(messages, now, owned=owned)
+        stamped, minted = self._stamped(messages, now, owned=owned)
         session_id = check_session_id(session_id)
         ttl = self.config.session_ttl
         checked: list[SessionInfo] = []
@@ -778,6 +782,7 @@ class MemoryManager:
             ttl=self._native_ttl,
             replaces=newest_seq,
             replaces_id=newest_id,
+            fresh_ids=minted,
             touch_after=self._touch_resolution,
         )
         try:

@@ -458,6 +458,11 @@ class Append:
     """Like :attr:`replaces`, by the ``id`` of the message the caller read as the newest: the
     backend reads the newest message inside its transaction and takes it only if it has this
     id (one round trip where the caller would otherwise read the newest seq first)."""
+    fresh_ids: bool = False
+    """Every message's id was made for this append by the manager (a random one where the
+    caller gave none): none can be stored already, so a backend may skip looking them up
+    (:func:`settle_ids` would find none; the per-session unique index still stands behind
+    it)."""
     touch_after: float = 0.0
     """The session's ``accessed_at`` moves to :attr:`now` only where it is at least this many
     seconds older (the manager's touch resolution, as for reads; 0: always). A backend may

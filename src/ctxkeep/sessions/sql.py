@@ -15,11 +15,15 @@ appends) and
 (``session_id, fold_key, body``: a cache-stable pruner's fold snapshot per setting, deleted
 with the session; :mod:`ctxkeep.prune.snapshots`).
 
-An append is one write transaction: the session row is read (and locked, where the engine
-locks rows), the manager's tool-call check runs, the messages are inserted under the next
-sequence numbers and the row is updated; concurrent writers queue, so sequence numbers stay
-gapless. (PostgreSQL appends new messages with one statement instead: see
-:mod:`ctxkeep.sessions.postgres`.) A read of a session and its messages is one snapshot transaction.
+An append is one write transaction: the session row's counters are moved and the row read
+back (and locked, where the engine locks rows) by one ``UPDATE ... RETURNING``, the
+manager's tool-call check runs on the state before it, the messages are inserted under the
+next sequence numbers, and the row is updated again only where its pending calls or access
+time change; concurrent writers queue, so sequence numbers stay gapless. Ids the manager
+made for the append (:attr:`~ctxkeep.sessions.records.Append.fresh_ids`) are not looked up:
+none can be stored. (PostgreSQL appends new messages with one statement instead: see
+:mod:`ctxkeep.sessions.postgres`.) A read of a session and its messages is one snapshot
+transaction.
 A trim is one write transaction too: the messages up to the cut are copied into the archive (in
 seq order) and deleted under the session row's lock (:meth:`SQLBackend.remove_oldest`).
 """
@@ -350,18 +354,38 @@ class SQLBackend(Backend):
         return conn.execute(self._sql(sql), (session_id,)).fetchone()
 
     def append(self, session_id: str, batch: Append) -> list[int]:
-        """One write transaction: read the row, check, insert, update."""
+        """One write transaction: the row moved on and read back (locked) by one ``UPDATE
+        ... RETURNING``, then the checks, the insert, and a second update only where the
+        pending calls or the access time change (a check that raises rolls all back).
+        """
         texts = [dumps(r) for r in batch.records]
+        n, taken = len(texts), int(batch.replacing)
         with self.db.tx("append") as conn:
-            row = self._session_row(conn, session_id, lock=True)
+            # The counters move first: the row's state before the append is the one read
+            # back less the deltas (one statement where a read and an update were two).
+            row = conn.execute(
+                self._sql(
+                    "UPDATE ctxkeep_sessions SET next_seq = next_seq + ?, "
+                    "message_count = message_count + ?, revision = revision + ? "
+                    f"WHERE session_id = ? RETURNING {COLUMNS}"
+                ),
+                (n, n - taken, taken, session_id),
+            ).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"no session {session_id!r}")
-            info = row_to_info(row)
+            stored = row_to_info(row)
+            info = replace(
+                stored,
+                next_seq=stored.next_seq - n,
+                message_count=stored.message_count - n + taken,
+                revision=stored.revision - taken,
+            )
             if batch.replacing:
                 info = self._take_newest(conn, info, batch)
-            settle_ids(session_id, batch.records, self._rows_with_ids(conn, session_id, batch))
+            if not batch.fresh_ids:  # (ids made for this append cannot be stored)
+                settle_ids(session_id, batch.records, self._rows_with_ids(conn, session_id, batch))
             pending = batch.check(info)
-            seqs = list(range(info.next_seq, info.next_seq + len(texts)))
+            seqs = list(range(info.next_seq, info.next_seq + n))
             if texts:  # (a pop: nothing takes the newest message's place)
                 executemany(
                     conn,
@@ -377,22 +401,19 @@ class SQLBackend(Backend):
             # accessed_at only where it moves past the touch resolution: else the statement
             # leaves its index alone (SQLite rewrites an index whose column is SET at all).
             touch = batch.touches(info.accessed_at)
-            conn.execute(
-                self._sql(
-                    "UPDATE ctxkeep_sessions SET next_seq = ?, message_count = ?, pending = ?,"
-                    " revision = ?"
-                    + (f", accessed_at = {self.dialect.greatest}(accessed_at, ?)" if touch else "")
-                    + " WHERE session_id = ?"
-                ),
-                (
-                    info.next_seq + len(texts),
-                    info.message_count + len(texts),
-                    dumps(list(pending)),
-                    info.revision,
-                    *((batch.now,) if touch else ()),
-                    session_id,
-                ),
-            )
+            if touch or pending != stored.pending:
+                conn.execute(
+                    self._sql(
+                        "UPDATE ctxkeep_sessions SET pending = ?"
+                        + (
+                            f", accessed_at = {self.dialect.greatest}(accessed_at, ?)"
+                            if touch
+                            else ""
+                        )
+                        + " WHERE session_id = ?"
+                    ),
+                    (dumps(list(pending)), *((batch.now,) if touch else ()), session_id),
+                )
             return seqs
 
     def _rows_with_ids(self, conn: Any, session_id: str, batch: Append) -> list[Row]:

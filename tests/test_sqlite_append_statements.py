@@ -1,0 +1,103 @@
+"""The statements of an append on SQLite (issue 26), traced on the backend's connection.
+
+An append moves the session row's counters and reads it back in one ``UPDATE ... RETURNING``
+(no separate read of the row), and looks the batch's ids up only where the caller gave ids
+(ids the manager made for the append cannot be stored). A second update runs only where the
+pending calls change. Whatever the statements, a refused append changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxkeep import open_memory
+from ctxkeep.errors import OrphanToolResultError
+from ctxkeep.messages import Message
+from ctxkeep.sessions.base import MemoryManager
+from ctxkeep.sessions.records import SessionInfo
+
+
+@pytest.fixture
+def mem(tmp_path: Path) -> Iterator[MemoryManager]:
+    with open_memory(f"sqlite:///{tmp_path}/s.db") as manager:
+        yield manager
+
+
+@contextmanager
+def traced(mem: MemoryManager) -> Iterator[list[str]]:
+    """The statements this thread's connection runs inside the block."""
+    conn: Any = mem.backend.client.conn()  # type: ignore[attr-defined]
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    try:
+        yield seen
+    finally:
+        conn.set_trace_callback(None)
+
+
+def _info(mem: MemoryManager, sid: str) -> SessionInfo:
+    info = mem.backend.info(sid, touch=None, ttl=None)
+    assert info is not None
+    return info
+
+
+def _verbs(statements: list[str]) -> list[str]:
+    return [s.split()[0].upper() for s in statements]
+
+
+def test_an_append_of_messages_without_ids_reads_nothing_apart(mem: MemoryManager) -> None:
+    sid = mem.create_session("a")
+    mem.add_message(sid, "user", "hi")
+    with traced(mem) as statements:
+        mem.add_messages(sid, [Message("assistant", "hello"), Message("user", "again")])
+    verbs = _verbs(statements)  # (an INSERT per message: executemany)
+    assert verbs == ["BEGIN", "UPDATE", "INSERT", "INSERT", "COMMIT"]
+    assert "RETURNING" in statements[1]
+    assert [m.content for m in mem.get_messages(sid)] == ["hi", "hello", "again"]
+    info = _info(mem, sid)
+    assert (info.message_count, info.next_seq) == (3, 4)
+
+
+def test_an_append_of_given_ids_looks_them_up_and_a_retry_stores_once(
+    mem: MemoryManager,
+) -> None:
+    sid = mem.create_session("a")
+    message = Message("user", "hi", id="m-1")
+    first = mem.add_messages(sid, [message])
+    with traced(mem) as statements:
+        again = mem.add_messages(sid, [message])
+    assert any(v == "SELECT" for v in _verbs(statements))
+    assert [m.id for m in again] == [m.id for m in first] == ["m-1"]
+    assert len(mem.get_messages(sid)) == 1
+    assert _info(mem, sid).message_count == 1
+
+
+def test_a_tool_call_updates_the_pending_calls(mem: MemoryManager) -> None:
+    sid = mem.create_session("a")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with traced(mem) as statements:
+        mem.add_messages(sid, [Message("assistant", None, tool_calls=[call])])
+    assert _verbs(statements) == ["BEGIN", "UPDATE", "INSERT", "UPDATE", "COMMIT"]
+    assert "pending" in statements[3]
+    assert _info(mem, sid).pending == ("c1",)
+    mem.add_messages(sid, [Message("tool", "ok", tool_call_id="c1")])
+    assert _info(mem, sid).pending == ()
+
+
+def test_a_refused_append_moves_no_counter(mem: MemoryManager) -> None:
+    sid = mem.create_session("a")
+    mem.add_message(sid, "user", "hi")
+    before = _info(mem, sid)
+    with pytest.raises(OrphanToolResultError):
+        mem.add_messages(sid, [Message("tool", "ok", tool_call_id="nobody")])
+    after = _info(mem, sid)
+    assert (after.message_count, after.next_seq) == (before.message_count, before.next_seq)
+    assert [m.content for m in mem.get_messages(sid)] == ["hi"]
+    mem.add_message(sid, "user", "next")
+    assert [m.content for m in mem.get_messages(sid)] == ["hi", "next"]
+    assert _info(mem, sid).next_seq == before.next_seq + 1
