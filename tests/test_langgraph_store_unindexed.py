@@ -118,3 +118,46 @@ def test_index_false_with_an_episodic_store_is_refused() -> None:
             CtxkeepStore(episodic=episodes, index=False)
     finally:
         episodes.close()
+
+
+def test_a_put_keeps_created_at_of_a_live_item_only(url: str) -> None:
+    now = [1e9]
+    with CtxkeepStore(url, index=False, clock=lambda: now[0]) as store:
+        store.put(("u",), "a", {"v": 1}, ttl=10)  # minutes
+        now[0] += 60
+        store.put(("u",), "a", {"v": 2}, ttl=10)
+        item = store.get(("u",), "a")
+        assert item is not None and item.value == {"v": 2}
+        assert (item.created_at.timestamp(), item.updated_at.timestamp()) == (1e9, 1e9 + 60)
+        now[0] += 3600  # expired: a put makes a new item
+        store.put(("u",), "a", {"v": 3})
+        item = store.get(("u",), "a")
+        assert item is not None and item.created_at.timestamp() == now[0]
+        store.delete(("u",), "a")
+        assert store.get(("u",), "a") is None
+
+
+@pytest.mark.postgres
+def test_one_put_or_delete_on_postgres_is_one_statement_outside_a_transaction(
+    postgres_schema_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with CtxkeepStore(postgres_schema_factory(), index=False) as store:
+        store.put(("u",), "a", {"v": 1})
+        db = store._items._db  # type: ignore[attr-defined]
+        statements: list[str] = []
+        q = db.q
+
+        def counted(doing: str, sql: str, params: Any = (), **kw: Any) -> Any:
+            statements.append(sql)
+            return q(doing, sql, params, **kw)
+
+        def no_tx(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("a transaction for one put")
+
+        monkeypatch.setattr(db, "q", counted)
+        monkeypatch.setattr(db, "tx", no_tx)
+        store.put(("u",), "a", {"v": 2})
+        store.delete(("u",), "a")
+        assert len(statements) == 2
+    with CtxkeepStore(store._url, index=False) as again:  # type: ignore[arg-type]
+        assert again.get(("u",), "a") is None

@@ -366,11 +366,6 @@ class CtxkeepStore(BaseStore):
                     "created_at": now,
                 }
 
-        def merge(old: Row | None, new: Row | None) -> Row | None:
-            if new is not None and old is not None and old.live(now):
-                return dataclasses.replace(new, created_at=old.created_at)
-            return new
-
         def save() -> dict[Key, str]:
             if not docs:
                 return {}
@@ -384,12 +379,12 @@ class CtxkeepStore(BaseStore):
             # one transaction: the episodes, the rows, the forgetting (all or nothing)
             with joined("put items") as conn:
                 save()
-                replaced = self._items.write([(k, rows.get(k)) for k in puts], merge, conn)
+                replaced = self._items.write([(k, rows.get(k)) for k in puts], now, conn)
                 self._forget(replaced)
             return
         ids = save()
         try:
-            replaced = self._items.write([(k, rows.get(k)) for k in puts], merge)
+            replaced = self._items.write([(k, rows.get(k)) for k in puts], now)
         except BaseException:
             if ids:
                 self.episodic.forget(episode_id=list(ids.values()))
