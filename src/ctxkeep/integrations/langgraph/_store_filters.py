@@ -66,6 +66,41 @@ def _json_value(where: str, value: Any, depth: int = 0) -> Any:
     )
 
 
+try:
+    import orjson as _orjson
+
+    _PLAIN = (
+        _orjson.OPT_PASSTHROUGH_DATACLASS
+        | _orjson.OPT_PASSTHROUGH_DATETIME
+        | _orjson.OPT_PASSTHROUGH_SUBCLASS
+    )
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _orjson = None  # type: ignore[assignment]
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(type(value).__name__)
+
+
+def _plain_text(value: Any) -> str | None:
+    """The JSON text of ``value`` in one ``orjson`` call when it is plain JSON data that
+    :func:`_json_value` would take as it is, else None (then the checked path decides, and
+    names what is wrong). ``orjson`` refuses what is not a dict, list, tuple, str, int,
+    float, bool or None (subclasses included), lone surrogates and integers over 64 bits;
+    what it would write for NaN or infinity (``null``) and nesting past 200 levels (it allows
+    254) are told by the text: no ``null`` in it, fewer than 200 brackets and braces.
+    """
+    if _orjson is None:
+        return None
+    try:
+        out: bytes = _orjson.dumps(value, default=_refuse, option=_PLAIN)
+    except TypeError:
+        return None
+    if b"null" in out or (len(out) >= 400 and out.count(b"[") + out.count(b"{") >= 200):
+        return None
+    return out.decode("utf-8")
+
+
 def _value_text(value: Any) -> str:
     """The JSON text of a put's value.
 
@@ -76,6 +111,9 @@ def _value_text(value: Any) -> str:
     """
     if not isinstance(value, Mapping):
         raise InvalidTypeError(f"value must be a mapping (or None to delete), got {value!r:.60}")
+    text = _plain_text(value)
+    if text is not None:
+        return text
     plain = _json_value("value", value)
     try:
         return dumps(plain)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import operator
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -134,9 +135,8 @@ def _row(values: Sequence[Any]) -> Row:
     return Row(**dict(zip(FIELDS, values, strict=True)))
 
 
-def _values(row: Row) -> tuple[Any, ...]:
-    """A row's values in the order of :data:`COLUMNS`."""
-    return tuple(getattr(row, name) for name in FIELDS)
+_values: Callable[[Row], tuple[Any, ...]] = operator.attrgetter(*FIELDS)
+"""A row's values in the order of :data:`COLUMNS`."""
 
 
 PG_PUT_ONE = (
