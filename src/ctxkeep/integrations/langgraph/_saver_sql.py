@@ -153,6 +153,7 @@ class _SQLBackend(_Backend):
             )
         self._one_sql = (self._sql(by_id), self._sql(newest))
         self._one_blobs_sql: dict[tuple[int, int], str] = {}  # by (channels, versions)
+        self._writes_and_blobs_sql: dict[tuple[int, int], str] = {}  # likewise
         self._put_blobs_sql: dict[int, str] = {}  # by the number of blobs
         self._put_writes_cache: dict[int, str] = {}  # by the number of writes
         self._put_sql = self._sql(
@@ -356,8 +357,9 @@ class _SQLBackend(_Backend):
         self, thread_id: str, ns: str, checkpoint_id: str | None, accept: Accept
     ) -> list[_Loaded]:
         """One checkpoint of a thread and namespace (``checkpoint_id``, else the newest),
-        what ``get_tuple`` reads: its row (with its writes joined where ``join_writes``), its
-        writes, and its blobs in one statement; statements written once.
+        what ``get_tuple`` reads: its row (with its writes joined where ``join_writes``), then
+        its blobs in one statement (with its writes, where they were not joined); statements
+        written once.
 
         Read outside a transaction, each statement its own snapshot, with no ``BEGIN`` and
         ``COMMIT`` to send (two round trips of four on PostgreSQL). Blobs are never changed
@@ -407,19 +409,45 @@ class _SQLBackend(_Backend):
         if accepted is None:
             return []
         versions, decoded = accepted
+        blobs: dict[str, Typed] = {}
         if self.join_writes:
             writes = [_write(w[9:]) for w in rows if w[9] is not None]
+            for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
+                for ch, ver, kind, b in cur.fetchall():
+                    if versions.get(ch) == ver:
+                        blobs[ch] = (kind, bytes(b))
         else:
-            cur = conn.execute(self._one_writes_sql, (*key, row.checkpoint_id))
-            writes = [_write(w) for w in cur.fetchall()]
-        blobs: dict[str, Typed] = {}
-        for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
-            for ch, ver, kind, b in cur.fetchall():
-                if versions.get(ch) == ver:
-                    blobs[ch] = (kind, bytes(b))
+            # The writes and the blobs in one statement: a blob's row has no task id.
+            sql, params = self._writes_and_blobs(row, versions)
+            writes = []
+            for w in conn.execute(sql, params).fetchall():
+                if w[0] is not None:
+                    writes.append(_write(w))
+                elif versions.get(w[2]) == w[1]:
+                    blobs[w[2]] = (w[3], bytes(w[4]))
         if strict and len(blobs) < len(versions):
             return None
         return [_Loaded(row=row, decoded=decoded, blobs=blobs, writes=writes)]
+
+    def _writes_and_blobs(self, row: _Row, versions: dict[str, str]) -> tuple[str, tuple[Any, ...]]:
+        """One statement reading a checkpoint's writes (columns as :func:`_write` takes them)
+        and the blobs of its channel versions (rows of ``NULL, version, channel, type, blob,
+        NULL``): a statement fewer than reading them apart (SQLite's :meth:`read_one`).
+        """
+        key = (row.thread_id, row.checkpoint_ns)
+        if not versions:
+            return self._one_writes_sql, (*key, row.checkpoint_id)
+        chs, vers = list(versions), list(dict.fromkeys(versions.values()))
+        shape = (len(chs), len(vers))
+        sql = self._writes_and_blobs_sql.get(shape)
+        if sql is None:
+            sql = self._writes_and_blobs_sql[shape] = self._sql(
+                f"{self._one_writes_sql} UNION ALL "
+                f"SELECT NULL, version, channel, type, blob, NULL FROM {_BLOBS} "
+                "WHERE thread_id = ? AND checkpoint_ns = ? "
+                f"AND channel IN ({_marks(len(chs))}) AND version IN ({_marks(len(vers))})"
+            )
+        return sql, (*key, row.checkpoint_id, *key, *chs, *vers)
 
     def _blob_reads(
         self, conn: Any, picked: list[tuple[_Row, dict[str, str], Any]]
