@@ -1,0 +1,175 @@
+"""Scripts sent on a held connection (``ctxkeep._redis.Direct``, under ``LuaScript``): one
+connection kept between calls, and never one that could answer a later call with an earlier
+call's reply, against a real Redis.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from conftest_services import redis_url
+
+redis = pytest.importorskip(
+    "redis", reason="redis-py is not installed: pip install 'ctxkeep[redis]'"
+)
+
+from ctxkeep import _redis  # noqa: E402
+from ctxkeep._redis import Direct, LuaScript, direct  # noqa: E402
+
+pytestmark = pytest.mark.redis
+
+__all__ = ["redis_url"]
+
+ECHO = "return {ARGV[1], 7}"
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Any]:
+    """A client of its own (its pool counts only this test's connections)."""
+    made = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield made
+    made.close()
+
+
+def _script(client: Any, source: str = ECHO) -> LuaScript:
+    # a source of the test's own, so that its first run meets NOSCRIPT wherever it runs
+    return LuaScript(client, f"-- {uuid.uuid4().hex}\n{source}")
+
+
+def _taken(monkeypatch: pytest.MonkeyPatch, pool: Any) -> list[Any]:
+    """The connections the pool hands out from now on."""
+    taken: list[Any] = []
+    get = pool.get_connection
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        conn = get(*args, **kwargs)
+        taken.append(conn)
+        return conn
+
+    monkeypatch.setattr(pool, "get_connection", counting)
+    return taken
+
+
+def test_a_script_runs_on_one_connection_held_between_calls(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = _script(client)
+    client.script_load(script.source)
+    taken = _taken(monkeypatch, client.connection_pool)
+    answers = [script([], str(i)) for i in range(5)]
+    assert answers == [[str(i), 7] for i in range(5)]
+    # redis-py's execute_command takes one from the pool for each call
+    assert len(taken) == 1
+    assert direct(client).holds
+
+
+def test_one_client_has_one_direct_for_all_its_scripts(client: Any) -> None:
+    assert _script(client)._run is _script(client)._run is direct(client)
+
+
+def test_an_error_reply_raises_and_leaves_the_connection_usable(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = _script(client, "return redis.call('NOSUCHCOMMAND')")
+    fine = _script(client)
+    client.script_load(broken.source)
+    assert fine([], "a") == ["a", 7]
+    taken = _taken(monkeypatch, client.connection_pool)
+    with pytest.raises(redis.ResponseError):
+        broken([], "x")
+    assert fine([], "b") == ["b", 7]
+    assert taken == []  # the held one answered all of it
+
+
+def test_a_call_cut_between_send_and_reply_never_answers_the_next_call(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = _script(client)
+    assert script([], "first") == ["first", 7]
+    conn = direct(client)._idle[-1]
+    read = conn.read_response
+    calls = 0
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyboardInterrupt  # the reply to "lost" stays unread on the socket
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(conn, "read_response", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        script([], "lost")
+    assert script([], "next") == ["next", 7]
+    assert script([], "then") == ["then", 7]
+
+
+def test_a_connection_the_server_dropped_is_made_again(client: Any) -> None:
+    script = _script(client)
+    assert script([], "a") == ["a", 7]
+    conn = direct(client)._idle[-1]
+    conn.send_command("CLIENT", "ID")
+    held = conn.read_response()
+    assert client.client_kill_filter(_id=held) == 1
+    assert script([], "b") == ["b", 7]
+    assert script([], "c") == ["c", 7]
+
+
+def test_a_forked_process_takes_its_own_connection(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = _script(client)
+    assert script([], "a") == ["a", 7]
+    parents = list(direct(client)._idle)
+    assert parents
+    pid = _redis.os.getpid()
+    monkeypatch.setattr(_redis.os, "getpid", lambda: pid + 1)
+    taken = _taken(monkeypatch, client.connection_pool)
+    assert script([], "b") == ["b", 7]
+    assert len(taken) == 1
+    assert taken[0] not in parents
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda url: redis.Redis.from_url(url, max_connections=4), id="small-pool"),
+        pytest.param(
+            lambda url: redis.Redis(
+                connection_pool=redis.BlockingConnectionPool.from_url(url, max_connections=4)
+            ),
+            id="blocking-pool",
+        ),
+    ],
+)
+def test_a_pool_that_bounds_its_connections_gets_each_one_back(
+    redis_url: str, make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = make(redis_url)
+    try:
+        script = _script(client)
+        assert not direct(client).holds
+        pool = client.connection_pool
+        taken = _taken(monkeypatch, pool)
+        given: list[Any] = []
+        release = pool.release
+        monkeypatch.setattr(pool, "release", lambda conn: (given.append(conn), release(conn)))
+        for i in range(3):
+            assert script([], str(i)) == [str(i).encode(), 7]
+        assert len(taken) >= 3
+        assert given == taken
+    finally:
+        client.close()
+
+
+def test_without_hiredis_the_command_is_packed_by_redis_py(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_redis, "hiredis", None)
+    runner = Direct(client)
+    assert not runner.hiredis
+    assert runner("EVAL", ECHO, 0, "é✓") == ["é✓", 7]
