@@ -298,3 +298,15 @@ def test_memory_pages_read_only_the_head_of_the_order_kept_through_writes(
         assert calls <= 25  # the head of the order, not all ~260 rows
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("store", KINDS, indirect=True)
+def test_a_prefix_takes_its_namespace_and_those_below_it_only(store: CtxkeepStore) -> None:
+    spaces = [("u",), ("u", "x"), ("u", "x", "é"), ("u-x",), ("u/",), ("u/x",), ("u0",)]
+    spaces += [("ux",), ("t",), ("v", "u"), ("u\U0001f600",), ("uu", "u")]
+    for ns in spaces:
+        store.put(ns, "k", {"text": "x"})
+    found = {i.namespace for i in store.search(("u",), limit=100)}
+    assert found == {("u",), ("u", "x"), ("u", "x", "é")}
+    found = {i.namespace for i in store.search(("u", "x"), limit=100)}
+    assert found == {("u", "x"), ("u", "x", "é")}

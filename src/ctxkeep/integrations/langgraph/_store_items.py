@@ -424,6 +424,7 @@ class SQLItems(Items):
         self._engine = engine
         self._mark = mark
         self._select = f"SELECT {', '.join(COLUMNS)} FROM {TABLE}"
+        self._collate = collate
         self._order = (
             f" ORDER BY updated_at DESC, namespace COLLATE {collate}, item_key COLLATE {collate}"
         )
@@ -443,8 +444,19 @@ class SQLItems(Items):
         params: tuple[Any, ...] = (now,)
         if prefix is not None:
             below = prefix + "."
-            where += f" AND (namespace = ? OR substr(namespace, 1, {len(below)}) = ?)"
-            params += (prefix, below)
+            if self._engine == "postgres":
+                # the names below ``prefix.`` are those from it up to ``prefix/`` (``/`` is
+                # the code point after ``.``), a range PostgreSQL's statistics estimate: with
+                # substr it guessed a handful of rows and sorted every row of a small table
+                # (casting each value to jsonb for a filter) instead of walking the order's
+                # index until the page was full (EXPLAIN ANALYZE at 1,000 items: 2.3 ms ->
+                # 0.07 ms)
+                c = f"namespace COLLATE {self._collate}"
+                where += f" AND (namespace = ? OR ({c} >= ? AND {c} < ?))"
+                params += (prefix, below, prefix + "/")
+            else:
+                where += f" AND (namespace = ? OR substr(namespace, 1, {len(below)}) = ?)"
+                params += (prefix, below)
         if not flt:
             return where, params, None
         translated = sql_filter(flt, self._engine)
