@@ -173,3 +173,60 @@ def test_without_hiredis_the_command_is_packed_by_redis_py(
     runner = Direct(client)
     assert not runner.hiredis
     assert runner("EVAL", ECHO, 0, "é✓") == ["é✓", 7]
+
+
+# -- read-only transactions -----------------------------------------------------------------------
+
+
+def test_a_transaction_answers_each_command_in_one_write(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = f"ctxkeep-test:{uuid.uuid4().hex}"
+    client.hset(f"{key}:h", mapping={"a": "1", "b": "2"})
+    client.zadd(f"{key}:z", {"x": 1, "y": 2, "z": 3})
+    sent: list[Any] = []
+    runner = direct(client)
+    try:
+        runner("PING")  # a held connection to watch
+        conn = runner._idle[-1]
+        send = conn.send_packed_command
+        monkeypatch.setattr(
+            conn, "send_packed_command", lambda c, **k: (sent.append(c), send(c, **k))
+        )
+        fields, members = runner.transaction(
+            ("HGETALL", f"{key}:h"), ("ZRANGEBYSCORE", f"{key}:z", "(1", "+inf")
+        )
+    finally:
+        client.delete(f"{key}:h", f"{key}:z")
+    flat = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=True))
+    assert flat == {"a": "1", "b": "2"}
+    assert members == ["y", "z"]
+    assert len(sent) == 1
+    assert b"".join(sent[0]).count(b"MULTI") == 1
+
+
+def test_an_error_in_a_transaction_raises_and_the_next_one_answers_its_own(client: Any) -> None:
+    key = f"ctxkeep-test:{uuid.uuid4().hex}"
+    client.set(key, "not a hash")
+    runner = direct(client)
+    try:
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            runner.transaction(("HGETALL", key), ("GET", key))
+        assert runner.transaction(("GET", key), ("STRLEN", key)) == ["not a hash", 10]
+        assert runner("GET", key) == "not a hash"
+    finally:
+        client.delete(key)
+
+
+def test_a_transaction_on_a_dropped_connection_is_tried_on_a_new_one(client: Any) -> None:
+    key = f"ctxkeep-test:{uuid.uuid4().hex}"
+    client.set(key, "v")
+    runner = direct(client)
+    try:
+        runner("PING")
+        conn = runner._idle[-1]
+        conn.send_command("CLIENT", "ID")
+        assert client.client_kill_filter(_id=conn.read_response()) == 1
+        assert runner.transaction(("GET", key)) == ["v"]
+    finally:
+        client.delete(key)

@@ -41,6 +41,7 @@ from ctxkeep.errors import ConfigError, MissingDependencyError, SchemaVersionErr
 try:
     import redis
     from redis.client import Pipeline
+    from redis.connection import PythonRespSerializer
     from redis.utils import HIREDIS_AVAILABLE
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("redis", "redis") from exc
@@ -236,6 +237,7 @@ class Direct:
             and pool.max_connections >= self.MIN_POOL
             and client.connection is None
         )
+        self._packer = PythonRespSerializer(6000, pool.get_encoder().encode)
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
@@ -268,6 +270,43 @@ class Direct:
             if not done:
                 conn.disconnect()
             self._give(conn)
+
+    def transaction(self, *commands: Sequence[EncodableT]) -> list[Any]:
+        """Run read-only ``commands`` in one ``MULTI``/``EXEC`` sent as one write; their
+        answers as the connection's parser gives them (``HGETALL``: a flat list of fields and
+        values; no response callbacks). One round trip, as redis-py's transaction pipeline,
+        without its per-command Python work. An error reply raises (the connection, whose
+        other replies are unread, is dropped); a dropped connection is tried once more on a
+        new one (the commands only read).
+        """
+        packed = [b"".join(self._pack(c) for c in (("MULTI",), *commands, ("EXEC",)))]
+        for attempt in (1, 2):
+            conn = self._take()
+            done = False
+            try:
+                conn.send_packed_command(packed, check_health=False)
+                for _ in range(len(commands) + 1):
+                    conn.read_response()  # OK, then QUEUED for each command
+                answers: list[Any] = conn.read_response()
+                done = True
+            except (redis.ConnectionError, redis.TimeoutError):
+                if attempt == 2:
+                    raise
+                continue
+            finally:
+                if not done:
+                    conn.disconnect()
+                self._give(conn)
+            for answer in answers:
+                if isinstance(answer, redis.ResponseError):
+                    raise answer
+            return answers
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _pack(self, command: Sequence[EncodableT]) -> bytes:
+        if self.hiredis:
+            return bytes(hiredis.pack_command(tuple(command)))  # type: ignore[arg-type]
+        return b"".join(self._packer.pack(*command))  # type: ignore[no-untyped-call]
 
     def _take(self) -> Any:
         if self.holds:
