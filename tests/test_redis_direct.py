@@ -5,6 +5,7 @@ call's reply, against a real Redis.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -230,3 +231,24 @@ def test_a_transaction_on_a_dropped_connection_is_tried_on_a_new_one(client: Any
         assert runner.transaction(("GET", key)) == ["v"]
     finally:
         client.delete(key)
+
+
+def test_threads_calling_at_once_each_get_their_own_answers(client: Any) -> None:
+    script = _script(client)
+    client.script_load(script.source)
+    wrong: list[tuple[str, Any]] = []
+
+    def work(name: str) -> None:
+        for i in range(200):
+            asked = f"{name}-{i}"
+            answer = script([], asked)
+            if answer != [asked, 7]:
+                wrong.append((asked, answer))
+
+    threads = [threading.Thread(target=work, args=(f"t{n}",)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    assert len(direct(client)._idle) <= Direct.IDLE
