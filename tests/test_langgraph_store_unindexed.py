@@ -5,7 +5,6 @@ and over rows an indexed store wrote before (their episodes are still forgotten)
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 pytest.importorskip("langgraph")
 from langgraph.store.memory import InMemoryStore
 
-from conftest_services import postgres_schema_factory, postgres_url
+from conftest_services import fresh_store_url, postgres_schema_factory, postgres_url
 from ctxkeep.episodic import HashEmbedder, open_episodic
 from ctxkeep.errors import ConfigError
 from ctxkeep.integrations.langgraph import CtxkeepStore
@@ -42,11 +41,7 @@ class CountingEmbedder(HashEmbedder):
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/store-{uuid.uuid4().hex[:8]}.db"
-    return str(request.getfixturevalue("postgres_schema_factory")())
+    return fresh_store_url(request, tmp_path)
 
 
 def _load(store: Any) -> None:

@@ -251,11 +251,7 @@ class Direct:
         conn = self._take()
         done = False
         try:
-            if self.hiredis:
-                packed = hiredis.pack_command(command)  # type: ignore[arg-type]
-                conn.send_packed_command([packed], check_health=False)
-            else:
-                conn.send_packed_command(conn.pack_command(*command), check_health=False)
+            conn.send_packed_command([self._pack(command)], check_health=False)
             try:
                 answer = conn.read_response()
             except redis.ResponseError:

@@ -123,6 +123,21 @@ def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
 
+def _one_blobs_where(
+    row: _Row, versions: dict[str, str]
+) -> tuple[tuple[int, int], str, tuple[str, ...]]:
+    """The condition of one checkpoint's blobs (its channels' versions): the statement's
+    shape (channels, distinct versions), its ``WHERE`` text and its parameters. Per channel an
+    ``IN`` list (SQLite seeks each in the primary key; see :meth:`_SQLBackend._blob_reads`).
+    """
+    chs, vers = list(versions), list(dict.fromkeys(versions.values()))
+    where = (
+        f"thread_id = ? AND checkpoint_ns = ? AND channel IN ({_marks(len(chs))}) "
+        f"AND version IN ({_marks(len(vers))})"
+    )
+    return (len(chs), len(vers)), where, (row.thread_id, row.checkpoint_ns, *chs, *vers)
+
+
 class _SQLBackend(_Backend):
     """The primitives over the three tables, for an engine client and its placeholder."""
 
@@ -434,20 +449,17 @@ class _SQLBackend(_Backend):
         and the blobs of its channel versions (rows of ``NULL, version, channel, type, blob,
         NULL``): a statement fewer than reading them apart (SQLite's :meth:`read_one`).
         """
-        key = (row.thread_id, row.checkpoint_ns)
+        key = (row.thread_id, row.checkpoint_ns, row.checkpoint_id)
         if not versions:
-            return self._one_writes_sql, (*key, row.checkpoint_id)
-        chs, vers = list(versions), list(dict.fromkeys(versions.values()))
-        shape = (len(chs), len(vers))
+            return self._one_writes_sql, key
+        shape, where, params = _one_blobs_where(row, versions)
         sql = self._writes_and_blobs_sql.get(shape)
         if sql is None:
             sql = self._writes_and_blobs_sql[shape] = self._sql(
                 f"{self._one_writes_sql} UNION ALL "
-                f"SELECT NULL, version, channel, type, blob, NULL FROM {_BLOBS} "
-                "WHERE thread_id = ? AND checkpoint_ns = ? "
-                f"AND channel IN ({_marks(len(chs))}) AND version IN ({_marks(len(vers))})"
+                f"SELECT NULL, version, channel, type, blob, NULL FROM {_BLOBS} WHERE {where}"
             )
-        return sql, (*key, row.checkpoint_id, *key, *chs, *vers)
+        return sql, (*key, *params)
 
     def _blob_reads(
         self, conn: Any, picked: list[tuple[_Row, dict[str, str], Any]]
@@ -461,16 +473,12 @@ class _SQLBackend(_Backend):
         if len(picked) == 1:  # one checkpoint: one statement, the few extra pairs unused
             row, versions, _ = picked[0]
             if versions:
-                chs, vers = list(versions), list(dict.fromkeys(versions.values()))
-                shape = (len(chs), len(vers))
+                shape, where, params = _one_blobs_where(row, versions)
                 sql = self._one_blobs_sql.get(shape)
                 if sql is None:
                     sql = self._one_blobs_sql[shape] = self._sql(
-                        f"SELECT channel, version, type, blob FROM {_BLOBS} WHERE thread_id = ? "
-                        f"AND checkpoint_ns = ? AND channel IN ({_marks(len(chs))}) "
-                        f"AND version IN ({_marks(len(vers))})"
+                        f"SELECT channel, version, type, blob FROM {_BLOBS} WHERE {where}"
                     )
-                params = (row.thread_id, row.checkpoint_ns, *chs, *vers)
                 out.append(((row.thread_id, row.checkpoint_ns), conn.execute(sql, params)))
             return out
         needed: dict[tuple[str, str, str], dict[str, None]] = {}

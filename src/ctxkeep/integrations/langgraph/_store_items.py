@@ -165,6 +165,11 @@ def _ns_text(namespace: tuple[str, ...]) -> str:
     return ".".join(namespace)
 
 
+def _under(namespace: str, prefix: str | None) -> bool:
+    """Whether ``namespace`` is ``prefix`` or below it (any namespace for ``None``)."""
+    return prefix is None or namespace == prefix or namespace.startswith(prefix + ".")
+
+
 def _ns_tuple(text: str) -> tuple[str, ...]:
     return tuple(text.split("."))
 
@@ -317,13 +322,7 @@ class MemoryItems(Items):
     def _live(self, prefix: str | None, now: float) -> list[Row]:
         with self._lock:
             rows = list(self._rows.values())
-        below = f"{prefix}."
-        return [
-            r
-            for r in rows
-            if r.live(now)
-            and (prefix is None or r.namespace == prefix or r.namespace.startswith(below))
-        ]
+        return [r for r in rows if r.live(now) and _under(r.namespace, prefix)]
 
     def scan(
         self,
@@ -337,13 +336,12 @@ class MemoryItems(Items):
         head of the order until the page is full.
         """
         want = None if limit is None else offset + limit
-        below = f"{prefix}."
         out: list[Row] = []
         with self._lock:
             for _, ns, key in self._order:
                 if want is not None and len(out) >= want:
                     break
-                if prefix is not None and ns != prefix and not ns.startswith(below):
+                if not _under(ns, prefix):
                     continue
                 row = self._rows[ns, key]
                 if row.live(now) and self._matches(row, flt):
