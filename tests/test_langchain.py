@@ -460,6 +460,48 @@ def test_conversion_round_trips_every_field() -> None:
     assert given == snapshot
 
 
+def test_a_history_read_builds_each_message_as_model_construct_does_without_calling_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A history read rebuilds each stored LangChain message from its record's data (every
+    # field but the type) without model_construct's walk over the fields: what it makes must
+    # be what model_construct makes, field order (repr) and fields set included.
+    from ctxkeep.integrations.langchain import convert
+
+    given = [m for m in lossless_cases() if m.type in convert._PLANS]
+    assert {m.type for m in given} >= {"system", "human", "ai", "tool", "chat"}
+    expected = [
+        type(m).model_construct(**{k: v for k, v in m.model_dump().items() if k != "type"})
+        for m in given
+    ]
+
+    def refused(*_: Any, **__: Any) -> Any:
+        raise AssertionError("model_construct called")
+
+    for m in given:
+        monkeypatch.setattr(type(m), "model_construct", refused)
+    built = [convert._from_record(m.type, m.model_dump()) for m in given]
+    for made, want in zip(built, expected, strict=True):
+        assert type(made) is type(want)
+        assert made == want
+        assert list(made.__dict__) == list(want.__dict__)
+        assert repr(made) == repr(want)
+        assert made.model_fields_set == want.model_fields_set
+        assert made.__pydantic_extra__ == want.__pydantic_extra__
+        assert made.__pydantic_private__ == want.__pydantic_private__
+        assert made.model_dump() == want.model_dump()
+
+
+def test_a_record_with_a_key_that_is_no_field_is_built_by_model_construct() -> None:
+    from ctxkeep.integrations.langchain import convert
+
+    data = HumanMessage("hi", id="h").model_dump()
+    data["surprise"] = 1
+    made = convert._from_record("human", dict(data))
+    assert made.__pydantic_extra__ == {"surprise": 1}
+    assert made == HumanMessage.model_construct(**{k: v for k, v in data.items() if k != "type"})
+
+
 def test_conversion_gives_ctxkeep_what_it_counts() -> None:
     converted = to_ctxkeep_messages(lossless_cases())
     assert [m.role for m in converted] == [

@@ -37,7 +37,6 @@ try:
         SystemMessage,
         ToolMessage,
         convert_to_messages,
-        message_to_dict,
         messages_from_dict,
     )
     from langchain_core.prompt_values import PromptValue
@@ -117,6 +116,11 @@ def _content(content: Any, role: str) -> Content:
     return str(content)
 
 
+_args_json = json.JSONEncoder(ensure_ascii=False).encode
+"""A tool call's arguments as JSON: what ``json.dumps(args, ensure_ascii=False)`` writes (the
+same encoder), without making an encoder for every call (half of its cost for small args)."""
+
+
 def _tool_calls(m: BaseMessage, i: int) -> list[ToolCall]:
     out = []
     for tc in getattr(m, "tool_calls", None) or ():
@@ -127,7 +131,7 @@ def _tool_calls(m: BaseMessage, i: int) -> list[ToolCall]:
                 index=i,
             )
         try:
-            arguments = json.dumps(tc.get("args", {}), ensure_ascii=False)
+            arguments = _args_json(tc.get("args", {}))
         except (TypeError, ValueError) as e:
             raise InvalidMessageError(
                 f"tool call {tc['id']!r} has arguments that are not JSON ({e})", index=i
@@ -169,12 +173,12 @@ def _recorded(m: Any, i: int, *, owned: bool) -> Message:
     """
     if not isinstance(m, BaseMessage):
         raise InvalidMessageError(f"expected a LangChain message, got {describe(m)}", index=i)
-    data = message_to_dict(m)  # new containers: the record owns them
+    data = m.model_dump()  # message_to_dict's "data": new containers, the record owns them
     role = _role(m, i)
     content = _content(m.content, role)
     if content == m.content:
-        del data["data"]["content"]
-    record = {"type": data["type"], "data": data["data"]}
+        del data["content"]
+    record = {"type": m.type, "data": data}
     state = {
         **_UNSET,
         "role": role,
@@ -268,12 +272,65 @@ _CONSTRUCT: dict[str, type[BaseMessage]] = {
 }
 
 
+class _Construct(NamedTuple):
+    """What ``model_construct`` makes of a record's data holding every field of the class
+    but ``type`` (a ``model_dump()``, as :func:`_recorded` keeps it), made in two dict
+    copies: ``model_construct`` walks the class's fields in Python, asking each for its
+    aliases and default (a quarter of a history read).
+    """
+
+    cls: type[BaseMessage]
+    fields: dict[str, Any]
+    """Every field in the class's order, ``type`` holding its default (the class's literal)."""
+    given: frozenset[str]
+    """The fields the data holds: every one but ``type``."""
+
+
+def _construct_plan(cls: type[BaseMessage]) -> _Construct | None:
+    """The plan for ``cls``, or None where ``model_construct`` does more than fill the fields
+    (aliases, a post-init, no extra allowed, a ``type`` without a constant default).
+    """
+    fields = cls.__pydantic_fields__
+    kind = fields.get("type")
+    if (
+        kind is None
+        or not isinstance(kind.default, str)
+        or cls.__pydantic_post_init__
+        or cls.__pydantic_root_model__
+        or cls.model_config.get("extra") != "allow"
+        or any(f.alias is not None or f.validation_alias is not None for f in fields.values())
+    ):
+        return None
+    return _Construct(
+        cls,
+        {name: kind.default if name == "type" else None for name in fields},
+        frozenset(fields) - {"type"},
+    )
+
+
+_PLANS = {
+    kind: plan for kind, cls in _CONSTRUCT.items() if (plan := _construct_plan(cls)) is not None
+}
+
+
 def _from_record(kind: Any, data: dict[str, Any]) -> BaseMessage:
     cls = _CONSTRUCT.get(kind) if isinstance(kind, str) else None
     if cls is None or not isinstance(data.get("content"), str | list):
         return messages_from_dict([{"type": kind, "data": data}])[0]
     data.pop("type", None)  # the class's own literal
-    return cls.model_construct(**data)
+    plan = _PLANS.get(kind)
+    if plan is None or data.keys() != plan.given:
+        return cls.model_construct(**data)
+    # model_construct's result: the fields in the class's order, those given as set, no
+    # extra (every key given is a field) and no private attributes.
+    values = plan.fields.copy()
+    values.update(data)
+    m = cls.__new__(cls)
+    object.__setattr__(m, "__dict__", values)
+    object.__setattr__(m, "__pydantic_fields_set__", set(plan.given))
+    object.__setattr__(m, "__pydantic_extra__", {})
+    object.__setattr__(m, "__pydantic_private__", None)
+    return m
 
 
 class _Modelled(NamedTuple):
@@ -358,6 +415,10 @@ def _apply_changes(
 
 
 def _lc_messages(messages: Any) -> list[BaseMessage]:
+    if type(messages) is list and all(isinstance(m, BaseMessage) for m in messages):
+        # What convert_to_messages gives for these (each message as it is), without its
+        # per-message dispatch: a history's add_message hands over a list of one.
+        return list(messages)
     if isinstance(messages, str | bytes | Mapping) or not isinstance(
         messages, Iterable | PromptValue
     ):
