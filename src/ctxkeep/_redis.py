@@ -26,6 +26,8 @@ Importing this module without redis-py installed raises an ``ImportError`` namin
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import hashlib
 import os
@@ -36,12 +38,15 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
+from ctxkeep import _bridge
 from ctxkeep.errors import ConfigError, MissingDependencyError, SchemaVersionError, StorageError
 
 try:
     import redis
+    from redis._parsers import _HiredisParser
+    from redis._parsers import hiredis as _hiredis_parser
     from redis.client import Pipeline
-    from redis.connection import PythonRespSerializer
+    from redis.connection import DefaultParser, PythonRespSerializer
     from redis.utils import HIREDIS_AVAILABLE
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("redis", "redis") from exc
@@ -53,6 +58,11 @@ except ImportError:  # pragma: no cover - redis-py packs in Python then (Direct.
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
+
+_NOT_ENOUGH_DATA: Any = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
+"""What the hiredis reader of redis-py's parser gives while a reply is incomplete."""
+_PUSH: Any = getattr(hiredis, "PushNotification", None)
+"""The type of a RESP3 push message read by hiredis (3.2 on), between replies."""
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -210,6 +220,16 @@ class Direct:
     which may interleave push messages, a ``max_connections`` below :attr:`MIN_POOL`, a
     single-connection client) takes a connection from the pool for each call and gives it
     back, still packed by hiredis.
+
+    Awaited. :meth:`acall` and :meth:`atransaction` are the same round trips waited on in
+    the running event loop: the same packing, the same held connections (their socket
+    non-blocking for the call; the event loop waits for it to be readable), the reply read
+    by the connection's own hiredis reader, the same outcomes. A new connection is made in
+    a thread (its connect and handshake block), a dropped one is tried once more on a new
+    one. Code run by :func:`ctxkeep._bridge.run` reaches them through ``__call__`` and
+    :meth:`transaction` themselves, so one body of sync code serves both. It needs what
+    holding needs, hiredis's parser, and a plain TCP or Unix socket (:attr:`awaits`;
+    otherwise they run the sync call in a thread).
     """
 
     IDLE = 2
@@ -237,6 +257,13 @@ class Direct:
             and pool.max_connections >= self.MIN_POOL
             and client.connection is None
         )
+        self.awaits = (
+            self.hiredis
+            and self.holds
+            and pool.connection_class in (redis.Connection, redis.UnixDomainSocketConnection)
+            and kwargs.get("parser_class", DefaultParser) is _HiredisParser
+        )
+        """Whether :meth:`acall` and :meth:`atransaction` wait in the event loop."""
         self._packer = PythonRespSerializer(6000, pool.get_encoder().encode)
         self._idle: list[Any] = []
         self._pid = os.getpid()
@@ -246,6 +273,8 @@ class Direct:
         callback: for ``EVALSHA`` redis-py has none). An error reply raises as redis-py
         raises it; a dropped connection runs the command again through ``execute_command``.
         """
+        if self.awaits and _bridge.bridged():
+            return _bridge.wait(self.acall(*command))
         if self.client.connection is not None:  # a single-connection client: its own lock
             return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
         conn = self._take()
@@ -275,7 +304,9 @@ class Direct:
         other replies are unread, is dropped); a dropped connection is tried once more on a
         new one (the commands only read).
         """
-        packed = [b"".join(self._pack(c) for c in (("MULTI",), *commands, ("EXEC",)))]
+        if self.awaits and _bridge.bridged():
+            return _bridge.wait(self.atransaction(*commands))
+        packed = [self._pack_transaction(commands)]
         for attempt in (1, 2):
             conn = self._take()
             done = False
@@ -293,18 +324,118 @@ class Direct:
                 if not done:
                     conn.disconnect()
                 self._give(conn)
-            for answer in answers:
-                if isinstance(answer, redis.ResponseError):
-                    raise answer
-            return answers
+            return _answers(answers)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def acall(self, *command: EncodableT) -> Any:
+        """``self(*command)`` awaited in the running event loop (see the class docstring):
+        its answer as ``__call__`` gives it; an error reply raises as there; a dropped
+        connection (or a timeout) runs the command once more on a new one.
+        """
+        if not self.awaits:
+            return await asyncio.to_thread(self, *command)
+        packed = self._pack(command)
+        for attempt in (1, 2):
+            conn = await self._atake()
+            done = False
+            try:
+                (answer,) = await self._exchange(conn, packed, 1)
+                done = True
+            except (redis.ConnectionError, redis.TimeoutError):
+                if attempt == 2:
+                    raise
+                continue
+            finally:
+                if not done:
+                    conn.disconnect()
+                self._give(conn)
+            if isinstance(answer, redis.ResponseError):
+                raise answer  # a whole error reply: the connection is clean
+            return answer
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def atransaction(self, *commands: Sequence[EncodableT]) -> list[Any]:
+        """:meth:`transaction` awaited in the running event loop (see the class
+        docstring): the same answers and errors; every reply is read, so the connection
+        stays held after an error reply.
+        """
+        if not self.awaits:
+            return await asyncio.to_thread(self.transaction, *commands)
+        packed = self._pack_transaction(commands)
+        for attempt in (1, 2):
+            conn = await self._atake()
+            done = False
+            try:
+                replies = await self._exchange(conn, packed, len(commands) + 2)
+                done = True
+            except (redis.ConnectionError, redis.TimeoutError):
+                if attempt == 2:
+                    raise
+                continue
+            finally:
+                if not done:
+                    conn.disconnect()
+                self._give(conn)
+            for reply in replies[:-1]:  # OK, then QUEUED for each command
+                if isinstance(reply, redis.ResponseError):
+                    raise reply
+            return _answers(replies[-1])
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _exchange(self, conn: Any, packed: bytes, replies: int) -> list[Any]:
+        """Send ``packed`` on ``conn`` and read ``replies`` replies, waiting in the running
+        loop; error replies are returned as redis-py's parser makes them (not raised).
+        Within the connection's ``socket_timeout``, as its sync calls.
+
+        Raises:
+            redis.ConnectionError: the connection was closed or broke.
+            redis.TimeoutError: no whole answer within the timeout.
+
+        """
+        if conn._sock is None:  # disconnected after a call was cut short: connect off the loop
+            await asyncio.to_thread(conn.connect)
+        sock, reader = conn._sock, getattr(conn._parser, "_reader", None)
+        if sock is None or reader is None:
+            raise redis.ConnectionError("the connection was closed")
+        loop = asyncio.get_running_loop()
+        answers: list[Any] = []
+        sock.setblocking(False)
+        try:
+            async with asyncio.timeout(conn.socket_timeout):
+                await loop.sock_sendall(sock, packed)
+                while len(answers) < replies:
+                    answer = reader.gets()
+                    if answer is _NOT_ENOUGH_DATA:
+                        data = await loop.sock_recv(sock, 65536)
+                        if not data:
+                            raise redis.ConnectionError("Connection closed by server.")
+                        reader.feed(data)
+                        continue
+                    if _PUSH is not None and isinstance(answer, _PUSH):
+                        conn._parser.handle_push_response(answer)  # as its sync read does
+                        continue
+                    if isinstance(answer, redis.ConnectionError):  # a protocol error
+                        raise answer
+                    answers.append(answer)
+        except TimeoutError:
+            raise redis.TimeoutError("Timeout reading from socket") from None
+        except OSError as exc:
+            raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):  # closed meanwhile: nothing to restore
+                sock.settimeout(conn.socket_timeout)
+        return answers
 
     def _pack(self, command: Sequence[EncodableT]) -> bytes:
         if self.hiredis:
             return bytes(hiredis.pack_command(tuple(command)))  # type: ignore[arg-type]
         return b"".join(self._packer.pack(*command))  # type: ignore[no-untyped-call]
 
-    def _take(self) -> Any:
+    def _pack_transaction(self, commands: Sequence[Sequence[EncodableT]]) -> bytes:
+        return b"".join(self._pack(c) for c in (("MULTI",), *commands, ("EXEC",)))
+
+    def _held(self) -> Any:
+        """A connection held between calls, or None."""
         if self.holds:
             if self._pid != os.getpid():  # forked: those are the parent's sockets
                 self._idle, self._pid = [], os.getpid()
@@ -312,13 +443,32 @@ class Direct:
                 return self._idle.pop()
             except IndexError:
                 pass
-        return self.pool.get_connection()
+        return None
+
+    def _take(self) -> Any:
+        conn = self._held()
+        return conn if conn is not None else self.pool.get_connection()
+
+    async def _atake(self) -> Any:
+        conn = self._held()
+        if conn is not None:
+            return conn
+        # the pool connects a new connection (and may wait for one): not in the loop
+        return await asyncio.to_thread(self.pool.get_connection)
 
     def _give(self, conn: Any) -> None:
         if self.holds and len(self._idle) < self.IDLE and self._pid == os.getpid():
             self._idle.append(conn)
         else:
             self.pool.release(conn)
+
+
+def _answers(answers: list[Any]) -> list[Any]:
+    """An ``EXEC``'s answers, the first error reply among them raised."""
+    for answer in answers:
+        if isinstance(answer, redis.ResponseError):
+            raise answer
+    return answers
 
 
 _directs: weakref.WeakKeyDictionary[redis.Redis, Direct] = weakref.WeakKeyDictionary()
@@ -355,7 +505,7 @@ class LuaScript:
         try:
             return self._run("EVALSHA", self.sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
-            self.client.script_load(self.source)
+            self._run("SCRIPT", "LOAD", self.source)  # through Direct: awaited where it is
             return self._run("EVALSHA", self.sha, len(keys), *keys, *args)
 
 

@@ -1,0 +1,86 @@
+"""A store's sync code run in the event loop, its round trips awaited: one body of logic for
+the sync and the async callers, no thread hop.
+
+:func:`run` runs a sync function in a greenlet of the event loop's thread; where that code
+reaches a round trip that can be awaited (:meth:`ctxkeep._redis.Direct.__call__` and
+``transaction`` on a connection it can wait on in the loop), the round trip calls
+:func:`wait`, which hands the awaitable to :func:`run`, suspends the greenlet until the loop
+has its answer, and returns it (or raises its error) where the sync call would have. All the
+CPU work (packing, parsing, the session's checks and caches) is the sync path's own; only
+the wait differs. This is SQLAlchemy's asyncio bridge (``greenlet_spawn`` / ``await_only``).
+
+What it asks of the code it runs: no lock may be held across a round trip that another
+greenlet of the same thread would wait for (it would wait forever, the loop being that
+thread): callers serialise the calls that share such a lock (one asyncio lock per session
+and loop in the Agents SDK adapter). I/O the code does by other means (redis-py's own
+client, for the rare paths: a session's creation, a trim, a migration) is not awaited: it
+blocks the loop for its round trip, as it would block a thread.
+
+Without the ``greenlet`` package, :data:`AVAILABLE` is False and callers keep to a thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+try:
+    import greenlet  # type: ignore[import-untyped]
+except ImportError:  # pragma: no cover - depends on the environment
+    greenlet = None
+
+T = TypeVar("T")
+
+AVAILABLE = greenlet is not None
+"""Whether :func:`run` can run anything (the ``greenlet`` package is installed)."""
+
+__all__ = ["AVAILABLE", "bridged", "run", "wait"]
+
+
+if greenlet is not None:
+
+    class _Bridged(greenlet.greenlet):  # type: ignore[misc]
+        """A greenlet :func:`run` started: code in it may :func:`wait`."""
+
+    _getcurrent = greenlet.getcurrent
+
+    def bridged() -> bool:
+        """Whether the running code was started by :func:`run` (and may :func:`wait`)."""
+        return type(_getcurrent()) is _Bridged
+
+else:  # pragma: no cover - depends on the environment
+
+    def bridged() -> bool:
+        """Whether the running code was started by :func:`run` (never, without greenlet)."""
+        return False
+
+
+def wait(awaitable: Awaitable[T]) -> T:
+    """``awaitable``'s result, awaited by the event loop that :func:`run` this code; its
+    exception raised here. Only in code :func:`bridged` says is.
+    """
+    current = _getcurrent()
+    if type(current) is not _Bridged:
+        raise RuntimeError("ctxkeep._bridge.wait outside ctxkeep._bridge.run")
+    return current.parent.switch(awaitable)  # type: ignore[no-any-return]
+
+
+async def run(fn: Callable[..., T], /, *args: Any) -> T:
+    """``fn(*args)`` run in this event loop's thread, each :func:`wait` inside it awaited;
+    in a copy of the caller's context (as ``asyncio.to_thread`` runs it). An exception of
+    ``fn`` propagates; one of an awaited step (a cancellation among them) is raised inside
+    ``fn`` at its :func:`wait`, so its ``finally`` blocks run and locks are released.
+    """
+    child = _Bridged(fn, parent=_getcurrent())
+    child.gr_context = contextvars.copy_context()
+    step = child.switch(*args)
+    while not child.dead:
+        try:
+            answer = await step
+        except BaseException:
+            step = child.throw(*sys.exc_info())
+        else:
+            step = child.switch(answer)
+    return step  # type: ignore[no-any-return]
