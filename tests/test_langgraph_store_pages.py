@@ -126,6 +126,7 @@ def test_a_batch_over_more_keys_than_a_chunk_keeps_each_created_at(
     store: CtxkeepStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_store_items, "CHUNK", 7)
+    monkeypatch.setattr(_store_items, "ROWS_PER_INSERT", 6)  # SQLite: 5 inserts, then 4
     keys = [f"k{i}" for i in range(30)]
     store.batch([PutOp(("c",), key, {"text": key}, index=False) for key in keys])
     store.clock = lambda: 2e9

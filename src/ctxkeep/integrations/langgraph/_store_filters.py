@@ -293,7 +293,9 @@ def matches_namespace(condition: MatchCondition, namespace: tuple[str, ...]) -> 
 
 
 def _check_op(op: Any) -> None:
-    """Refuse a malformed operation before any operation of its batch runs.
+    """Refuse a malformed operation before any operation of its batch runs (one test of the
+    operation's type, then its fields: this runs for every operation of every batch, and a
+    test of each type in turn was a tenth of a ``memory://`` put).
 
     Raises:
         InvalidNamespaceError: a namespace label that is empty, not a string or holds ``.``;
@@ -301,16 +303,11 @@ def _check_op(op: Any) -> None:
         InvalidTypeError / ConfigError / InvalidFilterError: another malformed field.
 
     """
-    if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
-        raise InvalidTypeError(
-            f"unknown store operation {op!r:.60}; use GetOp, PutOp, SearchOp or ListNamespacesOp"
-        )
-    if not isinstance(getattr(op, "namespace", getattr(op, "namespace_prefix", ())), tuple):
-        raise InvalidNamespaceError(f"a namespace must be a tuple of strings, got {op!r:.80}")
-    validate_op_namespace(op)
-    if isinstance(op, GetOp | PutOp):
+    if isinstance(op, PutOp):
+        _check_namespace(op, op.namespace)
         _check.text("key", op.key, empty=True)
-    if isinstance(op, PutOp) and op.value is not None:
+        if op.value is None:
+            return
         if not op.namespace:
             raise InvalidNamespaceError("Namespace cannot be empty.")
         if op.namespace[0] == "langgraph":
@@ -325,18 +322,34 @@ def _check_op(op: Any) -> None:
             raise InvalidTypeError(f"index must be False, None or a list of paths: {op.index!r}")
         if op.ttl is not None:
             _check.number("ttl", op.ttl, positive=True)
-    if isinstance(op, SearchOp):
+    elif isinstance(op, GetOp):
+        _check_namespace(op, op.namespace)
+        _check.text("key", op.key, empty=True)
+    elif isinstance(op, SearchOp):
+        _check_namespace(op, op.namespace_prefix)
         _filter(op.filter)
         _check.optional_text("query", op.query, empty=True)
         _check.integer("limit", op.limit, minimum=0)
         _check.integer("offset", op.offset, minimum=0)
-    if isinstance(op, ListNamespacesOp):
+    elif isinstance(op, ListNamespacesOp):
+        validate_op_namespace(op)
         for cond in op.match_conditions or ():
             if cond.match_type not in ("prefix", "suffix"):
                 raise ConfigError(f"match_type must be 'prefix' or 'suffix', got {cond!r}")
         _check.optional_integer("max_depth", op.max_depth, minimum=1)
         _check.integer("limit", op.limit, minimum=0)
         _check.integer("offset", op.offset, minimum=0)
+    else:
+        raise InvalidTypeError(
+            f"unknown store operation {op!r:.60}; use GetOp, PutOp, SearchOp or ListNamespacesOp"
+        )
+
+
+def _check_namespace(op: Any, namespace: Any) -> None:
+    """Refuse a namespace (or prefix) that is not a tuple of valid labels."""
+    if not isinstance(namespace, tuple):
+        raise InvalidNamespaceError(f"a namespace must be a tuple of strings, got {op!r:.80}")
+    validate_op_namespace(op)
 
 
 def _index_fields(index: Any, dim: int) -> list[tuple[str, str | list[str]]]:

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import itertools
 import logging
 import threading
@@ -299,26 +298,28 @@ class CtxkeepStore(BaseStore):
         now = self.clock()
         results: list[Result] = [None] * len(ops)
         refresh: dict[Key, Row] = {}
-        gets = [op for op in ops if isinstance(op, GetOp)]
-        stored = self._items.get([(_ns_text(op.namespace), op.key) for op in gets])
+        gets = [(_ns_text(op.namespace), op.key) for op in ops if isinstance(op, GetOp)]
+        stored = self._items.get(gets) if gets else {}
+        puts: dict[Key, PutOp] = {}
         for i, op in enumerate(ops):
-            if isinstance(op, GetOp):
+            if isinstance(op, PutOp):
+                puts[_ns_text(op.namespace), op.key] = op
+            elif isinstance(op, GetOp):
                 row = stored.get((_ns_text(op.namespace), op.key))
                 if row is not None and row.live(now):
                     results[i] = row.item()
-                    if op.refresh_ttl:
+                    if op.refresh_ttl and row.ttl is not None:
                         refresh[row.address] = row
             elif isinstance(op, SearchOp):
                 found = self._search(op, now)
                 results[i] = [row.item(score, search=True) for row, score in found]
                 if op.refresh_ttl:
-                    refresh.update((row.address, row) for row, _ in found)
+                    refresh.update((row.address, row) for row, _ in found if row.ttl is not None)
             elif isinstance(op, ListNamespacesOp):
                 results[i] = self._list_namespaces(op, now)
-        expiries = [(k, now + r.ttl * 60) for k, r in refresh.items() if r.ttl is not None]
-        if expiries:
-            self._items.refresh(expiries)
-        puts = {(_ns_text(op.namespace), op.key): op for op in ops if isinstance(op, PutOp)}
+        if refresh:
+            ttls = [(k, now + r.ttl * 60) for k, r in refresh.items() if r.ttl is not None]
+            self._items.refresh(ttls)
         if puts:
             self._put(puts, now)
         return results
@@ -371,7 +372,7 @@ class CtxkeepStore(BaseStore):
                 return {}
             ids = dict(zip(docs, self.episodic.save_episodes(docs.values()), strict=True))
             for k, eid in ids.items():
-                rows[k] = dataclasses.replace(rows[k], episode_id=eid)
+                rows[k] = rows[k]._replace(episode_id=eid)
             return ids
 
         joined = self._joined()
