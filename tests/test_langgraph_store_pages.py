@@ -157,6 +157,30 @@ def test_gets_over_more_keys_than_a_chunk_find_each_once(
     ]
 
 
+@pytest.mark.postgres
+def test_a_bulk_load_on_postgresql_leaves_the_table_analyzed(
+    postgres_schema_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filtered search right after a bulk load walks the order's index only if the planner
+    has statistics (see ``_store_items.ANALYZE_AFTER``); ``reltuples`` is -1 until a table
+    is first analyzed (PostgreSQL 14+)."""
+    monkeypatch.setattr(_store_items, "ANALYZE_AFTER", 50)
+    with CtxkeepStore(postgres_schema_factory(), index=False) as store:
+        items = store._items
+        assert isinstance(items, _store_items.SQLItems)
+
+        def estimated_rows() -> float:
+            sql = f"SELECT reltuples FROM pg_class WHERE oid = '{_store_items.TABLE}'::regclass"
+            return float(items._db.q("read the estimate", sql)[0][0])
+
+        store.batch([PutOp(("a",), f"k{i}", {"n": i}) for i in range(49)])
+        assert estimated_rows() < 0
+        store.batch([PutOp(("b",), f"k{i}", {"n": i}) for i in range(50)])
+        assert estimated_rows() == 99
+        found = store.search(("b",), filter={"n": 7})
+        assert [i.key for i in found] == ["k7"]
+
+
 # -- filters the engine applies: exactly Python's matches_filter -------------------------------
 
 FILTER_VALUES: list[dict[str, Any]] = [
