@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+from anyio import to_thread
+from fastapi.testclient import TestClient
 
 from _cli import assert_one_line_error, run_script
 from _server import start_serve
@@ -32,7 +34,9 @@ from conftest_services import (
     redis_prefix_factory,
     redis_url,
 )
+from ctxkeep.cli.serve import DEFAULT_PG_POOL, default_threads
 from ctxkeep.errors import ConfigError
+from ctxkeep.server import create_app
 from ctxkeep.server.keys import open_key_registry
 from ctxkeep.server.workers import SETTINGS_ENV, ServeSettings, worker_app
 
@@ -152,7 +156,7 @@ def test_more_than_one_worker_on_sqlite_or_memory_is_refused_in_one_line(
 
 def test_a_worker_reads_back_the_settings_serve_left_it(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = ServeSettings(
-        db="redis://127.0.0.1:6379/0", max_body_bytes=1024, header_timeout=3.5, otel=True
+        db="redis://127.0.0.1:6379/0", max_body_bytes=1024, header_timeout=3.5, otel=True, threads=3
     )
     monkeypatch.setenv(SETTINGS_ENV, settings.to_env())
     assert ServeSettings.from_env() == settings
@@ -387,3 +391,100 @@ def test_each_worker_listens_on_its_own_socket_and_kept_connections_spread(
         for conn in held:
             conn.close()
         assert _stop(proc) == 0
+
+
+# -- --threads ------------------------------------------------------------------------------------
+
+
+def _threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no thread count for {pid}")
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_each_worker_runs_its_routes_on_at_most_threads_threads(
+    postgres_schema_factory: Any, tmp_path: Path
+) -> None:
+    """``serve --workers 2 --threads 3``: 32 clients appending at once make each worker start
+    at most 3 threads for its routes (anyio's default limiter starts up to 40, one per
+    request waiting for the worker's one PostgreSQL connection).
+    """
+    url = str(postgres_schema_factory())
+    auth = _key(url)
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc, base = start_serve(
+            "--db", url, "--workers", "2", "--threads", "3", "--pg-pool-size", "1",
+            "--embedder", "hash", stderr=err,
+        )  # fmt: skip
+    try:
+        sid = httpx.post(f"{base}/v1/sessions", json={"agent_id": "a"}, headers=auth).json()[
+            "session"
+        ]["session_id"]
+
+        def append() -> None:
+            answer = httpx.post(
+                f"{base}/v1/sessions/{sid}/messages",
+                json={"messages": [{"role": "user", "content": "x"}]},
+                headers=auth,
+                timeout=30,
+            )
+            assert answer.status_code == 201, answer.text
+
+        # each request on a new connection, until both workers have answered (started, and
+        # opened the tenant's stores)
+        for _ in range(400):
+            append()
+            if len(_pids(log)) == 2:
+                break
+        workers = sorted(_pids(log))
+        assert len(workers) == 2
+        before = {pid: _threads_of(pid) for pid in workers}
+        peak = dict(before)
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                append()
+
+        clients = [threading.Thread(target=load) for _ in range(32)]
+        for t in clients:
+            t.start()
+        try:
+            end = time.monotonic() + 4
+            while time.monotonic() < end:
+                for pid in workers:
+                    peak[pid] = max(peak[pid], _threads_of(pid))
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in clients:
+                t.join(60)
+        assert all(peak[pid] - before[pid] <= 3 for pid in workers), (before, peak)
+    finally:
+        assert _stop(proc) == 0
+
+
+def test_the_app_sets_its_thread_limiter_as_it_starts() -> None:
+    app = create_app("memory://", embedder="hash", threads=5)
+    with TestClient(app) as client:
+        assert client.portal is not None
+        size = client.portal.call(lambda: to_thread.current_default_thread_limiter().total_tokens)
+    assert size == 5
+
+
+def test_serve_threads_default_to_the_postgres_pool_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread beyond a worker's connections only waits for one: on PostgreSQL serve runs as
+    many as the pool has (``--pg-pool-size``, which serve leaves in ``CTXKEEP_PG_POOL_MAX``);
+    elsewhere anyio's default stands.
+    """
+    monkeypatch.delenv("CTXKEEP_PG_POOL_MAX", raising=False)
+    monkeypatch.setenv("CTXKEEP_CONFIG", "/nonexistent/ctxkeep.toml")
+    assert default_threads("postgresql://u@h/db") == DEFAULT_PG_POOL
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "5")
+    assert default_threads("postgresql://u@h/db") == 5
+    assert default_threads("redis://127.0.0.1:6379/0") is None
+    assert default_threads("sqlite:///x.db") is None

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from ctxkeep.server.metrics import Metrics
 
 try:
+    import anyio.to_thread
     from fastapi import APIRouter, FastAPI, Request, Response
     from fastapi.exceptions import RequestValidationError
     from fastapi.openapi.utils import get_openapi
@@ -566,6 +567,7 @@ def create_app(
     require_persistent_keys: bool = False,
     metrics: bool = True,
     tracer_provider: TracerProvider | None = None,
+    threads: int | None = None,
 ) -> FastAPI:
     """The ctxkeep HTTP service over a storage URL.
 
@@ -593,6 +595,11 @@ def create_app(
             False, ``/metrics`` answers 501).
         tracer_provider: trace every request and its store calls with this OpenTelemetry
             provider (:mod:`ctxkeep.server.tracing`; None: no traces).
+        threads: the most threads running sync routes at once, per process (set on anyio's
+            default thread limiter as the app starts; None: anyio's 40). A request beyond
+            waits for a thread, as it would for a store connection: more threads than the
+            store has connections only wait for one, and take the GIL from those that have one
+            (``ctxkeep serve --threads``).
 
     Returns:
         The FastAPI application; ``app.state.ctxkeep`` is its :class:`ServerState` (closed
@@ -607,6 +614,8 @@ def create_app(
     _check_positive("max_body_bytes", max_body_bytes, whole=True)
     _check_positive("max_append_messages", max_append_messages, whole=True)
     _check_positive("body_timeout", body_timeout, whole=False)
+    if threads is not None:
+        _check_positive("threads", threads, whole=True)
     url = db_url or default_url()
     observed = _open_metrics() if metrics else None
     tracer: Tracer | None = None
@@ -641,6 +650,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if threads is not None:  # the limiter belongs to the event loop: set it in it
+            anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         # The default encoding is built before the first request, not during it (0.4-1 s),
         # and the prompt route's path run once on a throwaway store: the first prompt of a
         # new server then costs its read and prune alone.

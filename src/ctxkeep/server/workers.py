@@ -62,6 +62,8 @@ class ServeSettings:
     """Seconds a request's head may take."""
     otel: bool = False
     """Trace requests and store calls (:func:`~ctxkeep.server.tracing.provider_from_env`)."""
+    threads: int | None = None
+    """The most threads running sync routes at once in a process (None: anyio's 40)."""
 
     def to_env(self) -> str:
         """The settings as :data:`SETTINGS_ENV` holds them."""
@@ -114,6 +116,7 @@ def build_app(settings: ServeSettings, tracer_provider: TracerProvider | None = 
         embedder=settings.embedder,
         require_persistent_keys=settings.require_persistent_keys,
         tracer_provider=tracer_provider,
+        threads=settings.threads,
     )
 
 
