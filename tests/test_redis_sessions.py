@@ -17,6 +17,7 @@ from _round_trips import (
     tool_unit_round_trips,
 )
 from conftest_services import redis_prefix_factory, redis_url
+from ctxkeep.messages import Message
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 
@@ -119,3 +120,30 @@ def test_the_state_an_append_leaves_is_what_dataclasses_replace_makes() -> None:
     assert made.__dict__ == dataclasses.replace(base, **changes).__dict__
     assert base.next_seq == 4  # the base is left as it was
     assert not hasattr(SessionInfo, "__post_init__")  # else the copy would skip it
+
+
+def test_an_append_encodes_each_record_once(
+    mem: MemoryManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The manager's check encodes each record to JSON; the backend stores that text
+    # (Append.texts) rather than encoding the record again.
+    from ctxkeep.sessions import records as records_module
+    from ctxkeep.sessions import redis as redis_module
+
+    encoded: list[str] = []
+
+    def counting(dumps: Callable[[Any], str]) -> Callable[[Any], str]:
+        def wrapped(value: Any) -> str:
+            if isinstance(value, dict) and "v" in value and "role" in value:
+                encoded.append(value["content"])
+            return dumps(value)
+
+        return wrapped
+
+    sid = mem.create_session("a")
+    mem.add_message(sid, "user", "warm up")  # the session's state is known: one script call
+    monkeypatch.setattr(records_module, "dumps", counting(records_module.dumps))
+    monkeypatch.setattr(redis_module, "dumps", counting(redis_module.dumps))
+    mem.add_messages(sid, [Message("user", "one"), Message("assistant", "two")])
+    assert encoded == ["one", "two"]
+    assert [m.content for m in mem.get_messages(sid)] == ["warm up", "one", "two"]

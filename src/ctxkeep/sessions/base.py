@@ -80,6 +80,7 @@ from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
     advance_pending,
+    encoded_record,
     message_to_record,
     new_generation,
     record_to_message,
@@ -505,7 +506,8 @@ class MemoryManager:
         stamped, minted = self._stamped(messages, now, owned=owned, kept=on_append is not None)
         if not stamped:
             return []
-        records = [message_to_record(m) for m in stamped]
+        encoded = [encoded_record(m) for m in stamped]
+        records = [record for record, _ in encoded]
         session_id = check_session_id(session_id)
         ttl = self.config.session_ttl
 
@@ -522,6 +524,7 @@ class MemoryManager:
 
         batch = Append(
             records=records,
+            texts=[text for _, text in encoded],
             check=check,
             now=now,
             ttl=self._native_ttl,

@@ -1025,7 +1025,7 @@ class RedisBackend(Backend):
             return self._replace(session_id, batch)
         keys = self.keys
         script_keys = [*keys.own(session_id), keys.accessed, keys.expires]
-        records = [dumps(r) for r in batch.records]
+        records = batch.encoded()
         roles = [role_of(r) for r in batch.records]
         now = repr(float(batch.now))
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
