@@ -384,12 +384,13 @@ class Direct:
 
     async def _exchange(self, conn: Any, packed: bytes, replies: int) -> list[Any]:
         """Send ``packed`` on ``conn`` and read ``replies`` replies, waiting in the running
-        loop; error replies are returned as redis-py's parser makes them (not raised).
-        Within the connection's ``socket_timeout``, as its sync calls.
+        loop only when the socket is not ready (a wait of at most the connection's
+        ``socket_timeout``, as each of its sync sends and reads); error replies are
+        returned as redis-py's parser makes them (not raised).
 
         Raises:
             redis.ConnectionError: the connection was closed or broke.
-            redis.TimeoutError: no whole answer within the timeout.
+            redis.TimeoutError: the socket was not ready within the timeout.
 
         """
         if conn._sock is None:  # disconnected after a call was cut short: connect off the loop
@@ -397,33 +398,39 @@ class Direct:
         sock, reader = conn._sock, getattr(conn._parser, "_reader", None)
         if sock is None or reader is None:
             raise redis.ConnectionError("the connection was closed")
-        loop = asyncio.get_running_loop()
+        timeout = conn.socket_timeout
         answers: list[Any] = []
         sock.setblocking(False)
         try:
-            async with asyncio.timeout(conn.socket_timeout):
-                await loop.sock_sendall(sock, packed)
-                while len(answers) < replies:
-                    answer = reader.gets()
-                    if answer is _NOT_ENOUGH_DATA:
-                        data = await loop.sock_recv(sock, 65536)
-                        if not data:
-                            raise redis.ConnectionError("Connection closed by server.")
-                        reader.feed(data)
+            view = memoryview(packed)
+            while view:
+                try:
+                    view = view[sock.send(view) :]
+                except BlockingIOError:
+                    await _ready(sock, timeout, writing=True)
+            while len(answers) < replies:
+                answer = reader.gets()
+                if answer is _NOT_ENOUGH_DATA:
+                    try:
+                        data = sock.recv(65536)
+                    except BlockingIOError:
+                        await _ready(sock, timeout, writing=False)
                         continue
-                    if _PUSH is not None and isinstance(answer, _PUSH):
-                        conn._parser.handle_push_response(answer)  # as its sync read does
-                        continue
-                    if isinstance(answer, redis.ConnectionError):  # a protocol error
-                        raise answer
-                    answers.append(answer)
-        except TimeoutError:
-            raise redis.TimeoutError("Timeout reading from socket") from None
+                    if not data:
+                        raise redis.ConnectionError("Connection closed by server.")
+                    reader.feed(data)
+                    continue
+                if _PUSH is not None and isinstance(answer, _PUSH):
+                    conn._parser.handle_push_response(answer)  # as its sync read does
+                    continue
+                if isinstance(answer, redis.ConnectionError):  # a protocol error
+                    raise answer
+                answers.append(answer)
         except OSError as exc:
-            raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
+            raise redis.ConnectionError(f"Error on the socket: {exc}") from exc
         finally:
             with contextlib.suppress(OSError):  # closed meanwhile: nothing to restore
-                sock.settimeout(conn.socket_timeout)
+                sock.settimeout(timeout)
         return answers
 
     def _pack(self, command: Sequence[EncodableT]) -> bytes:
@@ -461,6 +468,40 @@ class Direct:
             self._idle.append(conn)
         else:
             self.pool.release(conn)
+
+
+async def _ready(sock: Any, timeout: float | None, *, writing: bool) -> None:
+    """Wait in the running loop until ``sock`` can be written (``writing``) or read.
+
+    What ``loop.sock_recv`` and ``asyncio.timeout`` would do, without their futures and
+    tasks around one readiness callback: the caller tries the socket first and waits here
+    only when it would block.
+
+    Raises:
+        redis.TimeoutError: not ready within ``timeout`` seconds (None: no limit).
+
+    """
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake(outcome: BaseException | None = None) -> None:
+        if not ready.done():
+            if outcome is None:
+                ready.set_result(None)
+            else:
+                ready.set_exception(outcome)
+
+    fd = sock.fileno()
+    (loop.add_writer if writing else loop.add_reader)(fd, wake)
+    timer = None
+    if timeout is not None:
+        timer = loop.call_later(timeout, wake, redis.TimeoutError("Timeout reading from socket"))
+    try:
+        await ready
+    finally:
+        (loop.remove_writer if writing else loop.remove_reader)(fd)
+        if timer is not None:
+            timer.cancel()
 
 
 def _answers(answers: list[Any]) -> list[Any]:
