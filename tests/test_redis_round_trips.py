@@ -53,14 +53,27 @@ def sent(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
     names: list[str] = []
     send = redis.connection.AbstractConnection.send_packed_command
 
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+    def name(command: Any) -> None:
         packed = command if isinstance(command, bytes) else b"".join(command)
         parts = packed.split(b"\r\n")
         found = [parts[i + 2].decode() for i, p in enumerate(parts[:-2]) if p.startswith(b"*")]
         names.append("+".join(n.upper() for n in found))
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        name(command)
         send(self, command, check_health)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    # what the Agents SDK session awaits in the event loop is sent there, not by redis-py
+    from ctxkeep._redis import Direct
+
+    exchange = Direct._exchange
+
+    async def counting_awaited(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
+        name(packed)
+        return await exchange(self, conn, packed, replies)
+
+    monkeypatch.setattr(Direct, "_exchange", counting_awaited)
     return names
 
 

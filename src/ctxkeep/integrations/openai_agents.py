@@ -56,7 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ctxkeep import _check
+from ctxkeep import _bridge, _check
 from ctxkeep.artifacts import (
     READ_ARTIFACT_TOOL,
     ArtifactStore,
@@ -165,6 +165,10 @@ class CtxkeepSession:
         # each): get_items decodes only the messages it has not seen.
         self._items = ConvertedItems(self.memory, session_id, _items_of_message)
         self._worker = _worker_for(self.memory)
+        self._awaits = _awaits(self.memory)
+        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- the Session protocol -------------------------------------------------------------
 
@@ -212,13 +216,36 @@ class CtxkeepSession:
     # -- sync work, run in a thread ---------------------------------------------------------
 
     async def _run(self, fn: Callable[..., _T], /, *args: Any) -> _T:
-        """``fn(*args)`` off the event loop: in the store's own worker thread where it has one
-        (:func:`_worker_for`), else in asyncio's default pool (``asyncio.to_thread``).
+        """``fn(*args)`` without blocking the event loop on the store.
+
+        Where the store's round trips can be awaited (:func:`_awaits`: Redis), in the
+        loop's own thread by :func:`ctxkeep._bridge.run`: the same sync code, each round
+        trip awaited, no hop to a thread and back (about 125 us a call). The calls of one
+        session in one loop take turns, as ``fn`` holds the session's locks across its
+        round trips; a call from another thread's loop waits for those locks as a thread
+        would. ``clear_session`` (sent by redis-py, which would block the loop) still
+        runs in a thread. Elsewhere off the loop: in the store's own worker thread where
+        it has one (:func:`_worker_for`), else in asyncio's default pool
+        (``asyncio.to_thread``).
         """
+        if self._awaits:
+            async with self._turn():
+                if fn == self._clear:  # sent by redis-py: it would block the loop
+                    return await asyncio.to_thread(fn, *args)
+                return await _bridge.run(fn, *args)
         if self._worker is None:
             return await asyncio.to_thread(fn, *args)
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._worker, call)
+
+    def _turn(self) -> asyncio.Lock:
+        """The lock this session's calls in the running loop take turns by."""
+        loop = asyncio.get_running_loop()
+        turn = self._turns.get(loop)
+        if turn is None:
+            with _TURNS_LOCK:  # not self._lock: a suspended call of this session holds it
+                turn = self._turns.setdefault(loop, asyncio.Lock())
+        return turn
 
     def _get_items(self, limit: int | None) -> list[TResponseInputItem]:
         if limit is not None and limit < 0:
@@ -348,6 +375,8 @@ class CtxkeepSession:
             self.memory.delete_session(self.session_id)
 
 
+_TURNS_LOCK = threading.Lock()
+
 _WORKERS: weakref.WeakKeyDictionary[MemoryManager, ThreadPoolExecutor] = weakref.WeakKeyDictionary()
 _WORKERS_LOCK = threading.Lock()
 
@@ -373,6 +402,18 @@ def _worker_for(memory: MemoryManager) -> ThreadPoolExecutor | None:
             worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxkeep-sqlite")
             _WORKERS[memory] = worker
         return worker
+
+
+def _awaits(memory: MemoryManager) -> bool:
+    """Whether the sessions over ``memory`` can await their round trips in the event loop:
+    a Redis store whose scripts and whole reads (append, replace, touch, read: each call's
+    one round trip) go through a :class:`~ctxkeep._redis.Direct` that
+    :attr:`~ctxkeep._redis.Direct.awaits`, with greenlet installed. The rest of what a call
+    may send (a session's creation on its first add, a trim past ``max_history``, an
+    eviction) goes through redis-py's client and blocks the loop for its round trip.
+    """
+    run = getattr(memory.backend, "_direct", None)  # RedisBackend's
+    return _bridge.AVAILABLE and run is not None and bool(run.awaits)
 
 
 def _items_of_message(message: Message) -> list[dict[str, Any]]:
