@@ -10,11 +10,11 @@ a temporary folder, or a new PostgreSQL database (``CREATE DATABASE``, dropped a
 ``--pg-url`` (default ``$CTXKEEP_BENCH_PG``, else the server on 127.0.0.1:5432 if one
 answers, else an embedded one started here). The server is the real command,
 ``ctxkeep serve --db URL --port P``, in a subprocess on 127.0.0.1, with its access log on
-(as shipped); the API key comes from ``ctxkeep keys create --db URL``. ``--workers N`` or
-``--threads N`` run uvicorn with this module's :func:`tuned_app` factory instead (the same
-app, access log and keep-alive; N worker processes, or N threads for the sync routes instead
-of anyio's 40) to see whether either limits throughput; ``--factory MODULE:NAME`` serves
-another factory the same way (to try a patched server).
+(as shipped); the API key comes from ``ctxkeep keys create --db URL``. ``--workers N`` and
+``--threads N`` are passed to ``serve`` (N worker processes; N threads for each worker's sync
+routes instead of serve's default); ``--factory MODULE:NAME`` serves a uvicorn app factory
+instead (to try a patched server; this module's :func:`tuned_app` is the service as serve
+builds it, with ``--threads`` set on anyio's limiter).
 
 The workload. Each client is an asyncio task with its own keep-alive connection (plain asyncio
 streams, which cost the load generator a tenth of httpx's CPU on the cores it shares with the
@@ -56,6 +56,13 @@ compares its appends and reads with ctxkeep's).
 Figures are medians over ``--repeat`` runs (the counts of errors and integrity failures are
 summed); the load average is printed, since the clients, the server and the database share
 the machine's cores.
+
+On N workers each run also prints how the timed requests spread over the workers (from the
+access log's ``pid``) and the share answered after the first worker ran out of clients, and
+every run the throughput until the first client finished (``while every client ran``): each
+client keeps its connection, which the kernel gives a worker by a hash of its address, and
+sends a fixed number of requests, so a worker dealt 35 of the 50 clients is still serving
+them alone after the other's 15 are done (see :func:`worker_spread`).
 """
 
 from __future__ import annotations
@@ -494,6 +501,11 @@ class Run:
     integrity: dict[str, int]
     messages: int
     cpu_s: dict[str, float]
+    workers: dict[str, Any] = field(default_factory=dict)
+    """How the timed requests spread over the server's workers (:func:`worker_spread`)."""
+    all_busy_per_s: float = 0.0
+    """Requests a second until the first client finished its script: the throughput while
+    every client still sent (closed loop, no tail of clients left on fewer workers)."""
 
     def summary(self) -> dict[str, Any]:
         """The figures of the run (latencies in ms)."""
@@ -518,7 +530,40 @@ class Run:
             "error_samples": sorted(Counter(self.errors).items(), key=lambda kv: -kv[1])[:5],
             "integrity": self.integrity,
             "cpu_s": self.cpu_s,
+            "workers": self.workers,
+            "all_busy_per_s": self.all_busy_per_s,
         }
+
+
+def worker_spread(lines: list[str]) -> dict[str, Any]:
+    """How the access log's ``lines`` of the timed requests spread over the workers: the
+    requests each answered (most first), and the share of them answered after the first
+    worker to run out of clients answered its last (``tail``), while it had nothing to do.
+
+    Each client keeps its connection, and the kernel hands connections to the workers'
+    sockets by a hash of their addresses: 50 clients split 25/25 on average but 30/20 often,
+    and a client's requests are fixed in number, so the workers with fewer clients finish
+    first and the rest of the run is served by the others alone.
+    """
+    order: list[int] = []
+    for line in lines:
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "request" and record.get("method") == "POST":
+            order.append(int(record["pid"]))
+    counts = Counter(order)
+    if not order:
+        return {}
+    last = {pid: i for i, pid in enumerate(order)}
+    first_done = min(last.values())
+    return {
+        "requests": sorted(counts.values(), reverse=True),
+        "tail": (len(order) - 1 - first_done) / len(order) if len(counts) > 1 else 0.0,
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -545,8 +590,12 @@ class Plan:
         return client // self.group if self.group else -1
 
 
-async def run_workload(target: Target, plan: Plan, server_pid: int | None) -> Run:
-    """Create the sessions, run every client's script at once, read everything back."""
+async def run_workload(
+    target: Target, plan: Plan, server_pid: int | None, log: Path | None = None
+) -> Run:
+    """Create the sessions, run every client's script at once, read everything back (and
+    from the server's access ``log``, how the timed requests spread over its workers).
+    """
     clients = len(plan.scripts)
     own = [await target.create(c, f"agent-{c}") for c in range(clients)]
     shared: dict[int, str] = {}
@@ -565,8 +614,14 @@ async def run_workload(target: Target, plan: Plan, server_pid: int | None) -> Ru
     acked: dict[str, tuple[str, str]] = {}  # tag -> (session, id)
     sent: dict[str, str] = {}  # tag -> session, whether acknowledged or not
     evicted: list[str] = []
+    answered: list[float] = []  # when each request ended
+    finished: list[float] = []  # when each client ended
 
     async def client(c: int) -> None:
+        await _script(c)
+        finished.append(time.perf_counter())
+
+    async def _script(c: int) -> None:
         for op in plan.scripts[c]:
             session = shared[plan.group_of(c)] if op.shared else own[c]
             for m in op.messages:
@@ -580,6 +635,7 @@ async def run_workload(target: Target, plan: Plan, server_pid: int | None) -> Ru
             except Exception as exc:  # a timeout, a reset: an error like any other
                 out = Outcome(time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"[:300])
             latencies[op.kind].append(out.seconds)
+            answered.append(time.perf_counter())
             evicted.extend(out.evicted)
             if out.error is not None:
                 errors.append(out.error)
@@ -590,17 +646,25 @@ async def run_workload(target: Target, plan: Plan, server_pid: int | None) -> Ru
                 for m, sid in zip(op.messages, out.ids, strict=False):
                     acked[str(m.metadata[TAG])] = (session, sid)
 
+    start = log.stat().st_size if log is not None else 0
     cpu0 = _cpu(server_pid)
     t0 = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))
     wall = time.perf_counter() - t0
     cpu1 = _cpu(server_pid)
+    spread = {}
+    if log is not None:
+        with log.open("rb") as f:
+            f.seek(start)
+            spread = worker_spread(f.read().decode(errors="replace").splitlines())
     stored = {s: await target.read(s) for s in [*own, *shared.values()]}
     evicted.extend(target.evicted())
     integrity = check_integrity(acked, sent, stored, set(evicted))
     messages = sum(len(op.messages) for script in plan.scripts for op in script)
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
-    return Run(wall, latencies, errors, integrity, messages, cpu)
+    first = min(finished)
+    all_busy = sum(1 for t in answered if t <= first) / (first - t0)
+    return Run(wall, latencies, errors, integrity, messages, cpu, spread, all_busy)
 
 
 async def _warm_up(target: Target, plan: Plan) -> None:
@@ -776,18 +840,17 @@ class Server:
 
 @contextmanager
 def serve(url: str, log: Path, workers: int, threads: int, factory: str | None) -> Iterator[Server]:
-    """``ctxkeep serve --db url`` (or uvicorn with ``factory``, :func:`tuned_app` by default,
-    when ``workers``, ``threads`` or ``factory`` is given) until the block ends.
+    """``ctxkeep serve --db url`` (or uvicorn with ``factory``, when given) until the block
+    ends.
     """
     port = free_port()
     env = dict(os.environ)
-    if threads or factory:
+    if factory:
         env[SERVER_URL_ENV] = url
         if threads:
             env[SERVER_THREADS_ENV] = str(threads)
         bench_dir = str(Path(__file__).resolve().parent)
-        app = factory or "server_load:tuned_app"
-        cmd = [sys.executable, "-m", "uvicorn", app, "--factory"]
+        cmd = [sys.executable, "-m", "uvicorn", factory, "--factory"]
         cmd += ["--app-dir", bench_dir, "--host", "127.0.0.1", "--port", str(port)]
         cmd += ["--workers", str(max(workers, 1)), "--no-access-log", "--log-level", "info"]
         cmd += ["--timeout-keep-alive", str(KEEP_ALIVE)]
@@ -795,6 +858,8 @@ def serve(url: str, log: Path, workers: int, threads: int, factory: str | None) 
         cmd = [*ctxkeep_command(), "serve", "--db", url, "--port", str(port)]
         if workers > 1:
             cmd += ["--workers", str(workers)]
+        if threads:
+            cmd += ["--threads", str(threads)]
     with log.open("ab") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -913,7 +978,7 @@ def run_server(
             kind = HttpxTarget if args.client == "httpx" else StreamsTarget
             target = kind(server.base, key, len(plan.scripts))
             try:
-                return await run_workload(target, plan, server.proc.pid)
+                return await run_workload(target, plan, server.proc.pid, log)
             finally:
                 await target.aclose()
 
@@ -962,6 +1027,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "requests": runs[0]["requests"],
         "req_per_s": med(lambda r: r["req_per_s"]),
         "req_per_s_runs": [round(r["req_per_s"], 1) for r in runs],
+        "all_busy_per_s": med(lambda r: r.get("all_busy_per_s", 0.0)),
         "messages_per_s": med(lambda r: r["messages_per_s"]),
         "wall_s": med(lambda r: r["wall_s"]),
         "kinds": kinds,
@@ -971,6 +1037,15 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_s": cpu,
         "server_log_problems": [p for r in runs for p in r.get("server_log_problems", [])][:10],
     }
+
+
+def _spread_note(run: dict[str, Any]) -> str:
+    """``; requests per worker 2,700/2,300, 12% after one ran out`` for a run on workers."""
+    spread = run.get("workers") or {}
+    if len(spread.get("requests", ())) < 2:
+        return ""
+    counts = "/".join(f"{n:,}" for n in spread["requests"])
+    return f"; requests per worker {counts}, {spread['tail']:.0%} after one ran out"
 
 
 def print_table(results: dict[str, dict[str, dict[str, Any]]], args: argparse.Namespace) -> None:
@@ -1051,7 +1126,12 @@ def main() -> None:
         help="worker processes of the server, comma-separated counts (ctxkeep serve --workers "
         "N; more than 1 on postgres only): each count is a target of its own",
     )
-    ap.add_argument("--threads", type=int, default=0, help="threads for the sync routes")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="threads for each worker's sync routes (ctxkeep serve --threads N; default: serve's)",
+    )
     ap.add_argument(
         "--client",
         choices=("streams", "httpx"),
@@ -1061,7 +1141,8 @@ def main() -> None:
     ap.add_argument(
         "--factory",
         metavar="MODULE:NAME",
-        help="serve this uvicorn app factory (on PYTHONPATH or in bench/) instead of tuned_app",
+        help="serve this uvicorn app factory (on PYTHONPATH or in bench/, e.g. "
+        "server_load:tuned_app) instead of ctxkeep serve",
     )
     ap.add_argument("--pg-url", default=os.environ.get("CTXKEEP_BENCH_PG"))
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON (- : stdout)")
@@ -1123,8 +1204,9 @@ def main() -> None:
                         runs[backend][target].append(r)
                         print(
                             f"[{rep + 1}/{args.repeat}] {backend} {target}: "
-                            f"{r['req_per_s']:,.0f} req/s, {r['errors']} errors, "
-                            f"{r['integrity']['lost']} lost",
+                            f"{r['req_per_s']:,.0f} req/s ({r['all_busy_per_s']:,.0f} while every "
+                            f"client ran), {r['errors']} errors, "
+                            f"{r['integrity']['lost']} lost{_spread_note(r)}",
                             file=sys.stderr,
                         )
         finally:
@@ -1137,11 +1219,10 @@ def main() -> None:
     load2 = " / ".join(f"{x:.2f}" for x in load_after)
     print(f"load average (1/5/15 min) before: {load}; after: {load2}; cores: {os.cpu_count()}")
     server_mode = (
-        f"uvicorn {args.factory or 'server_load:tuned_app'} --workers {counts[0]}"
-        + (f", {args.threads} route threads" if args.threads else "")
-        if args.threads or args.factory
+        f"uvicorn {args.factory} --workers {counts[0]}"
+        if args.factory
         else f"ctxkeep serve --workers {args.workers}"
-    )
+    ) + (f" --threads {args.threads}" if args.threads else "")
     for backend, ts in results.items():
         one = ts.get("server x1")
         for name, r in ts.items():
@@ -1152,6 +1233,11 @@ def main() -> None:
             print(
                 f"{backend} {name}: {r['req_per_s']:,.0f} req/s, {r['req_per_s'] / n:,.0f} per "
                 f"worker = {per:.2f}x one worker's {one['req_per_s']:,.0f}"
+            )
+            busy_per = r["all_busy_per_s"] / n / one["all_busy_per_s"]
+            print(
+                f"  while every client ran: {r['all_busy_per_s']:,.0f} req/s, "
+                f"{busy_per:.2f}x one worker's {one['all_busy_per_s']:,.0f} per worker"
             )
             # the server, the load generator and the database share the machine's cores:
             # requests per busy core-second is the scaling the workers themselves show
