@@ -136,7 +136,11 @@ def _tool_calls(m: BaseMessage, i: int) -> list[ToolCall]:
             raise InvalidMessageError(
                 f"tool call {tc['id']!r} has arguments that are not JSON ({e})", index=i
             ) from e
-        out.append(ToolCall(id=tc["id"], name=tc.get("name") or "", arguments=arguments))
+        call_id, name = tc["id"], tc.get("name") or ""
+        if type(call_id) is str and type(name) is str:  # what ToolCall checks (id is not "")
+            out.append(ToolCall._unchecked(call_id, name, arguments))
+        else:
+            out.append(ToolCall(id=call_id, name=name, arguments=arguments))  # its checks
     return out
 
 
