@@ -190,12 +190,22 @@ def stored(url: str) -> dict[str, int]:
     return counts
 
 
+SAME = "same " * 500
+"""An unchanged value too large for SQL rows to copy (``INLINE_UNCHANGED``): a blob there."""
+
+
+def blobs_of_chain(url: str) -> int:
+    """The blobs a :func:`put_chain` stores: on SQL, y's once (x's and y's first value are in
+    their rows); on Redis, each version's value."""
+    return 4 if url.startswith("redis") else 1
+
+
 def put_chain(saver: CtxkeepSaver, thread_id: str, ns: str = "") -> list[Any]:
     """Three checkpoints: x changes at each, y only at the first; a write on each."""
     parent: Any = config(thread_id, checkpoint_ns=ns)
     made = []
     for i in range(3):
-        cp = checkpoint(f"c{i}", x=i, y="same")
+        cp = checkpoint(f"c{i}", x=i, y=SAME)
         cp["channel_versions"] = {"x": f"{i + 1}", "y": "1"}
         new = {"x": f"{i + 1}", "y": "1"} if i == 0 else {"x": f"{i + 1}"}
         parent = saver.put(parent, cp, {"step": i, "run_id": f"run-{i}"}, new)
@@ -211,10 +221,11 @@ def test_deleting_a_thread_leaves_nothing_behind(new_url: Callable[[], str]) -> 
         put_chain(s, "gone", ns="child:1")
         put_chain(s, "kept")
         before = stored(url)
-        assert before["checkpoints"] == 9 and before["blobs"] == 12 and before["writes"] == 18
+        per_chain = blobs_of_chain(url)
+        assert (before["checkpoints"], before["blobs"], before["writes"]) == (9, 3 * per_chain, 18)
         s.delete_thread("gone")
         after = stored(url)
-        assert (after["checkpoints"], after["blobs"], after["writes"]) == (3, 4, 6)
+        assert (after["checkpoints"], after["blobs"], after["writes"]) == (3, per_chain, 6)
         assert s.get_tuple(config("kept")) is not None
         s.delete_thread("kept")
         assert set(stored(url).values()) == {0}  # on Redis: no set, index or run key either
@@ -228,10 +239,11 @@ def test_keep_latest_keeps_only_what_the_newest_checkpoint_needs(
         made = put_chain(s, "p")
         s.prune(["p"])
         after = stored(url)
-        assert (after["checkpoints"], after["blobs"], after["writes"]) == (1, 2, 2)
+        kept_blobs = 1 if blobs_of_chain(url) == 1 else 2  # y's on SQL; x's newest and y's
+        assert (after["checkpoints"], after["blobs"], after["writes"]) == (1, kept_blobs, 2)
         latest = s.get_tuple(config("p", checkpoint_ns=""))
         assert latest is not None and latest.config == made[-1]
-        assert latest.checkpoint["channel_values"] == {"x": 2, "y": "same"}
+        assert latest.checkpoint["channel_values"] == {"x": 2, "y": SAME}
         assert latest.pending_writes == [("task-2", "__error__", "boom"), ("task-2", "x", 2)]
         s.delete_for_runs(["run-2"])  # the run index of pruned checkpoints is gone too
         assert s.get_tuple(config("p", checkpoint_ns="")) is None
@@ -264,7 +276,7 @@ def test_a_list_reads_in_bulk_what_each_get_tuple_reads_alone(
             assert _view(listed[cfg["configurable"]["checkpoint_id"] + str(alone.config)]) == _view(
                 alone
             )
-            assert alone.checkpoint["channel_values"]["y"] == "same"
+            assert alone.checkpoint["channel_values"]["y"] == SAME
             assert len(alone.pending_writes) == 2
         assert [_view(t) for t in s.list(config("t1"), limit=2)] == [
             _view(t) for t in list(s.list(config("t1")))[:2]
@@ -312,6 +324,84 @@ def test_a_store_of_a_newer_schema_is_refused(new_url: Callable[[], str]) -> Non
             client.hset(f"{prefix}meta", "langgraph", "99")
     with pytest.raises(SchemaVersionError, match="newer ctxkeep"):
         CtxkeepSaver(url)
+
+
+def _old_layout(url: str) -> None:
+    """Three checkpoints of thread ``old`` as schema 1 stored them (every channel value a blob
+    of its version, the checkpoint without values; an ``empty`` blob for a version with no
+    value), written behind the saver into tables made at schema 1."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from ctxkeep.integrations.langgraph._saver_sql import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+    from ctxkeep.integrations.langgraph.saver import META_KEY
+
+    serde = JsonPlusSerializer()
+    cps, blobs, writes = [], [], []
+    for i in range(3):
+        versions = {"x": f"{i + 1}", "y": "1", **({"e": "1"} if i else {})}
+        cp = {k: v for k, v in checkpoint(f"c{i}").items() if k != "channel_values"}
+        cp["channel_versions"] = versions
+        parent = f"c{i - 1}" if i else None
+        md = serde.dumps_typed({"step": i})
+        cps.append(("old", "", f"c{i}", parent, None, *serde.dumps_typed(cp), *md))
+        blobs.append(("old", "", "x", f"{i + 1}", *serde.dumps_typed(i)))
+        writes.append(("old", "", f"c{i}", "task", 0, "x", *serde.dumps_typed(i * 10), ""))
+    blobs += [("old", "", "y", "1", *serde.dumps_typed(SAME)), ("old", "", "e", "1", "empty", b"")]
+    inserts = [
+        ("ctxkeep_lg_checkpoints", cps),
+        ("ctxkeep_lg_blobs", blobs),
+        ("ctxkeep_lg_writes", writes),
+    ]
+    if url.startswith("sqlite"):
+        from ctxkeep._sqlite import SQLiteClient
+
+        path = url[len("sqlite:///") :]
+        SQLiteClient(path, meta_key=META_KEY, migrations=SQLITE_MIGRATIONS[:1]).close()
+        with closing(sqlite3.connect(path)) as conn, conn:
+            for table, rows in inserts:
+                conn.executemany(
+                    f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows
+                )
+        return
+    from ctxkeep._pg import PgClient
+
+    PgClient(url, name="old", meta_key=META_KEY, migrations=POSTGRES_MIGRATIONS[:1]).close()
+    with psycopg.connect(url) as pg:
+        for table, rows in inserts:
+            pg.cursor().executemany(
+                f"INSERT INTO {table} VALUES ({', '.join(['%s'] * len(rows[0]))})", rows
+            )
+
+
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_checkpoints_stored_at_schema_1_read_back_after_the_upgrade(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Schema 2 keeps values in the checkpoint's row; rows of schema 1 (values all blobs)
+    read back as they did, and a thread of them goes on in the new layout."""
+    if engine == "sqlite":
+        url = f"sqlite:///{tmp_path / 'old.db'}"
+    else:
+        url = request.getfixturevalue("postgres_schema_factory")()
+    _old_layout(url)
+    with CtxkeepSaver(url) as s:
+        listed = list(s.list(config("old")))
+        assert [t.checkpoint["id"] for t in listed] == ["c2", "c1", "c0"]
+        assert [t.checkpoint["channel_values"] for t in listed] == [
+            {"x": i, "y": SAME} for i in (2, 1, 0)
+        ]
+        assert [t.pending_writes for t in listed] == [[("task", "x", i * 10)] for i in (2, 1, 0)]
+        assert [t.metadata for t in listed] == [{"step": i} for i in (2, 1, 0)]
+        newest = s.get_tuple(config("old"))
+        assert newest is not None and _view(newest) == _view(listed[0])
+        cp = checkpoint("c3", x=3, y=SAME)
+        cp["channel_versions"] = {"x": "4", "y": "1", "e": "1"}
+        s.put(newest.config, cp, {"step": 3}, {"x": "4"})
+        went_on = s.get_tuple(config("old"))
+        assert went_on is not None and went_on.checkpoint["channel_values"] == {"x": 3, "y": SAME}
+        assert went_on.parent_config == newest.config
+        assert _view(s.get_tuple(listed[2].config)) == _view(listed[2])
+    assert stored(url)["blobs"] == 5  # the old ones; y's blob taken as it was
 
 
 # -- bad input -------------------------------------------------------------------------------------
@@ -408,8 +498,15 @@ def test_other_bad_arguments_get_typed_errors(sqlite_saver: CtxkeepSaver) -> Non
 
 
 def test_a_corrupt_stored_value_is_refused(sqlite_saver: CtxkeepSaver, tmp_path: Path) -> None:
-    stored = sqlite_saver.put(config("t", checkpoint_ns=""), checkpoint("c1", x=1), {}, {"x": "1"})
+    first = sqlite_saver.put(
+        config("t", checkpoint_ns=""), checkpoint("c1", x=SAME), {}, {"x": "1"}
+    )
+    stored = sqlite_saver.put(first, checkpoint("c2", x=SAME), {}, {})  # x: a blob
     with closing(sqlite3.connect(tmp_path / "lg.db")) as conn, conn:
         conn.execute("UPDATE ctxkeep_lg_blobs SET type = 'msgpack', blob = x'c1'")
     with pytest.raises(CorruptRecordError, match="channel 'x'"):
         sqlite_saver.get_tuple(stored)
+    with closing(sqlite3.connect(tmp_path / "lg.db")) as conn, conn:
+        conn.execute("UPDATE ctxkeep_lg_checkpoints SET type = 'msgpack', checkpoint = x'c1'")
+    with pytest.raises(CorruptRecordError, match="checkpoint cannot be decoded"):
+        sqlite_saver.get_tuple(first)

@@ -7,8 +7,10 @@ call into it (a round trip on PostgreSQL), ``BEGIN`` and ``COMMIT`` included.
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +63,35 @@ def test_get_tuple_sends_no_begin_or_commit(traced: tuple[CtxkeepSaver, list[str
     assert [q.split()[0] for q in ran] == ["SELECT", "SELECT"]
 
 
-def test_a_missing_blob_is_read_again_in_one_snapshot(
-    traced: tuple[CtxkeepSaver, list[str]],
-) -> None:
-    """A checkpoint whose channel version has no stored value (put without it in
-    ``new_versions``): read again inside a transaction, returned without that channel."""
+def test_a_step_s_put_is_one_statement(traced: tuple[CtxkeepSaver, list[str]]) -> None:
+    """The checkpoint's values in its row: no blob rows, no BEGIN and COMMIT around them
+    (issue 26: was four statements)."""
     s, ran = traced
-    cp = checkpoint(str(uuid.UUID(int=1)), kept=1, never=2)
-    cfg = s.put(config("t", checkpoint_ns=""), cp, {}, {"kept": "1"})
+    cfg = _first(s)
+    ran.clear()
+    cp = checkpoint(str(uuid.UUID(int=2)), messages=["hi", "there"], step=2)
+    s.put(cfg, cp, {"step": 2}, dict(cp["channel_versions"]))
+    assert len(ran) == 1 and ran[0].startswith("INSERT INTO ctxkeep_lg_checkpoints")
+
+
+def test_a_missing_blob_is_read_again_in_one_snapshot(
+    traced: tuple[CtxkeepSaver, list[str]], tmp_path: Path
+) -> None:
+    """A checkpoint whose large unchanged value (a blob) is gone when its blobs are read, as
+    a prune between the two statements would leave it: read again inside a transaction,
+    returned without that channel."""
+    s, ran = traced
+    big = "x" * 5000
+    cp = checkpoint(str(uuid.UUID(int=1)), kept=1, big=big)
+    cfg = s.put(config("t", checkpoint_ns=""), cp, {}, dict(cp["channel_versions"]))
+    cp = checkpoint(str(uuid.UUID(int=2)), kept=2, big=big)
+    cp["channel_versions"]["kept"] = "2"
+    cfg = s.put(cfg, cp, {}, {"kept": "2"})
+    with closing(sqlite3.connect(tmp_path / "lg.db")) as conn, conn:
+        assert conn.execute("DELETE FROM ctxkeep_lg_blobs").rowcount == 1
     ran.clear()
     got = s.get_tuple(cfg)
-    assert got is not None and got.checkpoint["channel_values"] == {"kept": 1}
+    assert got is not None and got.checkpoint["channel_values"] == {"kept": 2}
     assert [q.split()[0] for q in ran].count("BEGIN") == 1
 
 
@@ -125,8 +145,9 @@ def test_a_postgres_step_is_three_statements_and_no_transaction(
     postgres_schema_factory: Callable[[], str],  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On PostgreSQL each statement is a round trip: a checkpoint with its blobs is one
-    statement, its writes one, a get_tuple two (the row with its writes joined, the blobs)."""
+    """On PostgreSQL each statement is a round trip: a checkpoint with its values is one
+    statement, its writes one, a get_tuple one (the row with its writes joined); a large
+    unchanged value, a blob, is written in the row's statement and read by one more."""
     from contextlib import contextmanager
 
     with CtxkeepSaver(postgres_schema_factory()) as s:
@@ -141,7 +162,7 @@ def test_a_postgres_step_is_three_statements_and_no_transaction(
 
         monkeypatch.setattr(client, "connection", counted)
         cfg = _first(s)
-        assert ran == ["WITH"]
+        assert ran == ["INSERT"]
         ran.clear()
         s.put_writes(cfg, [("messages", ["a"]), ("step", 2)], "task-1")
         assert ran == ["INSERT"]
@@ -149,4 +170,15 @@ def test_a_postgres_step_is_three_statements_and_no_transaction(
         got = s.get_tuple(cfg)
         assert got is not None and len(got.pending_writes) == 2
         assert got.checkpoint["channel_values"] == {"messages": ["hi"], "step": 1}
+        assert ran == ["WITH"]
+        big = "x" * 5000
+        cp = checkpoint(str(uuid.UUID(int=2)), messages=["hi"], step=2, big=big)
+        cfg = s.put(cfg, cp, {}, {"step": "2", "big": "1"})
+        cp = checkpoint(str(uuid.UUID(int=3)), messages=["hi"], step=3, big=big)
+        ran.clear()
+        cfg = s.put(cfg, cp, {}, {"step": "3"})
+        assert ran == ["WITH"]
+        ran.clear()
+        got = s.get_tuple(cfg)
+        assert got is not None and got.checkpoint["channel_values"]["big"] == big
         assert ran == ["WITH", "SELECT"]

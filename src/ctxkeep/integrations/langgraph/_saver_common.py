@@ -48,9 +48,14 @@ class _Row(NamedTuple):
     run_id: str | None
     """The metadata's ``run_id``, kept apart for ``delete_for_runs``."""
     checkpoint: Typed
-    """The checkpoint without its channel values."""
+    """The checkpoint: without its channel values where ``blob_channels`` is ``None``, else
+    with those held in the row (see :attr:`_Backend.inline_values`)."""
     metadata: Typed
     """The checkpoint's metadata."""
+    blob_channels: str | None = None
+    """``None``: every channel value is a blob (the first layout, and Redis's). Else the
+    channels whose values are blobs (unchanged values too large to copy into each row), as a
+    JSON list, ``""`` for none; the other values are in ``checkpoint``."""
 
 
 class _Write(NamedTuple):
@@ -107,9 +112,17 @@ was decoded of it)``."""
 class _Backend(ABC):
     """The storage primitives of one engine, over encoded rows."""
 
+    inline_values = False
+    """Whether the checkpoint's row holds its channel values (``_Row.blob_channels`` set):
+    then ``put``'s blobs are only unchanged values too large to copy into each row, each
+    stored if its version has none yet."""
+
     @abstractmethod
     def put(self, row: _Row, blobs: dict[str, tuple[str, Typed]]) -> None:
-        """Store a checkpoint and the blobs of its new versions (channel → (version, value))."""
+        """Store a checkpoint and blobs (channel → (version, value)): the values of its new
+        versions, replacing any stored under them; where :attr:`inline_values`, the large
+        unchanged values, kept where stored.
+        """
 
     @abstractmethod
     def put_writes(self, thread_id: str, ns: str, checkpoint_id: str, writes: list[_Write]) -> None:

@@ -4,6 +4,11 @@
 ``ctxkeep_lg_checkpoints``, ``ctxkeep_lg_blobs`` and ``ctxkeep_lg_writes``;
 :class:`_SQLiteBackend` and :class:`_PostgresBackend` give it an engine client (connections,
 transactions, driver errors, migrations) and a snapshot read transaction.
+
+A checkpoint's row holds its channel values (schema 2), but the large unchanged ones, blobs
+named by its ``blob_channels``: a step is then one ``INSERT`` of the row and a read of the
+row and its writes, no blob rows to write, read or join. A row of schema 1 has ``NULL`` there
+and every value of it is a blob, read as before.
 """
 
 from __future__ import annotations
@@ -65,22 +70,29 @@ def _schema(blob: str, ordered_text: str) -> str:
     """
 
 
+# The checkpoint's row holds its channel values (but large unchanged ones): a row of the first
+# layout has NULL there, its values all blobs, and is read as it was.
+_INLINE = "ALTER TABLE ctxkeep_lg_checkpoints ADD COLUMN blob_channels TEXT"
+
 # Position i brings the tables from version i to i + 1. Checkpoint ids are compared bytewise
 # (PostgreSQL's "C" collation), as LangGraph orders them.
-SQLITE_MIGRATIONS: list[str] = [_schema("BLOB", "TEXT")]
-POSTGRES_MIGRATIONS: list[str] = [_schema("BYTEA", 'TEXT COLLATE "C"')]
+SQLITE_MIGRATIONS: list[str] = [_schema("BLOB", "TEXT"), _INLINE]
+POSTGRES_MIGRATIONS: list[str] = [_schema("BYTEA", 'TEXT COLLATE "C"'), _INLINE]
 
 _CP = "ctxkeep_lg_checkpoints"
 _BLOBS = "ctxkeep_lg_blobs"
 _WRITES = "ctxkeep_lg_writes"
 _CP_COLS = (
     "thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, "
-    "metadata_type, metadata"
+    "metadata_type, metadata, blob_channels"
 )
+_CP_N = 10
+"""The columns of ``_CP_COLS``; a joined write's come after them."""
 _CP_UPDATE = (
     "parent_checkpoint_id = excluded.parent_checkpoint_id, run_id = excluded.run_id, "
     "type = excluded.type, checkpoint = excluded.checkpoint, "
-    "metadata_type = excluded.metadata_type, metadata = excluded.metadata"
+    "metadata_type = excluded.metadata_type, metadata = excluded.metadata, "
+    "blob_channels = excluded.blob_channels"
 )
 _BLOB_COLS = "thread_id, checkpoint_ns, channel, version, type, blob"
 _WRITE_COLS = (
@@ -100,6 +112,20 @@ _LATEST = (
 def _write(r: Any) -> _Write:
     """A write from its columns: task_id, idx, channel, type, blob, task_path."""
     return _Write(task_id=r[0], idx=r[1], channel=r[2], value=(r[3], bytes(r[4])), task_path=r[5])
+
+
+def _row(r: Any) -> _Row:
+    """A checkpoint from its columns, ``_CP_COLS``."""
+    return _Row(
+        thread_id=r[0],
+        checkpoint_ns=r[1],
+        checkpoint_id=r[2],
+        parent_id=r[3],
+        run_id=r[4],
+        checkpoint=(r[5], bytes(r[6])),
+        metadata=(r[7], bytes(r[8])),
+        blob_channels=r[9],
+    )
 
 
 CHUNK = 400
@@ -141,6 +167,8 @@ def _one_blobs_where(
 class _SQLBackend(_Backend):
     """The primitives over the three tables, for an engine client and its placeholder."""
 
+    inline_values = True
+
     writable_with = True
     """Whether an ``INSERT`` may run inside a ``WITH`` of another (PostgreSQL's data-modifying
     ``WITH``; SQLite has none): a checkpoint and its blobs then go in one statement."""
@@ -172,7 +200,7 @@ class _SQLBackend(_Backend):
         self._put_blobs_sql: dict[int, str] = {}  # by the number of blobs
         self._put_writes_cache: dict[int, str] = {}  # by the number of writes
         self._put_sql = self._sql(
-            f"INSERT INTO {_CP} ({_CP_COLS}) VALUES ({_marks(9)}) ON CONFLICT "
+            f"INSERT INTO {_CP} ({_CP_COLS}) VALUES ({_marks(_CP_N)}) ON CONFLICT "
             f"(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET {_CP_UPDATE}"
         )
         self._one_writes_sql = self._sql(
@@ -194,11 +222,12 @@ class _SQLBackend(_Backend):
         """
 
     def put(self, row: _Row, blobs: dict[str, tuple[str, Typed]]) -> None:
-        """The checkpoint row and its blobs. Alone as one statement (no ``BEGIN`` and
-        ``COMMIT`` to send) when it can be: a checkpoint without blobs; on PostgreSQL up to
-        :data:`BLOB_ROWS` blobs written by a data-modifying ``WITH`` of the row's ``INSERT``
-        (one round trip instead of four). Else in one transaction, the blobs in statements of
-        up to ``BLOB_ROWS`` rows (their SQL cached by rows).
+        """The checkpoint row (its values in it) and the blobs of its large unchanged values,
+        each written if its version has none yet (``DO NOTHING``: a blob never changes). Alone
+        as one statement (no ``BEGIN`` and ``COMMIT`` to send) when it can be: a checkpoint
+        without such blobs, a step's usual case; on PostgreSQL up to :data:`BLOB_ROWS` blobs
+        written by a data-modifying ``WITH`` of the row's ``INSERT``. Else in one transaction,
+        the blobs in statements of up to ``BLOB_ROWS`` rows (their SQL cached by rows).
         """
         cp = (
             row.thread_id,
@@ -208,6 +237,7 @@ class _SQLBackend(_Backend):
             row.run_id,
             *row.checkpoint,
             *row.metadata,
+            row.blob_channels,
         )
         t, ns = row.thread_id, row.checkpoint_ns
         values = [(t, ns, ch, ver, *value) for ch, (ver, value) in blobs.items()]
@@ -231,8 +261,7 @@ class _SQLBackend(_Backend):
             sql = self._put_blobs_sql[n] = self._sql(
                 f"INSERT INTO {_BLOBS} ({_BLOB_COLS}) VALUES "
                 + ", ".join([f"({_marks(6)})"] * n)
-                + " ON CONFLICT (thread_id, checkpoint_ns, channel, version) "
-                "DO UPDATE SET type = excluded.type, blob = excluded.blob"
+                + " ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING"
             )
         return sql
 
@@ -321,19 +350,11 @@ class _SQLBackend(_Backend):
         joined: list[_Write] = []
         with self._read_tx("read LangGraph checkpoints") as conn:
             for r in conn.execute(self._sql(sql), tuple(params)).fetchall():
-                if one and r[9] is not None:
-                    joined.append(_write(r[9:]))
+                if one and r[_CP_N] is not None:
+                    joined.append(_write(r[_CP_N:]))
                 if one and picked:
                     continue  # the checkpoint again, with its next write
-                row = _Row(
-                    thread_id=r[0],
-                    checkpoint_ns=r[1],
-                    checkpoint_id=r[2],
-                    parent_id=r[3],
-                    run_id=r[4],
-                    checkpoint=(r[5], bytes(r[6])),
-                    metadata=(r[7], bytes(r[8])),
-                )
+                row = _row(r)
                 accepted = accept(row)
                 if accepted is None:
                     continue
@@ -410,23 +431,14 @@ class _SQLBackend(_Backend):
             rows = conn.execute(by_id, (*key, checkpoint_id)).fetchall()
         if not rows:
             return []
-        r = rows[0]
-        row = _Row(
-            thread_id=r[0],
-            checkpoint_ns=r[1],
-            checkpoint_id=r[2],
-            parent_id=r[3],
-            run_id=r[4],
-            checkpoint=(r[5], bytes(r[6])),
-            metadata=(r[7], bytes(r[8])),
-        )
+        row = _row(rows[0])
         accepted = accept(row)
         if accepted is None:
             return []
         versions, decoded = accepted
         blobs: dict[str, Typed] = {}
         if self.join_writes:
-            writes = [_write(w[9:]) for w in rows if w[9] is not None]
+            writes = [_write(w[_CP_N:]) for w in rows if w[_CP_N] is not None]
             for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
                 for ch, ver, kind, b in cur.fetchall():
                     if versions.get(ch) == ver:

@@ -10,12 +10,16 @@ on every engine::
         graph = builder.compile(checkpointer=saver)
         graph.invoke(inputs, {"configurable": {"thread_id": "user-42"}})
 
-What is stored, as LangGraph's own Postgres and SQLite savers store it: a checkpoint without
-its channel values, its metadata and its parent's id; each channel value once per
-``(thread, namespace, channel, version)`` as a *blob*, so a step that changes one channel
-stores one value, not the whole state again; and the pending writes of each checkpoint, keyed
-by ``(task_id, idx)``. Every value goes through the saver's ``serde`` (LangGraph's
-``JsonPlusSerializer`` by default) as a ``(type, bytes)`` pair. Channel versions are strings
+What is stored: a checkpoint, its metadata and its parent's id; its channel values; and the
+pending writes of each checkpoint, keyed by ``(task_id, idx)``. On Redis each channel value is
+a *blob*, stored once per ``(thread, namespace, channel, version)``, the checkpoint without
+its values (as LangGraph's ``PostgresSaver`` stores them). On SQLite and PostgreSQL the
+checkpoint's row holds its values (as ``SqliteSaver``'s does: a step writes one row and a read
+joins nothing; issue 26), but an unchanged value larger than :data:`INLINE_UNCHANGED`, which
+is a blob of its version, so a step that changes one channel does not copy a large state
+again; rows of the first layout (every value a blob) are read as they were. Every value goes
+through the saver's ``serde`` (LangGraph's ``JsonPlusSerializer`` by default) as a
+``(type, bytes)`` pair. Channel versions are strings
 with a random fraction (as ``InMemorySaver`` makes them), so two forks of one thread never
 write one blob key with different values.
 
@@ -30,7 +34,8 @@ version is the ``langgraph`` row of ``ctxkeep_meta`` (the ``langgraph`` field of
 ``{prefix}meta`` hash), and a newer one is refused with
 :class:`~ctxkeep.errors.SchemaVersionError`.
 
-SQL tables: ``ctxkeep_lg_checkpoints``, ``ctxkeep_lg_blobs`` and ``ctxkeep_lg_writes``. A read
+SQL tables: ``ctxkeep_lg_checkpoints`` (``blob_channels``: which of its values are blobs;
+``NULL`` in a row of the first layout), ``ctxkeep_lg_blobs`` and ``ctxkeep_lg_writes``. A read
 (``get_tuple``, ``list``) runs in one read transaction (a snapshot), a write in one write
 transaction. Redis keys, under the URL's ``?prefix=`` (``ctxkeep:`` by default), with each id
 percent-encoded so that no id can forge another key:
@@ -62,6 +67,7 @@ would then rebuild from the kept checkpoint alone).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -117,6 +123,10 @@ __all__ = ["CtxkeepSaver"]
 # with the parts that use them and stay importable from here, where they were first defined.
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+
+INLINE_UNCHANGED = 2048
+"""The largest unchanged channel value (serialized bytes) a SQL checkpoint's row copies; a
+larger one stays a blob of its version (see :meth:`CtxkeepSaver._inline`)."""
 
 
 # -- opening ------------------------------------------------------------------------------------
@@ -215,9 +225,12 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
     def _tuple(self, loaded: _Loaded, checkpoint: Checkpoint, metadata: Any) -> CheckpointTuple:
         row = loaded.row
         values = {
-            ch: self._load(v, f"value of channel {ch!r}")
-            for ch, v in loaded.blobs.items()
-            if v[0] != EMPTY[0]
+            **(checkpoint.get("channel_values") or {}),  # those held in the row
+            **{
+                ch: self._load(v, f"value of channel {ch!r}")
+                for ch, v in loaded.blobs.items()
+                if v[0] != EMPTY[0]
+            },
         }
         writes = sorted(loaded.writes, key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
         return CheckpointTuple(
@@ -247,7 +260,13 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
             ):
                 return None
             checkpoint = self._load(row.checkpoint, "checkpoint")
-            return _versions(checkpoint), (checkpoint, metadata)
+            if row.blob_channels is None:  # every value a blob
+                return _versions(checkpoint), (checkpoint, metadata)
+            if not row.blob_channels:
+                return {}, (checkpoint, metadata)
+            versions = checkpoint.get("channel_versions") or {}
+            apart = {str(ch): str(versions[ch]) for ch in json.loads(row.blob_channels)}
+            return apart, (checkpoint, metadata)
 
         return [self._tuple(x, *x.decoded) for x in self._backend.read(query, accept)]
 
@@ -330,15 +349,19 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
             raise InvalidTypeError(f"new_versions must be a mapping, got {describe(new_versions)}")
         cid = _identifier("checkpoint id", checkpoint["id"])
         ns = target.checkpoint_ns or ""
-        stripped = {k: v for k, v in checkpoint.items() if k != "channel_values"}
-        values = checkpoint.get("channel_values") or {}
-        blobs = {
-            str(ch): (
-                str(ver),
-                self._dump(values[ch], f"channel {ch!r}") if ch in values else EMPTY,
-            )
-            for ch, ver in new_versions.items()
-        }
+        if self._backend.inline_values:
+            stored, blobs, apart = self._inline(checkpoint, new_versions)
+        else:
+            stored = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+            values = checkpoint.get("channel_values") or {}
+            blobs = {
+                str(ch): (
+                    str(ver),
+                    self._dump(values[ch], f"channel {ch!r}") if ch in values else EMPTY,
+                )
+                for ch, ver in new_versions.items()
+            }
+            apart = None
         md = get_serializable_checkpoint_metadata(config, metadata)
         run_id = md.get("run_id")
         row = _Row(
@@ -347,11 +370,43 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
             checkpoint_id=cid,
             parent_id=target.checkpoint_id,
             run_id=None if run_id is None else _identifier("run_id", str(run_id)),
-            checkpoint=self._dump(stripped, "checkpoint"),
+            checkpoint=self._dump(stored, "checkpoint"),
             metadata=self._dump(md, "metadata"),
+            blob_channels=apart,
         )
         self._backend.put(row, blobs)
         return _config(target.thread_id, ns, cid)
+
+    def _inline(
+        self, checkpoint: Checkpoint, new_versions: ChannelVersions
+    ) -> tuple[dict[str, Any], dict[str, tuple[str, Typed]], str]:
+        """What a backend that keeps values in the row stores (``inline_values``): the
+        checkpoint with the values it keeps there, the blobs of the rest, and the JSON list of
+        their channels.
+
+        The row keeps the values of the checkpoint's new versions (each stored once, wherever
+        it goes: in the row it costs no row of its own to write and read) and the unchanged
+        values of up to :data:`INLINE_UNCHANGED` bytes (each copied into every row, as
+        ``SqliteSaver`` copies the whole state). A larger unchanged value is a blob of its
+        version, written if none is stored (a value first stored in a row has none), so a
+        step copies it no more. A channel with a version and no value has none to store.
+        """
+        values = checkpoint.get("channel_values") or {}
+        kept: dict[str, Any] = {}
+        blobs: dict[str, tuple[str, Typed]] = {}
+        for ch, ver in (checkpoint.get("channel_versions") or {}).items():
+            if ch not in values:
+                continue
+            if ch in new_versions:
+                kept[ch] = values[ch]
+                continue
+            typed = self._dump(values[ch], f"channel {ch!r}")
+            if len(typed[1]) <= INLINE_UNCHANGED:
+                kept[ch] = values[ch]
+            else:
+                blobs[str(ch)] = (str(ver), typed)
+        stored = {**checkpoint, "channel_values": kept}
+        return stored, blobs, json.dumps(list(blobs)) if blobs else ""
 
     def put_writes(
         self,
