@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -36,13 +37,43 @@ T = TypeVar("T")
 AVAILABLE = greenlet is not None
 """Whether :func:`run` can run anything (the ``greenlet`` package is installed)."""
 
-__all__ = ["AVAILABLE", "bridged", "run", "wait"]
+__all__ = ["AVAILABLE", "IDLE", "bridged", "run", "wait"]
+
+
+IDLE = 8
+"""Greenlets kept per thread between calls, at most (more run at once only when that many
+calls wait at once)."""
+
+
+_DONE = object()
+"""What a greenlet of :func:`run` switches back with when its call is over (the outcome is
+on the greenlet: a value switched with stays referenced by greenlet's own state)."""
+
+
+def _serve(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """A greenlet's body: run one call after another, each handed over by :func:`run`
+    (making a greenlet costs several times a switch to one); each outcome, ``(True,
+    result)`` or ``(False, exception)``, is left in the greenlet's ``outcome``.
+    """
+    me = _getcurrent()
+    while True:
+        try:
+            me.outcome = (True, fn(*args))
+        except greenlet.GreenletExit:  # the greenlet is being collected: let it end
+            raise
+        except BaseException as exc:  # handed to run(), which raises it in the caller
+            me.outcome = (False, exc)
+        fn = args = None  # type: ignore[assignment]  # an idle greenlet holds nothing
+        fn, args = me.parent.switch(_DONE)
+
+
+_idle = threading.local()
 
 
 if greenlet is not None:
 
     class _Bridged(greenlet.greenlet):  # type: ignore[misc]
-        """A greenlet :func:`run` started: code in it may :func:`wait`."""
+        """A greenlet :func:`run` runs calls in: code in it may :func:`wait`."""
 
     _getcurrent = greenlet.getcurrent
 
@@ -73,14 +104,26 @@ async def run(fn: Callable[..., T], /, *args: Any) -> T:
     ``fn`` propagates; one of an awaited step (a cancellation among them) is raised inside
     ``fn`` at its :func:`wait`, so its ``finally`` blocks run and locks are released.
     """
-    child = _Bridged(fn, parent=_getcurrent())
+    idle: list[Any] = _idle.__dict__.setdefault("greenlets", [])
+    here = _getcurrent()
+    child = idle.pop() if idle else _Bridged(_serve, parent=here)
+    child.parent = here
     child.gr_context = contextvars.copy_context()
-    step = child.switch(*args)
-    while not child.dead:
+    step = child.switch(fn, args)
+    while step is not _DONE:
         try:
             answer = await step
         except BaseException:
             step = child.throw(*sys.exc_info())
         else:
             step = child.switch(answer)
-    return step  # type: ignore[no-any-return]
+    ok, value = child.outcome
+    child.outcome = None
+    if len(idle) < IDLE:
+        idle.append(child)
+    if ok:
+        return value  # type: ignore[no-any-return]
+    try:
+        raise value
+    finally:
+        del value  # not kept alive by this frame, held by the error's traceback
