@@ -25,6 +25,8 @@ def text(name: str, value: Any, *, empty: bool = False) -> str:
         raise InvalidTypeError(f"{name} must be a string, got {type(value).__name__}")
     if not empty and not value:
         raise ConfigError(f"{name} must not be empty")
+    if value.isascii():  # a flag of the string: no copy (every key of a store's batch)
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

@@ -109,7 +109,7 @@ def _value_text(value: Any) -> str:
         ConfigError: NaN or infinity, an integer too large, a string that is not Unicode.
 
     """
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):  # dict: no ABC check
         raise InvalidTypeError(f"value must be a mapping (or None to delete), got {value!r:.60}")
     text = _plain_text(value)
     if text is not None:

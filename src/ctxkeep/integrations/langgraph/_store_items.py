@@ -494,7 +494,7 @@ class SQLItems(Items):
             else:
                 pairs = f"(namespace, item_key) IN (VALUES {', '.join(['(?, ?)'] * len(chunk))})"
             sql = f"{self._select} WHERE {pairs}"
-            yield self._sql(sql), tuple(part for key in chunk for part in key)
+            yield self._sql(sql), tuple([part for key in chunk for part in key])
 
     def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
         """The stored rows of ``keys``, :data:`CHUNK` keys a statement."""

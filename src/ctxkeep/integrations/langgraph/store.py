@@ -345,17 +345,12 @@ class CtxkeepStore(BaseStore):
         for (ns, key), op in puts.items():
             if op.value is None:
                 continue
-            ttl = float(op.ttl) if op.ttl is not None else None
-            rows[ns, key] = Row(
-                namespace=ns,
-                key=key,
-                value=_value_text(op.value),
-                created_at=now,
-                updated_at=now,
-                expires_at=now + ttl * 60 if ttl is not None else None,
-                ttl=ttl,
-            )
-            text = self._text(op.value, op.index)
+            if op.ttl is None:
+                rows[ns, key] = Row(ns, key, _value_text(op.value), now, now)
+            else:
+                ttl = float(op.ttl)
+                rows[ns, key] = Row(ns, key, _value_text(op.value), now, now, now + ttl * 60, ttl)
+            text = self._text(op.value, op.index) if self._indexed else ""
             if text:
                 docs[ns, key] = {
                     "session_id": f"{AGENT}/{uuid.uuid4().hex}",  # no neighbours
