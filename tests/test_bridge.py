@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("greenlet")
 
-from ctxkeep import _bridge  # noqa: E402
+from ctxkeep import _bridge
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
 
