@@ -535,10 +535,11 @@ class Run:
         }
 
 
-def worker_spread(lines: list[str]) -> dict[str, Any]:
-    """How the access log's ``lines`` of the timed requests spread over the workers: the
-    requests each answered (most first), and the share of them answered after the first
-    worker to run out of clients answered its last (``tail``), while it had nothing to do.
+def worker_spread(lines: list[str], method: str = "POST") -> dict[str, Any]:
+    """How the access log's ``lines`` of the timed requests (``method``: the workload's
+    are POSTs) spread over the workers: the requests each answered (most first), and the
+    share of them answered after the first worker to run out of clients answered its last
+    (``tail``), while it had nothing to do.
 
     Each client keeps its connection, and the kernel hands connections to the workers'
     sockets by a hash of their addresses: 50 clients split 25/25 on average but 30/20 often,
@@ -553,7 +554,7 @@ def worker_spread(lines: list[str]) -> dict[str, Any]:
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("event") == "request" and record.get("method") == "POST":
+        if record.get("event") == "request" and record.get("method") == method:
             order.append(int(record["pid"]))
     counts = Counter(order)
     if not order:
@@ -865,6 +866,8 @@ def serve(url: str, log: Path, workers: int, threads: int, factory: str | None) 
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base, proc, log)
+        if workers > 1:
+            _wait_workers(base, workers, log)
         yield Server(base, proc, log)
     finally:
         proc.terminate()
@@ -887,6 +890,26 @@ def _wait_healthy(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
                 return
         time.sleep(0.1)
     sys.exit(f"error: the server did not answer in 60 s:\n{log.read_text()[-3000:]}")
+
+
+def _wait_workers(base: str, workers: int, log: Path) -> None:
+    """Wait until each of the ``workers`` has answered a request (in the access log).
+
+    ``/healthz`` answers once one worker listens; on a loaded machine the others were still
+    starting as the clients connected, and one run of 2 workers had every connection on
+    the first (5,000 requests to one pid). Each probe is a new connection, which the kernel
+    hands to any listening worker.
+    """
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        httpx.get(f"{base}/healthz", timeout=5)
+        answered = worker_spread(log.read_text(errors="replace").splitlines(), method="GET")
+        if len(answered.get("requests", ())) >= workers:
+            return
+        time.sleep(0.05)
+    sys.exit(f"error: {workers} workers did not all answer in 60 s:\n{log.read_text()[-3000:]}")
 
 
 def server_log_problems(log: Path) -> list[str]:
