@@ -325,6 +325,33 @@ def test_memory_pages_read_only_the_head_of_the_order_kept_through_writes(
         store.close()
 
 
+@pytest.mark.parametrize("bulk", [4, 10_000], ids=["rebuilt", "row-by-row"])
+def test_memory_batches_keep_the_order_whether_rebuilt_or_edited(
+    monkeypatch: pytest.MonkeyPatch, bulk: int
+) -> None:
+    monkeypatch.setattr(_store_items, "BULK_ORDER", bulk)
+    now = [1e9]
+    with CtxkeepStore("memory://", index=False, clock=lambda: now[0]) as store:
+        store.batch([PutOp(("u", f"n{i % 3}"), f"k{i}", {"i": i}) for i in range(40)])
+        now[0] += 1
+        store.batch(
+            [PutOp(("u", f"n{i % 3}"), f"k{i}", {"i": -i}) for i in range(0, 40, 3)]
+            + [PutOp(("u", f"n{i % 3}"), f"k{i}", None) for i in range(1, 40, 5)]
+            + [PutOp(("v",), f"k{i}", {"i": i}) for i in range(6)]
+        )
+        now[0] += 1
+        items = store._items
+        assert isinstance(items, _store_items.MemoryItems)
+        row = _store_items.Row
+        again = [(("v", f"k{i}"), row("v", f"k{i}", "{}", 1, now[0])) for i in range(5)]
+        # each key twice in one write (deleted, then put): its last row is placed, once
+        gone: list[tuple[Any, Any]] = [((ns, key), None) for (ns, key), _ in again]
+        items.write(gone + again, now[0])
+        rows = sorted(items._rows.values(), key=lambda r: (-r.updated_at, r.namespace, r.key))
+        assert [(ns, key) for _, ns, key in items._order] == [r.address for r in rows]
+        assert len(rows) == 40 - 8 + 6
+
+
 @pytest.mark.parametrize("store", KINDS, indirect=True)
 def test_a_prefix_takes_its_namespace_and_those_below_it_only(store: CtxkeepStore) -> None:
     spaces = [("u",), ("u", "x"), ("u", "x", "é"), ("u-x",), ("u/",), ("u/x",), ("u0",)]

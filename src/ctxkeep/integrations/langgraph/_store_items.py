@@ -72,6 +72,10 @@ is full (0.07 ms). PostgreSQL's manual says the same of bulk loads ("Populating 
 run ``ANALYZE`` afterwards). It runs inside the write's transaction, whose own rows it
 counts; a role that does not own the table gets a warning, not an error."""
 
+BULK_ORDER = 256
+"""Rows of one ``memory://`` write from which its order is rebuilt, not edited row by row
+(:meth:`MemoryItems._reorder`)."""
+
 ROWS_PER_INSERT = 100
 """Rows per ``INSERT`` of a batch on SQLite (800 parameters: within the 999 of SQLite builds
 before 3.32, as :data:`CHUNK`)."""
@@ -384,21 +388,42 @@ class MemoryItems(Items):
     def write(
         self, puts: Sequence[tuple[Key, Row | None]], now: float, conn: Any = None
     ) -> list[Row]:
-        """Store the merged rows."""
+        """Store the merged rows, then place them in the order (:meth:`_reorder`)."""
         replaced = []
         with self._lock:
+            before: dict[Key, Row | None] = {}
             for key, put in puts:
                 old = self._rows.get(key)
+                before.setdefault(key, old)
                 new = merged(old, put, now)
                 if new is None:
                     self._rows.pop(key, None)
                     self._decoded.pop(key, None)
                 else:
                     self._rows[key] = new
-                self._place(old, new)
                 if old is not None:
                     replaced.append(old)
+            self._reorder(before)
         return replaced
+
+    def _reorder(self, before: Mapping[Key, Row | None]) -> None:
+        """Keep :attr:`_order` as the rows of ``before`` (each key's row before the write, or
+        None) became the stored ones; under the lock. A few are placed one by one; from
+        :data:`BULK_ORDER` on, the order is rebuilt in one pass and one sort of the old order
+        with the new entries after it (a merge of two runs): a batch's rows, all newest, each
+        went to the head of the list, moving every entry behind it (0.8 -> 0.2 ms for 1,000
+        over 1,000).
+        """
+        if len(before) < BULK_ORDER:
+            for key, old in before.items():
+                self._place(old, self._rows.get(key))
+            return
+        gone = {(-r.updated_at, r.namespace, r.key) for r in before.values() if r is not None}
+        if gone:
+            self._order = [e for e in self._order if e not in gone]
+        rows = (self._rows.get(key) for key in before)
+        self._order += [(-r.updated_at, r.namespace, r.key) for r in rows if r is not None]
+        self._order.sort()
 
     def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
         """Set expiries of rows with a TTL."""
@@ -569,8 +594,9 @@ class SQLItems(Items):
         self, puts: Sequence[tuple[Key, Row | None]], now: float, conn: Any = None
     ) -> list[Row]:
         """Store the merged rows in one transaction (``conn``'s, if given): the stored rows
-        read by chunks of :data:`CHUNK` keys, the writes sent with ``executemany`` (a select
-        and an upsert per key made a fifth of a batch put of 1,000 items on PostgreSQL). One
+        read by chunks of :data:`CHUNK` keys, the writes sent in bulk (:meth:`_upserts`; a
+        select and an upsert per key made a fifth of a batch put of 1,000 items on
+        PostgreSQL). One
         put of its own on PostgreSQL is one statement (:data:`PG_PUT_ONE`, or a ``DELETE ...
         RETURNING``) in one round trip, where the transaction took four.
         """
