@@ -20,6 +20,7 @@ from typing import Any
 
 from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.integrations.langgraph._saver_common import (
+    EMPTY,
     META_KEY,
     Accept,
     Typed,
@@ -102,6 +103,7 @@ _WRITE_UPDATE = (
     "channel = excluded.channel, type = excluded.type, blob = excluded.blob, "
     "task_path = excluded.task_path"
 )
+_WRITE_READ_COLS = "task_id, idx, channel, type, blob, task_path"
 _JOINED_WRITE_COLS = "w.task_id, w.idx, w.channel, w.type, w.blob, w.task_path"
 _LATEST = (
     f"(checkpoint_ns, checkpoint_id) NOT IN (SELECT checkpoint_ns, max(checkpoint_id) FROM {_CP} "
@@ -173,39 +175,29 @@ class _SQLBackend(_Backend):
     """Whether an ``INSERT`` may run inside a ``WITH`` of another (PostgreSQL's data-modifying
     ``WITH``; SQLite has none): a checkpoint and its blobs then go in one statement."""
 
-    join_writes = True
-    """Whether :meth:`read_one` joins a checkpoint's writes to it (one round trip fewer on a
-    server); SQLite reads them by a statement of their own (the join took it longer)."""
-
     def __init__(self, db: Database, param: str) -> None:
         self.db = db
         self.param = param
-        # get_tuple's statements, written once: by id and the newest, each with its writes
-        # joined (join_writes) or alone; the writes of one checkpoint.
+        # get_tuple's statements, written once, by id and the newest: the checkpoint's row,
+        # then its writes' rows (the row's columns NULL), the values read once (a join would
+        # repeat them with each write).
         key = "thread_id = ? AND checkpoint_ns = ?"
-        by_id = f"SELECT {_CP_COLS} FROM {_CP} WHERE {key} AND checkpoint_id = ?"
-        newest = f"SELECT {_CP_COLS} FROM {_CP} WHERE {key} ORDER BY checkpoint_id DESC LIMIT 1"
-        if self.join_writes:
-            by_id, newest = (
-                self._sql(
-                    f"WITH c AS ({sql}) SELECT c.*, {_JOINED_WRITE_COLS} FROM c "
-                    f"LEFT JOIN {_WRITES} w ON w.thread_id = c.thread_id "
-                    "AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id"
-                )
-                for sql in (by_id, newest)
+        newest = f"(SELECT max(checkpoint_id) FROM {_CP} WHERE {key})"
+        self._one_sql = tuple(
+            self._sql(
+                f"SELECT {_CP_COLS}, {', '.join(['NULL'] * 6)} FROM {_CP} "
+                f"WHERE {key} AND checkpoint_id = {cid} UNION ALL "
+                f"SELECT {', '.join(['NULL'] * _CP_N)}, {_WRITE_READ_COLS} FROM {_WRITES} "
+                f"WHERE {key} AND checkpoint_id = {cid}"
             )
-        self._one_sql = (self._sql(by_id), self._sql(newest))
+            for cid in ("?", newest)
+        )
         self._one_blobs_sql: dict[tuple[int, int], str] = {}  # by (channels, versions)
-        self._writes_and_blobs_sql: dict[tuple[int, int], str] = {}  # likewise
         self._put_blobs_sql: dict[int, str] = {}  # by the number of blobs
         self._put_writes_cache: dict[int, str] = {}  # by the number of writes
         self._put_sql = self._sql(
             f"INSERT INTO {_CP} ({_CP_COLS}) VALUES ({_marks(_CP_N)}) ON CONFLICT "
             f"(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET {_CP_UPDATE}"
-        )
-        self._one_writes_sql = self._sql(
-            f"SELECT task_id, idx, channel, type, blob, task_path FROM {_WRITES} "
-            f"WHERE {key} AND checkpoint_id = ?"
         )
 
     def _sql(self, sql: str) -> str:
@@ -349,7 +341,10 @@ class _SQLBackend(_Backend):
         picked: list[tuple[_Row, dict[str, str], Any]] = []
         joined: list[_Write] = []
         with self._read_tx("read LangGraph checkpoints") as conn:
-            for r in conn.execute(self._sql(sql), tuple(params)).fetchall():
+            # Row by row, each row's bytes let go once decoded: a list of a thread whose rows
+            # hold its values does not keep them all twice, encoded and decoded (it took twice
+            # as long so).
+            for r in conn.execute(self._sql(sql), tuple(params)):
                 if one and r[_CP_N] is not None:
                     joined.append(_write(r[_CP_N:]))
                 if one and picked:
@@ -358,7 +353,7 @@ class _SQLBackend(_Backend):
                 accepted = accept(row)
                 if accepted is None:
                     continue
-                picked.append((row, *accepted))
+                picked.append((row._replace(checkpoint=EMPTY, metadata=EMPTY), *accepted))
                 if not one and query.limit is not None and len(picked) >= query.limit:
                     break
             blob_reads = self._blob_reads(conn, picked)
@@ -393,9 +388,8 @@ class _SQLBackend(_Backend):
         self, thread_id: str, ns: str, checkpoint_id: str | None, accept: Accept
     ) -> list[_Loaded]:
         """One checkpoint of a thread and namespace (``checkpoint_id``, else the newest),
-        what ``get_tuple`` reads: its row (with its writes joined where ``join_writes``), then
-        its blobs in one statement (with its writes, where they were not joined); statements
-        written once.
+        what ``get_tuple`` reads: its row and its writes in one statement, then the blobs of
+        its large unchanged values, if it has any (statements written once).
 
         Read outside a transaction, each statement its own snapshot, with no ``BEGIN`` and
         ``COMMIT`` to send (two round trips of four on PostgreSQL). Blobs are never changed
@@ -423,55 +417,28 @@ class _SQLBackend(_Backend):
         strict: bool,
     ) -> list[_Loaded] | None:
         """:meth:`read_one` on ``conn``; ``None`` if ``strict`` and a blob is missing."""
-        key: tuple[str, ...] = (thread_id, ns)
         by_id, newest = self._one_sql
         if checkpoint_id is None:
-            rows = conn.execute(newest, key).fetchall()
+            rows = conn.execute(newest, (thread_id, ns) * 4).fetchall()
         else:
-            rows = conn.execute(by_id, (*key, checkpoint_id)).fetchall()
-        if not rows:
+            rows = conn.execute(by_id, (thread_id, ns, checkpoint_id) * 2).fetchall()
+        found = [r for r in rows if r[0] is not None]
+        if not found:
             return []
-        row = _row(rows[0])
+        row = _row(found[0])
         accepted = accept(row)
         if accepted is None:
             return []
         versions, decoded = accepted
+        writes = [_write(r[_CP_N:]) for r in rows if r[0] is None]
         blobs: dict[str, Typed] = {}
-        if self.join_writes:
-            writes = [_write(w[_CP_N:]) for w in rows if w[_CP_N] is not None]
-            for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
-                for ch, ver, kind, b in cur.fetchall():
-                    if versions.get(ch) == ver:
-                        blobs[ch] = (kind, bytes(b))
-        else:
-            # The writes and the blobs in one statement: a blob's row has no task id.
-            sql, params = self._writes_and_blobs(row, versions)
-            writes = []
-            for w in conn.execute(sql, params).fetchall():
-                if w[0] is not None:
-                    writes.append(_write(w))
-                elif versions.get(w[2]) == w[1]:
-                    blobs[w[2]] = (w[3], bytes(w[4]))
+        for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
+            for ch, ver, kind, b in cur.fetchall():
+                if versions.get(ch) == ver:
+                    blobs[ch] = (kind, bytes(b))
         if strict and len(blobs) < len(versions):
             return None
         return [_Loaded(row=row, decoded=decoded, blobs=blobs, writes=writes)]
-
-    def _writes_and_blobs(self, row: _Row, versions: dict[str, str]) -> tuple[str, tuple[Any, ...]]:
-        """One statement reading a checkpoint's writes (columns as :func:`_write` takes them)
-        and the blobs of its channel versions (rows of ``NULL, version, channel, type, blob,
-        NULL``): a statement fewer than reading them apart (SQLite's :meth:`read_one`).
-        """
-        key = (row.thread_id, row.checkpoint_ns, row.checkpoint_id)
-        if not versions:
-            return self._one_writes_sql, key
-        shape, where, params = _one_blobs_where(row, versions)
-        sql = self._writes_and_blobs_sql.get(shape)
-        if sql is None:
-            sql = self._writes_and_blobs_sql[shape] = self._sql(
-                f"{self._one_writes_sql} UNION ALL "
-                f"SELECT NULL, version, channel, type, blob, NULL FROM {_BLOBS} WHERE {where}"
-            )
-        return sql, (*key, *params)
 
     def _blob_reads(
         self, conn: Any, picked: list[tuple[_Row, dict[str, str], Any]]
@@ -610,7 +577,6 @@ class _SQLBackend(_Backend):
 
 
 class _SQLiteBackend(_SQLBackend):
-    join_writes = False
     writable_with = False
 
     def __init__(self, path: str) -> None:

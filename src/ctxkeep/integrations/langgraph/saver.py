@@ -224,18 +224,22 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
 
     def _tuple(self, loaded: _Loaded, checkpoint: Checkpoint, metadata: Any) -> CheckpointTuple:
         row = loaded.row
-        values = {
-            **(checkpoint.get("channel_values") or {}),  # those held in the row
-            **{
-                ch: self._load(v, f"value of channel {ch!r}")
-                for ch, v in loaded.blobs.items()
-                if v[0] != EMPTY[0]
-            },
-        }
+        if loaded.blobs or "channel_values" not in checkpoint:  # else all in the row, decoded
+            checkpoint = {
+                **checkpoint,
+                "channel_values": {
+                    **(checkpoint.get("channel_values") or {}),
+                    **{
+                        ch: self._load(v, f"value of channel {ch!r}")
+                        for ch, v in loaded.blobs.items()
+                        if v[0] != EMPTY[0]
+                    },
+                },
+            }
         writes = sorted(loaded.writes, key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
         return CheckpointTuple(
             config=_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id),
-            checkpoint={**checkpoint, "channel_values": values},
+            checkpoint=checkpoint,
             metadata=cast(CheckpointMetadata, metadata),
             parent_config=(
                 _config(row.thread_id, row.checkpoint_ns, row.parent_id) if row.parent_id else None
