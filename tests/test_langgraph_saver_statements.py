@@ -95,6 +95,22 @@ def test_a_missing_blob_is_read_again_in_one_snapshot(
     assert [q.split()[0] for q in ran].count("BEGIN") == 1
 
 
+def test_a_sqlite_error_of_a_statement_is_a_storage_error(
+    traced: tuple[CtxkeepSaver, list[str]], tmp_path: Path
+) -> None:
+    """The statements run outside a transaction translate the driver's errors too."""
+    from ctxkeep.errors import StorageError
+
+    s, _ = traced
+    cfg = _first(s)
+    with closing(sqlite3.connect(tmp_path / "lg.db")) as conn, conn:
+        conn.execute("DROP TABLE ctxkeep_lg_writes")
+    with pytest.raises(StorageError, match="put LangGraph writes: no such table"):
+        s.put_writes(cfg, [("messages", ["a"])], "task-1")
+    with pytest.raises(StorageError, match="read a LangGraph checkpoint: no such table"):
+        s.get_tuple(cfg)
+
+
 def test_writes_many_and_special_keep_their_rules(saver: CtxkeepSaver) -> None:  # noqa: F811
     """A regular write stored under (task, idx) is kept; a special one is replaced, the last
     of one call winning; more writes than one statement holds are all stored."""

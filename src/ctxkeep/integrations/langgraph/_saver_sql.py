@@ -588,10 +588,30 @@ class _SQLiteBackend(_SQLBackend):
     def _read_tx(self, doing: str) -> AbstractContextManager[Any]:
         return self.client.tx(doing, immediate=False)  # a deferred BEGIN: a WAL snapshot
 
-    @contextmanager
-    def _auto(self, doing: str) -> Iterator[Any]:
-        with self.client.errors(doing):
-            yield self.client.conn()  # isolation_level=None: autocommit
+    def _auto(self, doing: str) -> AbstractContextManager[Any]:
+        return _SQLiteAuto(self.client, doing)
+
+
+class _SQLiteAuto:
+    """This thread's SQLite connection (``isolation_level=None``: autocommit) for a block;
+    a ``sqlite3`` error raised in it translated by the client's ``errors``, entered only
+    then. A plain class: the two nested generator context managers it replaces cost a step
+    (three blocks) about 20 µs, a tenth of it (issue 26).
+    """
+
+    __slots__ = ("_client", "_doing")
+
+    def __init__(self, client: Any, doing: str) -> None:
+        self._client = client
+        self._doing = doing
+
+    def __enter__(self) -> Any:
+        return self._client.conn()
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            with self._client.errors(self._doing):
+                raise exc
 
 
 class _PostgresBackend(_SQLBackend):
