@@ -276,8 +276,8 @@ def migrations(d: Dialect) -> list[str]:
         # about a twentieth of a page; a record of a tool output runs to kilobytes). A WITHOUT
         # ROWID leaf keeps at most about 1 kB of a row, the rest in overflow pages of its own,
         # and splits where a rowid table's last leaf just fills: a one-message append of the
-        # demo's items wrote 4.3 pages of the table, now 1.7 (8.9 -> 7.3 WAL pages in all, and
-        # less CPU); a pop writes one page more (the key's index).
+        # demo's items wrote 4.3 pages of the table, now 1.7 (8.9 -> 7.3 WAL pages in all; CPU
+        # within the noise); a pop writes one page more (the key's index): 4 -> 5.
         d.rowid_messages,
     ]
 
