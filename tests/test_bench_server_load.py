@@ -130,3 +130,17 @@ def test_a_clients_script_mixes_every_kind_and_tags_each_message_once(bench: Mod
     assert units, "no tool call with its result among the shared appends"
     for unit in units:
         assert {tc.id for tc in unit[0].tool_calls} == {m.tool_call_id for m in unit[1:]}
+
+
+def test_the_worker_spread_counts_each_pids_posts_and_the_tail_after_the_first_ran_out(
+    bench: ModuleType,
+) -> None:
+    def line(pid: int, method: str = "POST") -> str:
+        return json.dumps({"event": "request", "method": method, "pid": pid})
+
+    lines = [line(1), line(2), line(1), "INFO: not a request", line(2), line(2, "GET")]
+    lines += [line(1), line(1), line(1)]
+    # pid 2 answered its last POST 4th of 7: the 3 after it pid 1 answered alone
+    assert bench.worker_spread(lines) == {"requests": [5, 2], "tail": 3 / 7}
+    assert bench.worker_spread(lines, method="GET") == {"requests": [1], "tail": 0.0}
+    assert bench.worker_spread([]) == {}
