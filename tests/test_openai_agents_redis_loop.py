@@ -214,3 +214,25 @@ def test_without_greenlet_a_redis_session_runs_in_a_thread(
 
     assert asyncio.run(main()) == _items(2, "x")[-1]
     assert threads and threading.get_ident() not in threads
+
+
+def test_clear_session_sent_by_redis_py_runs_off_the_loop(
+    mem: MemoryManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = CtxkeepSession("conv", memory=mem)
+    asyncio.run(session.add_items(_items(2, "x")))
+    threads: list[int] = []
+    delete = mem.delete_session
+
+    def watched(session_id: str) -> Any:
+        threads.append(threading.get_ident())
+        return delete(session_id)
+
+    monkeypatch.setattr(mem, "delete_session", watched)
+
+    async def main() -> list[Any]:
+        await session.clear_session()
+        return await session.get_items()
+
+    assert asyncio.run(main()) == []
+    assert threads and threading.get_ident() not in threads

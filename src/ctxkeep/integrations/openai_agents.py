@@ -200,7 +200,7 @@ class CtxkeepSession:
 
     async def clear_session(self) -> None:
         """Delete the history (the ctxkeep session; the next add creates it again)."""
-        await self._run(self._clear)
+        await self._run(self._clear, in_thread=True)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -213,9 +213,9 @@ class CtxkeepSession:
             if worker is not None:
                 worker.shutdown(wait=False)
 
-    # -- sync work, run in a thread ---------------------------------------------------------
+    # -- sync work, off the event loop or awaited in it ---------------------------------------
 
-    async def _run(self, fn: Callable[..., _T], /, *args: Any) -> _T:
+    async def _run(self, fn: Callable[..., _T], /, *args: Any, in_thread: bool = False) -> _T:
         """``fn(*args)`` without blocking the event loop on the store.
 
         Where the store's round trips can be awaited (:func:`_awaits`: Redis), in the
@@ -223,14 +223,14 @@ class CtxkeepSession:
         trip awaited, no hop to a thread and back (about 125 us a call). The calls of one
         session in one loop take turns, as ``fn`` holds the session's locks across its
         round trips; a call from another thread's loop waits for those locks as a thread
-        would. ``clear_session`` (sent by redis-py, which would block the loop) still
-        runs in a thread. Elsewhere off the loop: in the store's own worker thread where
-        it has one (:func:`_worker_for`), else in asyncio's default pool
-        (``asyncio.to_thread``).
+        would. ``in_thread``: ``fn`` sends through redis-py (``clear_session``), which
+        would block the loop: it runs in a thread, in its turn. Elsewhere off the loop: in
+        the store's own worker thread where it has one (:func:`_worker_for`), else in
+        asyncio's default pool (``asyncio.to_thread``).
         """
         if self._awaits:
             async with self._turn():
-                if fn == self._clear:  # sent by redis-py: it would block the loop
+                if in_thread:
                     return await asyncio.to_thread(fn, *args)
                 return await _bridge.run(fn, *args)
         if self._worker is None:
