@@ -236,3 +236,46 @@ def test_clear_session_sent_by_redis_py_runs_off_the_loop(
 
     assert asyncio.run(main()) == []
     assert threads and threading.get_ident() not in threads
+
+
+def test_what_redis_py_sends_for_a_bridged_call_leaves_the_loop_free(
+    redis_url: str, redis_prefix_factory: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's creation on its first add and a trim past ``max_history`` go through
+    redis-py's client, which has no awaited form: its round trips are sent from a thread
+    (``_bridge.blocking``), never from the loop's, which goes on meanwhile."""
+    config = MemoryConfig(max_history=4, session_ttl=None, max_sessions=None)
+    url = f"{redis_url}?{urlencode({'prefix': redis_prefix_factory()})}"
+    senders: list[int] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def watched(self: Any, command: Any, check_health: bool = True) -> None:
+        senders.append(threading.get_ident())
+        send(self, command, check_health)
+
+    with open_memory(url, config) as memory:
+        session = CtxkeepSession("conv", memory=memory)
+        monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", watched)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0)
+                ticks += 1
+
+        async def main() -> list[Any]:
+            ticker = asyncio.ensure_future(tick())
+            try:
+                await session.add_items(_items(3, "a"))  # creates the session
+                for k in range(4):  # past max_history: trimmed
+                    await session.add_items(_items(1, f"b{k}"))
+                return await session.get_items()
+            finally:
+                ticker.cancel()
+
+        loop_thread = threading.get_ident()
+        assert asyncio.run(main()) == [item for k in range(4) for item in _items(1, f"b{k}")]
+    assert senders, "redis-py sent nothing: the test no longer reaches its paths"
+    assert loop_thread not in senders
+    assert ticks > 0

@@ -12,15 +12,17 @@ the wait differs. This is SQLAlchemy's asyncio bridge (``greenlet_spawn`` / ``aw
 What it asks of the code it runs: no lock may be held across a round trip that another
 greenlet of the same thread would wait for (it would wait forever, the loop being that
 thread): callers serialise the calls that share such a lock (one asyncio lock per session
-and loop in the Agents SDK adapter). I/O the code does by other means (redis-py's own
-client, for the rare paths: a session's creation, a trim, a migration) is not awaited: it
-blocks the loop for its round trip, as it would block a thread.
+and loop in the Agents SDK adapter). I/O the code does by other means goes through
+:func:`blocking`, which sends it from a thread and awaits that: ctxkeep's redis-py client
+does so for the rare paths that have no awaited form (a session's creation, a trim, an
+eviction), so the loop is never blocked on a round trip.
 
 Without the ``greenlet`` package, :data:`AVAILABLE` is False and callers keep to a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import sys
 import threading
@@ -37,7 +39,7 @@ T = TypeVar("T")
 AVAILABLE = greenlet is not None
 """Whether :func:`run` can run anything (the ``greenlet`` package is installed)."""
 
-__all__ = ["AVAILABLE", "IDLE", "bridged", "run", "wait"]
+__all__ = ["AVAILABLE", "IDLE", "blocking", "bridged", "run", "wait"]
 
 
 IDLE = 8
@@ -96,6 +98,36 @@ def wait(awaitable: Awaitable[T]) -> T:
     if type(current) is not _Bridged:
         raise RuntimeError("ctxkeep._bridge.wait outside ctxkeep._bridge.run")
     return current.parent.switch(awaitable)  # type: ignore[no-any-return]
+
+
+def blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, a call that blocks on I/O: in code :func:`run` runs, sent to a
+    thread and awaited there, so that the loop goes on meanwhile; elsewhere called here.
+
+    A cancellation while the thread runs waits for it to finish (``fn`` may hold a
+    connection the caller's cleanup uses next) and is then raised at this call.
+    """
+    if not bridged():
+        return fn(*args, **kwargs)
+    return wait(_finished(fn, args, kwargs))
+
+
+async def _finished(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    """``fn``'s outcome from a thread, waited for to the end even when cancelled."""
+    done = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    cancelled = False
+    while not done.done():
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            cancelled = True  # wait on: fn runs to its end in its thread
+        except BaseException:  # fn's own error: done.result() raises it below
+            pass
+    if cancelled:
+        if not done.cancelled():
+            done.exception()  # retrieved: the cancellation is what the caller sees
+        raise asyncio.CancelledError
+    return done.result()
 
 
 async def run(fn: Callable[..., T], /, *args: Any) -> T:

@@ -140,6 +140,38 @@ def describe_url(url: str) -> str:
     return f"{parsed.hostname}:{parsed.port or 6379}{parsed.path}"
 
 
+class _Client(redis.Redis):
+    """redis-py's client, whose round trips in code :func:`ctxkeep._bridge.run` runs in an
+    event loop are sent from a thread and awaited (:func:`ctxkeep._bridge.blocking`): what
+    has no awaited form (a session's creation, a trim, an eviction, a ``WATCH`` transaction)
+    does not block the loop. Elsewhere it is redis-py's client, unchanged.
+    """
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        return _bridge.blocking(super().execute_command, *args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
+        return _Pipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+class _Pipeline(Pipeline):
+    """:class:`_Client`'s pipeline: its sends (the queued commands, the immediate ones while
+    watching, the ``UNWATCH`` of a reset) awaited in the same way.
+    """
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        return _bridge.blocking(super().execute, raise_on_error)
+
+    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        return _bridge.blocking(super().immediate_execute_command, *args, **options)
+
+    def reset(self) -> None:  # type: ignore[override]  # Pipeline.reset, not RESET
+        if self.watching and self.connection is not None:  # it sends UNWATCH
+            _bridge.blocking(super().reset)
+        else:
+            super().reset()
+
+
 def connect(url: str) -> redis.Redis:
     """A client for a URL without ctxkeep's parameters (strings in, strings out).
 
@@ -148,7 +180,7 @@ def connect(url: str) -> redis.Redis:
 
     """
     try:
-        return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5)
+        return _Client.from_url(url, decode_responses=True, socket_connect_timeout=5)
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL: {exc}") from exc
 

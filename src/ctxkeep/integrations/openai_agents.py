@@ -223,8 +223,9 @@ class CtxkeepSession:
         trip awaited, no hop to a thread and back (about 125 us a call). The calls of one
         session in one loop take turns, as ``fn`` holds the session's locks across its
         round trips; a call from another thread's loop waits for those locks as a thread
-        would. ``in_thread``: ``fn`` sends through redis-py (``clear_session``), which
-        would block the loop: it runs in a thread, in its turn. Elsewhere off the loop: in
+        would. ``in_thread``: ``fn`` sends only through redis-py (``clear_session``), whose
+        round trips have no awaited form: it runs in a thread whole, in its turn (one hop,
+        not one per command). Elsewhere off the loop: in
         the store's own worker thread where it has one (:func:`_worker_for`), else in
         asyncio's default pool (``asyncio.to_thread``).
         """
@@ -410,7 +411,8 @@ def _awaits(memory: MemoryManager) -> bool:
     one round trip) go through a :class:`~ctxkeep._redis.Direct` that
     :attr:`~ctxkeep._redis.Direct.awaits`, with greenlet installed. The rest of what a call
     may send (a session's creation on its first add, a trim past ``max_history``, an
-    eviction) goes through redis-py's client and blocks the loop for its round trip.
+    eviction) goes through redis-py's client, which sends it from a thread and awaits that
+    (:func:`ctxkeep._bridge.blocking`): the loop is not blocked.
     """
     run = getattr(memory.backend, "_direct", None)  # RedisBackend's
     return _bridge.AVAILABLE and run is not None and bool(run.awaits)
