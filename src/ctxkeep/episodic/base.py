@@ -164,6 +164,8 @@ def _new_episode(i: int, item: Any, now: float) -> Episode:
         raise InvalidMessageError(f"episode {i} needs session_id, task_goal and summary", index=i)
     for name in ("session_id", "task_goal", "summary", "agent_id", "task_id"):
         v = item.get(name)
+        if type(v) is str and v.isascii() and "\x00" not in v:
+            continue  # what the checks below pass, without their calls (a batch's every item)
         if not isinstance(v, str) and (v is not None or name not in ("agent_id", "task_id")):
             raise bad(f"{name} must be a string" + (" or None" if name.endswith("_id") else ""))
         if isinstance(v, str):
@@ -736,9 +738,10 @@ class EpisodicMemoryStore(ABC):
         ``window`` neighbours'.
         """
         w, sw = self.config.window, self.config.self_weight
-        doc: Counter[str] = Counter()
-        for t in tokens[p]:
-            doc[t] += sw
+        doc = Counter(tokens[p])  # counted in C, then weighted (+= per token: 2x slower)
+        if sw != 1:
+            for t in doc:
+                doc[t] *= sw
         for q in list(range(max(0, p - w), p)) + list(range(p + 1, min(len(tokens), p + 1 + w))):
             doc.update(tokens[q])
         return doc

@@ -146,7 +146,13 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
             self._table.add(rows.tolist(), batch.tokens)
             self._live_rows = None
             for sid, start in touched.items():
-                self._rebuild_session(sid, start)
+                rows_of = self._sessions[sid]
+                if len(rows_of) == 1:  # a new session of one episode (each of a LangGraph
+                    # store's items): its own tokens, no neighbours (_grow made them -1)
+                    r = rows_of[0]
+                    self._set_doc(r, self.window_counts([self._tokens[r]], 0))
+                else:
+                    self._rebuild_session(sid, start)
 
     def _rows(self, f: EpisodeFilter) -> np.ndarray:
         with self._lock:
