@@ -113,7 +113,7 @@ class MemoryBackend(Backend):
 
     def append(self, session_id: str, batch: Append) -> list[int]:
         """Append under the lock."""
-        texts = [dumps(r) for r in batch.records]
+        texts = batch.encoded()
         with self._lock:
             s = self._sessions.get(session_id)
             if s is None:

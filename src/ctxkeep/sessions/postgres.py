@@ -137,7 +137,7 @@ class PostgresBackend(SQLBackend):
         if batch.replacing:
             self._known.forget(session_id)
             return super().append(session_id, batch)
-        texts = [dumps(r) for r in batch.records]
+        texts = batch.encoded()
         roles = [r["role"] for r in batch.records]
 
         def read() -> SessionInfo | None:

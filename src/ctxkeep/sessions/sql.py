@@ -389,7 +389,7 @@ class SQLBackend(Backend):
         ... RETURNING``, then the checks, the insert, and a second update only where the
         pending calls or the access time change (a check that raises rolls all back).
         """
-        texts = [dumps(r) for r in batch.records]
+        texts = batch.encoded()
         n, taken = len(texts), int(batch.replacing)
         with self.db.tx("append") as conn:
             # The counters move first: the row's state before the append is the one read
