@@ -124,11 +124,25 @@ class Row(NamedTuple):
         """The LangGraph item (a :class:`SearchItem` with ``score`` if ``search``), its value
         decoded afresh: the caller's to change.
         """
-        ns, value = _ns_tuple(self.namespace), loads(self.value)
-        created, updated = _stamp(self.created_at), _stamp(self.updated_at)
+        # built without the constructors (SearchItem's calls Item's, which checks each time
+        # for ISO text): half of building one; ITEM_SLOTS and a test keep to their slots
+        item = _new(SearchItem if search else Item)
+        item.value = loads(self.value)
+        item.key = self.key
+        item.namespace = _ns_tuple(self.namespace)
+        item.created_at = _stamp(self.created_at)
+        item.updated_at = _stamp(self.updated_at)
         if search:
-            return SearchItem(ns, self.key, value, created, updated, score)
-        return Item(value=value, key=self.key, namespace=ns, created_at=created, updated_at=updated)
+            item.score = score  # type: ignore[attr-defined]
+        return item
+
+
+_new = object.__new__
+ITEM_SLOTS = {
+    Item: ("value", "key", "namespace", "created_at", "updated_at"),
+    SearchItem: ("value", "key", "namespace", "created_at", "updated_at", "score"),
+}
+"""The slots :meth:`Row.item` sets of each class, which must be every slot it has."""
 
 
 @functools.lru_cache(maxsize=4096)

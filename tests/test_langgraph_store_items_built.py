@@ -1,0 +1,67 @@
+"""``Row.item`` builds LangGraph's ``Item`` and ``SearchItem`` without their constructors
+(setting the slots ``ITEM_SLOTS`` names): these tests hold that list to LangGraph's classes,
+so an upgrade that adds a slot or changes what the constructors store fails here, not in a
+user's code reading an unset attribute.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("langgraph")
+from langgraph.store.base import Item, SearchItem
+
+from ctxkeep.integrations.langgraph._store_items import ITEM_SLOTS, Row, _stamp
+
+
+def _slots(cls: type) -> set[str]:
+    return {s for c in cls.__mro__ for s in getattr(c, "__slots__", ())}
+
+
+@pytest.mark.parametrize("cls", [Item, SearchItem])
+def test_item_slots_are_every_slot_of_langgraphs_class(cls: type[Item]) -> None:
+    assert set(ITEM_SLOTS[cls]) == _slots(cls)
+    assert "__dict__" not in _slots(cls)  # no attribute beyond the slots to set
+
+
+ROW = Row("bench.u1", "k1", '{"text": "window seat", "n": [1, 2]}', 1.7e9, 1.7e9 + 5)
+
+
+def _fields(item: Item) -> dict[str, object]:
+    return {s: getattr(item, s) for s in _slots(type(item))}
+
+
+def test_a_row_item_equals_the_constructors() -> None:
+    built = ROW.item()
+    made = Item(
+        value={"text": "window seat", "n": [1, 2]},
+        key="k1",
+        namespace=("bench", "u1"),
+        created_at=_stamp(1.7e9),
+        updated_at=_stamp(1.7e9 + 5),
+    )
+    assert type(built) is Item
+    assert _fields(built) == _fields(made)
+    assert built == made
+
+
+def test_a_row_search_item_equals_the_constructors() -> None:
+    built = ROW.item(0.25, search=True)
+    made = SearchItem(
+        ("bench", "u1"),
+        "k1",
+        {"text": "window seat", "n": [1, 2]},
+        _stamp(1.7e9),
+        _stamp(1.7e9 + 5),
+        0.25,
+    )
+    assert type(built) is SearchItem
+    assert _fields(built) == _fields(made)
+    assert built.dict() == made.dict()
+
+
+def test_each_item_holds_a_value_of_its_own() -> None:
+    a, b = ROW.item(), ROW.item(0.5, search=True)
+    a.value["n"].append(3)
+    assert b.value == {"text": "window seat", "n": [1, 2]}
+    assert ROW.item().value == {"text": "window seat", "n": [1, 2]}
