@@ -42,7 +42,7 @@ def _as_ids(ids: Ids) -> np.ndarray:
     arr = np.asarray(ids)
     if arr.size == 0:
         return np.zeros(0, np.int64)
-    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":  # np.issubdtype took 1.4 us
         raise ConfigError(f"ids must be a 1-D integer array, got {arr.dtype} {arr.shape}")
     out = arr.astype(np.int64, copy=False)
     if int(out.min()) < 0:

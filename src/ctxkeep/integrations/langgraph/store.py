@@ -71,9 +71,9 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Literal
@@ -353,7 +353,7 @@ class CtxkeepStore(BaseStore):
             text = self._text(op.value, op.index) if self._indexed else ""
             if text:
                 docs[ns, key] = {
-                    "session_id": f"{AGENT}/{uuid.uuid4().hex}",  # no neighbours
+                    "session_id": f"{AGENT}/{os.urandom(16).hex()}",  # no neighbours
                     "task_goal": "",
                     "summary": text,
                     "metadata": {"namespace": list(_ns_tuple(ns)), "key": key},
