@@ -338,3 +338,32 @@ def test_postgres_folded_search_gives_the_scores_of_its_primitives(
             store.config = RetrievalConfig()
             nb = store._nb_rows(found)
             assert set(rows.tolist()) == set(found.tolist()) | (set(nb[nb >= 0].tolist()) & scope)
+
+
+def test_new_sessions_are_stored_as_looked_up_ones_without_a_look_up(
+    make_store: Callable[..., EpisodicMemoryStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``save_episodes(new_sessions=True)`` (how ``CtxkeepStore`` saves an item's episode,
+    each in a session of its own) reads neither stored episodes nor the sessions' ends, and
+    stores what a save that reads them stores.
+    """
+    data = [{**item, "session_id": f"own{i}"} for i, item in enumerate(episodes(2, 12, sessions=3))]
+    store = make_store()
+    looked = store.save_episodes(
+        [{**item, "session_id": "a-" + item["session_id"]} for item in data]
+    )
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("a new session was looked up")
+
+    monkeypatch.setattr(store, "_find_keys", refuse)
+    monkeypatch.setattr(store, "_tails", refuse)
+    fresh = store.save_episodes(
+        [{**item, "session_id": "b-" + item["session_id"]} for item in data], new_sessions=True
+    )
+    assert len(set(looked + fresh)) == 2 * len(data)
+    got = stored(store)
+    for sid, rows in got.items():
+        if sid.startswith("a-"):
+            assert rows == got["b-" + sid.removeprefix("a-")]
+    assert store.count() == 2 * len(data)

@@ -223,6 +223,9 @@ class NewEpisodes:
     """Their vectors, (len(episodes), dim)."""
     tokens: list[list[str]]
     """Their tokens."""
+    new_sessions: bool = False
+    """Every episode's session is new (see :meth:`EpisodicMemoryStore.save_episodes`): a
+    backend need not read the sessions' ends nor lock them."""
 
     def rows(self) -> Iterator[tuple[Episode, str, np.ndarray, list[str]]]:
         """``(episode, key, vector, tokens)`` of each new episode, in order."""
@@ -551,12 +554,20 @@ class EpisodicMemoryStore(ABC):
             ]
         )[0]
 
-    def save_episodes(self, episodes: Iterable[Mapping[str, Any]]) -> list[str]:
+    def save_episodes(
+        self, episodes: Iterable[Mapping[str, Any]], *, new_sessions: bool = False
+    ) -> list[str]:
         """Save many episodes in one batch (embedded together); returns their ids in order.
 
         Each item has ``session_id``, ``task_goal``, ``summary`` and optionally
         ``metadata``, ``agent_id``, ``task_id``, ``created_at``. Episodes of one session are
         kept in the order saved (that order defines neighbours).
+
+        ``new_sessions``: the caller vouches that no session of the batch holds an episode
+        yet (it made their ids, unique), so none is looked up: not the stored copies of the
+        episodes (their keys hold the session) nor the sessions' ends (``CtxkeepStore`` gives
+        each item a session of its own; on PostgreSQL these were two of a put's round trips).
+        A session that does hold episodes gets wrong neighbours and may hold duplicates.
 
         Raises:
             InvalidMessageError: a malformed item (nothing of the batch is stored).
@@ -572,7 +583,7 @@ class EpisodicMemoryStore(ABC):
             keys.append(content_key(e.session_id, e.task_goal, e.summary))
         if not new:
             return []
-        existing = self._find_keys(keys)
+        existing = {} if new_sessions else self._find_keys(keys)
         fresh_idx = [i for i, k in enumerate(keys) if k not in existing]
         # within the batch too
         seen: dict[str, int] = {}
@@ -586,7 +597,8 @@ class EpisodicMemoryStore(ABC):
             eps = [new[i] for i in unique_idx]
             vectors = self.embedder.embed_documents([e.text for e in eps])
             tokens = [tokenize(e.text) for e in eps]
-            self._insert(NewEpisodes(eps, [keys[i] for i in unique_idx], vectors, tokens))
+            kept = [keys[i] for i in unique_idx]
+            self._insert(NewEpisodes(eps, kept, vectors, tokens, new_sessions))
         out = []
         for k in keys:
             if k in existing:

@@ -279,13 +279,15 @@ class PostgresEpisodicStore(SQLStore):
             # LOCK_BUCKETS; a lock per session made a batch of 10,000 sessions run out of
             # the server's lock table), taken in one order, so no two batches wait for
             # each other's locks; pipelined (:meth:`transaction`) with the read of the
-            # sessions' ends (one round trip for both)
-            conn.execute(
-                "SELECT pg_advisory_xact_lock(%s, h) FROM (SELECT DISTINCT "
-                f"hashtext(s) & {LOCK_BUCKETS - 1} AS h "
-                "FROM unnest(%s::text[]) AS s ORDER BY h) AS l",
-                (LOCK_CLASS, sessions),
-            )
+            # sessions' ends (one round trip for both); new sessions (no other batch
+            # appends to them) need neither
+            if not batch.new_sessions:
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(%s, h) FROM (SELECT DISTINCT "
+                    f"hashtext(s) & {LOCK_BUCKETS - 1} AS h "
+                    "FROM unnest(%s::text[]) AS s ORDER BY h) AS l",
+                    (LOCK_CLASS, sessions),
+                )
             self._append(conn, batch)
 
     def _scope(

@@ -193,7 +193,7 @@ class SQLStore(EpisodicMemoryStore):
         a batch of 10,000 episodes of sessions of their own took 60,000 statements.
         """
         sessions = list(dict.fromkeys(e.session_id for e in batch.episodes))
-        tails = self._tails(conn, sessions)
+        tails = {} if batch.new_sessions else self._tails(conn, sessions)
         # per session: the first new position, the run of tokens from the first a window needs
         starts = {sid: tails[sid][-1][0] + 1 if sid in tails else 0 for sid in sessions}
         runs: dict[str, list[list[str]]] = {}

@@ -365,7 +365,9 @@ class CtxkeepStore(BaseStore):
         def save() -> dict[Key, str]:
             if not docs:
                 return {}
-            ids = dict(zip(docs, self.episodic.save_episodes(docs.values()), strict=True))
+            # each item's session is its own, made above: nothing of it to look up
+            saved = self.episodic.save_episodes(docs.values(), new_sessions=True)
+            ids = dict(zip(docs, saved, strict=True))
             for k, eid in ids.items():
                 rows[k] = rows[k]._replace(episode_id=eid)
             return ids
