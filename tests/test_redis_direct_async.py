@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,40 +21,14 @@ redis = pytest.importorskip(
 pytest.importorskip("greenlet")
 
 from ctxkeep import _bridge, _redis  # noqa: E402
-from ctxkeep._redis import Direct, LuaScript, direct  # noqa: E402
+from ctxkeep._redis import Direct, direct  # noqa: E402
 
 pytestmark = pytest.mark.redis
 
-__all__ = ["redis_url"]
+__all__ = ["client", "redis_url"]
 
-ECHO = "return {ARGV[1], 7}"
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[Any]:
-    """A client of its own (its pool counts only this test's connections)."""
-    made = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield made
-    made.close()
-
-
-def _script(client: Any, source: str = ECHO) -> LuaScript:
-    # a source of the test's own, so that its first run meets NOSCRIPT wherever it runs
-    return LuaScript(client, f"-- {uuid.uuid4().hex}\n{source}")
-
-
-def _taken(monkeypatch: pytest.MonkeyPatch, pool: Any) -> list[Any]:
-    """The connections the pool hands out from now on."""
-    taken: list[Any] = []
-    get = pool.get_connection
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        conn = get(*args, **kwargs)
-        taken.append(conn)
-        return conn
-
-    monkeypatch.setattr(pool, "get_connection", counting)
-    return taken
+# the sync tests' helpers and client fixture: the awaited calls are checked as the sync ones
+from test_redis_direct import ECHO, _script, _taken, client  # noqa: E402
 
 
 def _no_threads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -366,25 +366,10 @@ class Direct:
         """
         if not self.awaits:
             return await asyncio.to_thread(self, *command)
-        packed = self._pack(command)
-        for attempt in (1, 2):
-            conn = await self._atake()
-            done = False
-            try:
-                (answer,) = await self._exchange(conn, packed, 1)
-                done = True
-            except (redis.ConnectionError, redis.TimeoutError):
-                if attempt == 2:
-                    raise
-                continue
-            finally:
-                if not done:
-                    conn.disconnect()
-                self._give(conn)
-            if isinstance(answer, redis.ResponseError):
-                raise answer  # a whole error reply: the connection is clean
-            return answer
-        raise AssertionError("unreachable")  # pragma: no cover
+        (answer,) = await self._aexchange(self._pack(command), 1)
+        if isinstance(answer, redis.ResponseError):
+            raise answer  # a whole error reply: the connection is clean
+        return answer
 
     async def atransaction(self, *commands: Sequence[EncodableT]) -> list[Any]:
         """:meth:`transaction` awaited in the running event loop (see the class
@@ -393,12 +378,22 @@ class Direct:
         """
         if not self.awaits:
             return await asyncio.to_thread(self.transaction, *commands)
-        packed = self._pack_transaction(commands)
+        replies = await self._aexchange(self._pack_transaction(commands), len(commands) + 2)
+        for reply in replies[:-1]:  # OK, then QUEUED for each command
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+        return _answers(replies[-1])
+
+    async def _aexchange(self, packed: bytes, replies: int) -> list[Any]:
+        """:meth:`_exchange` on a held connection (or a new one); a dropped connection or a
+        timeout sends ``packed`` once more on a new one. A connection cut short (an error,
+        a cancellation) is disconnected before it is given back.
+        """
         for attempt in (1, 2):
             conn = await self._atake()
             done = False
             try:
-                replies = await self._exchange(conn, packed, len(commands) + 2)
+                answers = await self._exchange(conn, packed, replies)
                 done = True
             except (redis.ConnectionError, redis.TimeoutError):
                 if attempt == 2:
@@ -408,10 +403,7 @@ class Direct:
                 if not done:
                     conn.disconnect()
                 self._give(conn)
-            for reply in replies[:-1]:  # OK, then QUEUED for each command
-                if isinstance(reply, redis.ResponseError):
-                    raise reply
-            return _answers(replies[-1])
+            return answers
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _exchange(self, conn: Any, packed: bytes, replies: int) -> list[Any]:
