@@ -343,7 +343,7 @@ def test_postgres_folded_search_gives_the_scores_of_its_primitives(
 def test_new_sessions_are_stored_as_looked_up_ones_without_a_look_up(
     make_store: Callable[..., EpisodicMemoryStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``save_episodes(new_sessions=True)`` (how ``CtxkeepStore`` saves an item's episode,
+    """``_save_episodes(new_sessions=True)`` (how ``CtxkeepStore`` saves an item's episode,
     each in a session of its own) reads neither stored episodes nor the sessions' ends, and
     stores what a save that reads them stores.
     """
@@ -358,7 +358,7 @@ def test_new_sessions_are_stored_as_looked_up_ones_without_a_look_up(
 
     monkeypatch.setattr(store, "_find_keys", refuse)
     monkeypatch.setattr(store, "_tails", refuse)
-    fresh = store.save_episodes(
+    fresh = store._save_episodes(
         [{**item, "session_id": "b-" + item["session_id"]} for item in data], new_sessions=True
     )
     assert len(set(looked + fresh)) == 2 * len(data)

@@ -554,25 +554,29 @@ class EpisodicMemoryStore(ABC):
             ]
         )[0]
 
-    def save_episodes(
-        self, episodes: Iterable[Mapping[str, Any]], *, new_sessions: bool = False
-    ) -> list[str]:
+    def save_episodes(self, episodes: Iterable[Mapping[str, Any]]) -> list[str]:
         """Save many episodes in one batch (embedded together); returns their ids in order.
 
         Each item has ``session_id``, ``task_goal``, ``summary`` and optionally
         ``metadata``, ``agent_id``, ``task_id``, ``created_at``. Episodes of one session are
         kept in the order saved (that order defines neighbours).
 
-        ``new_sessions``: the caller vouches that no session of the batch holds an episode
-        yet (it made their ids, unique), so none is looked up: not the stored copies of the
-        episodes (their keys hold the session) nor the sessions' ends (``CtxkeepStore`` gives
-        each item a session of its own; on PostgreSQL these were two of a put's round trips).
-        A session that does hold episodes gets wrong neighbours and may hold duplicates.
-
         Raises:
             InvalidMessageError: a malformed item (nothing of the batch is stored).
             InvalidTypeError: ``episodes`` is not an iterable.
 
+        """
+        return self._save_episodes(episodes, new_sessions=False)
+
+    def _save_episodes(
+        self, episodes: Iterable[Mapping[str, Any]], *, new_sessions: bool
+    ) -> list[str]:
+        """:meth:`save_episodes`; ``new_sessions``: the caller vouches that no session of
+        the batch holds an episode yet (it made their ids, unique), so none is looked up:
+        not the stored copies of the episodes (their keys hold the session) nor the
+        sessions' ends (``CtxkeepStore`` gives each item a session of its own; on
+        PostgreSQL these were two of a put's round trips). A session that does hold
+        episodes would get wrong neighbours and could hold duplicates: hence not public.
         """
         new: list[Episode] = []
         keys: list[str] = []

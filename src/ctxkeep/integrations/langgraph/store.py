@@ -366,7 +366,7 @@ class CtxkeepStore(BaseStore):
             if not docs:
                 return {}
             # each item's session is its own, made above: nothing of it to look up
-            saved = self.episodic.save_episodes(docs.values(), new_sessions=True)
+            saved = self.episodic._save_episodes(docs.values(), new_sessions=True)
             ids = dict(zip(docs, saved, strict=True))
             for k, eid in ids.items():
                 rows[k] = rows[k]._replace(episode_id=eid)
