@@ -1084,7 +1084,7 @@ class RedisBackend(Backend):
         """
         keys = self.keys
         script_keys = [*keys.own(session_id), keys.accessed, keys.expires]
-        records = [dumps(r) for r in batch.records]
+        records = batch.encoded()
         roles = [role_of(r) for r in batch.records]
         ids = [r.get("id") or "" for r in batch.records]
         now = repr(float(batch.now))
