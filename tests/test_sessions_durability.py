@@ -132,12 +132,16 @@ def _check_stored_batches(mem: MemoryManager, sid: str) -> int:
     """Assert the session holds whole batches 0..B-1, exactly as written, under gapless
     seqs; return B.
     """
-    rows = mem.backend.messages(sid)
+    # The row and its messages from one snapshot: the killed writer's last statement may still
+    # be running on the server (PostgreSQL finishes and commits an autocommit statement whose
+    # client has gone), so separate reads could see it land between them.
+    snap = mem.backend.read(sid)
+    assert snap is not None
+    info, rows = snap
     assert [seq for seq, _ in rows] == list(range(1, len(rows) + 1)), "seqs have a gap"
-    stored = mem.get_messages(sid)  # every record decodes, or this raises
-    info = mem.get_session(sid)
-    assert info.message_count == len(stored) and info.next_seq == len(stored) + 1
+    assert info.message_count == len(rows) and info.next_seq == len(rows) + 1
     assert info.pending == ()
+    stored = mem.get_messages(sid)[: len(rows)]  # every record decodes, or this raises
     b, i = 0, 0
     while i < len(stored):
         expected = batch(b)

@@ -6,7 +6,8 @@ picks a schema). An append is one transaction: ``SELECT ... FOR UPDATE`` locks t
 the manager's tool-call check runs, the messages are inserted under the next sequence numbers
 and the row is updated; concurrent writers queue on the row lock, so sequence numbers stay
 gapless. Once an append returns, its commit is durable by PostgreSQL's own guarantees
-(``synchronous_commit``, ``fsync``); a client killed mid-append leaves nothing behind.
+(``synchronous_commit``, ``fsync``); a client killed mid-append leaves the whole append or
+nothing (a statement the server already runs still commits after its client has gone).
 
 Messages are stored as the JSON text of their record (``TEXT``, not ``JSONB``): JSONB would
 reorder keys and normalise numbers, and ctxkeep compares messages by equality.
