@@ -85,7 +85,7 @@ def test_keys_cli_creates_lists_and_revokes(tmp_path: Path, cli: Callable[..., R
     assert made.returncode == 0, made.stderr
     created = json.loads(made.stdout)
     assert created["tenant"] == "acme" and created["key"].startswith("ck_")
-    app = create_app(db)
+    app = create_app(db, key_cache_seconds=0.3)
     with TestClient(app) as client:
         headers = {"Authorization": f"Bearer {created['key']}"}
         assert client.get("/v1/stats", headers=headers).status_code == 200
@@ -94,9 +94,71 @@ def test_keys_cli_creates_lists_and_revokes(tmp_path: Path, cli: Callable[..., R
         assert "active" in listed.stdout and created["key"] not in listed.stdout
         revoked = cli("keys", "--db", db, "revoke", created["key_id"])
         assert revoked.returncode == 0 and revoked.stdout.strip() == "revoked"
+        time.sleep(0.35)  # another process's revoke counts once the server's check expires
         assert client.get("/v1/stats", headers=headers).status_code == 401
     again = cli("keys", "revoke", created["key_id"], "--db", db)
     assert again.returncode == 1 and "no active key" in again.stdout
+
+
+def test_a_checked_key_is_trusted_for_the_cache_window_without_the_store(tmp_path: Path) -> None:
+    """What spares every request its key lookup (issue 28): a key that passed is taken from
+    memory for ``cache_seconds``, even after another process revoked it, and read again after.
+    """
+    db = f"sqlite:///{tmp_path}/k.db"
+    served, elsewhere = open_key_registry(db), open_key_registry(db)
+    try:
+        served.cache_seconds = 0.5
+        record, key = served.create("acme")
+        assert served.cached(key) is None  # never checked yet
+        assert served.authenticate(key) == record and served.cached(key) == record
+        assert elsewhere.revoke(record.key_id)  # another process: this one cannot know
+        assert served.cached(key) == record
+        time.sleep(0.55)
+        assert served.cached(key) is None and served.authenticate(key) is None
+        assert served.cached(key) is None
+    finally:
+        served.close()
+        elsewhere.close()
+
+
+def test_a_key_revoked_through_the_server_is_refused_at_once() -> None:
+    registry = open_key_registry("memory://")
+    registry.cache_seconds = 60
+    record, key = registry.create("acme")
+    other, other_key = registry.create("acme")
+    assert registry.authenticate(key) == record and registry.authenticate(other_key) == other
+    assert registry.revoke(record.key_id)
+    assert registry.cached(key) is None and registry.authenticate(key) is None
+    assert registry.cached(other_key) == other  # only the revoked key is forgotten
+
+
+def test_failed_checks_and_an_uncached_registry_remember_nothing() -> None:
+    registry = open_key_registry("memory://")
+    record, key = registry.create("acme")
+    assert registry.authenticate(key) == record and registry.cached(key) is None  # cache off
+    registry.cache_seconds = 60
+    wrong = key[:-1] + ("A" if key[-1] != "A" else "B")
+    assert registry.authenticate(wrong) is None and registry.cached(wrong) is None
+
+
+def test_the_server_answers_from_its_key_cache_and_refuses_a_bad_window(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/srv.db"
+    registry = open_key_registry(db)
+    try:
+        record, key = registry.create("acme")
+        app = create_app(db, key_cache_seconds=60)
+        with TestClient(app) as client:
+            headers = {"Authorization": f"Bearer {key}"}
+            assert client.get("/v1/stats", headers=headers).status_code == 200
+            assert registry.revoke(record.key_id)  # not the server's registry
+            # Served from memory: the lookup the cache saves is not made.
+            assert client.get("/v1/stats", headers=headers).status_code == 200
+            assert app.state.ctxkeep.keys.cached(key) == record
+    finally:
+        registry.close()
+    for bad in (-1, float("inf"), "2"):
+        with pytest.raises(ConfigError, match="key_cache_seconds"):
+            create_app(db, key_cache_seconds=bad)  # type: ignore[arg-type]
 
 
 def test_keys_cli_refuses_bad_input_in_one_line(tmp_path: Path, cli: Callable[..., Ran]) -> None:

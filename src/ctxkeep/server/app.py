@@ -80,7 +80,7 @@ from ctxkeep.errors import (
 from ctxkeep.server import problems, routes_fabric, routes_memory
 from ctxkeep.server.deps import ServerState, Unauthorized, request_info
 from ctxkeep.server.inspector import router as inspector_router
-from ctxkeep.server.keys import KEY_PREFIX, KeyRegistry, open_key_registry
+from ctxkeep.server.keys import KEY_CACHE_SECONDS, KEY_PREFIX, KeyRegistry, open_key_registry
 from ctxkeep.server.models import APPEND_LIMIT, DEFAULT_MAX_APPEND_MESSAGES, Health, Problem
 from ctxkeep.server.protocol import DEFAULT_HEADER_TIMEOUT as DEFAULT_HEADER_TIMEOUT
 from ctxkeep.server.protocol import HeaderTimeout as HeaderTimeout
@@ -568,6 +568,7 @@ def create_app(
     metrics: bool = True,
     tracer_provider: TracerProvider | None = None,
     threads: int | None = None,
+    key_cache_seconds: float = KEY_CACHE_SECONDS,
 ) -> FastAPI:
     """The ctxkeep HTTP service over a storage URL.
 
@@ -600,6 +601,10 @@ def create_app(
             waits for a thread, as it would for a store connection: more threads than the
             store has connections only wait for one, and take the GIL from those that have one
             (``ctxkeep serve --threads``).
+        key_cache_seconds: how long a checked API key is trusted without reading the store
+            again (0: a read per request); a key revoked by another process (``ctxkeep keys
+            revoke``, another worker) is refused here within that time
+            (:mod:`ctxkeep.server.keys`).
 
     Returns:
         The FastAPI application; ``app.state.ctxkeep`` is its :class:`ServerState` (closed
@@ -616,6 +621,8 @@ def create_app(
     _check_positive("body_timeout", body_timeout, whole=False)
     if threads is not None:
         _check_positive("threads", threads, whole=True)
+    if key_cache_seconds != 0:
+        _check_positive("key_cache_seconds", key_cache_seconds, whole=False)
     url = db_url or default_url()
     observed = _open_metrics() if metrics else None
     tracer: Tracer | None = None
@@ -624,6 +631,7 @@ def create_app(
 
         tracer = tracing.tracer_of(tracer_provider)
     keys = open_key_registry(url)
+    keys.cache_seconds = key_cache_seconds
     try:
         if require_persistent_keys:
             refuse_volatile_keys(keys)

@@ -26,6 +26,14 @@ answers 401 (223 of 223 did, issue 25), with the tenants' data gone as well. A
 ``maxmemory-policy`` of ``allkeys-*`` may evict the hash under memory pressure. So
 :meth:`KeyRegistry.volatility` says why a store could lose its keys, and ``ctxkeep serve``
 refuses to start on such a Redis unless told ``--allow-volatile-redis``.
+
+A server trusts a key it has checked for :data:`KEY_CACHE_SECONDS` before reading it from the
+store again (:meth:`KeyRegistry.cached`): the lookup was one statement of every request, over a
+third of the statements of an append, and a thread hand-off before each route (issue 28). A key
+revoked through the same registry (the process that answers the revoke) is refused at once;
+one revoked by another process (``ctxkeep keys revoke``, another worker or host) is refused by
+this one within :data:`KEY_CACHE_SECONDS`. A key that fails its check is never remembered, so a
+key just created works at once everywhere.
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ from ctxkeep.errors import ConfigError
 KEY_PREFIX = "ck_"
 TENANT_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
+KEY_CACHE_SECONDS = 2.0
+"""How long a server process trusts a key it has checked (see the module docstring): at most
+this long after ``ctxkeep keys revoke`` another process still serves the key."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +124,33 @@ def key_id_of(token: str) -> str | None:
 
 
 class KeyRegistry(ABC):
-    """Where keys are kept. All methods are thread-safe."""
+    """Where keys are kept. All methods are thread-safe.
+
+    With :attr:`cache_seconds` above 0 (the server sets it), :meth:`authenticate` remembers
+    each key it passed, by the digest of the key (never the key itself), for that long, and
+    :meth:`cached` answers from that memory without the store.
+    """
+
+    def __init__(self) -> None:
+        self.cache_seconds = 0.0
+        """How long a checked key is remembered (0: not at all)."""
+        self._checked: dict[str, tuple[ApiKey, float]] = {}
+        """Digest of a key that passed -> its record and the monotonic time it expires."""
+        self._revocations = 0
+        """Revocations through this registry: a check that began before one is not kept."""
+        self._cache_lock = threading.Lock()
+
+    def cached(self, token: str) -> ApiKey | None:
+        """The live key ``token`` is, if :meth:`authenticate` passed it within the last
+        :attr:`cache_seconds` and it was not revoked here since; else None (then ask
+        :meth:`authenticate`). No I/O: a server calls it on its event loop.
+        """
+        if not self._checked:
+            return None
+        entry = self._checked.get(digest(token))
+        if entry is None or entry[1] <= time.monotonic():
+            return None
+        return entry[0]
 
     def create(self, tenant: str) -> tuple[ApiKey, str]:
         """A new key for ``tenant`` (created if new): its record and the key, shown once.
@@ -131,11 +168,17 @@ class KeyRegistry(ABC):
         key_id = key_id_of(token)
         if key_id is None:
             return None
+        revocations = self._revocations
         record = self._get(key_id)
         if record is None or record.revoked_at is not None:
             return None
-        if not hmac.compare_digest(record.digest, digest(token)):
+        hashed = digest(token)
+        if not hmac.compare_digest(record.digest, hashed):
             return None
+        if self.cache_seconds > 0:
+            with self._cache_lock:
+                if self._revocations == revocations:  # no revoke here raced the read
+                    self._checked[hashed] = (record, time.monotonic() + self.cache_seconds)
         return record
 
     def revoke(self, key_id: str) -> bool:
@@ -144,6 +187,11 @@ class KeyRegistry(ABC):
         if record is None or record.revoked_at is not None:
             return False
         self._put(replace(record, revoked_at=time.time()))
+        with self._cache_lock:
+            self._revocations += 1
+            for hashed, (known, _) in list(self._checked.items()):
+                if known.key_id == key_id:
+                    del self._checked[hashed]
         return True
 
     def list_keys(self, tenant: str | None = None) -> list[ApiKey]:
@@ -190,6 +238,7 @@ class MemoryKeyRegistry(KeyRegistry):
     """Keys in this process (for ``memory://``)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._keys: dict[str, ApiKey] = {}
         self._lock = threading.Lock()
 
@@ -218,6 +267,7 @@ class SQLiteKeyRegistry(KeyRegistry):
     def __init__(self, path: str | Path) -> None:
         from ctxkeep._sqlite import SQLiteClient
 
+        super().__init__()
         self.db = SQLiteClient(path, meta_key="server_keys", migrations=[_SQL_TABLE])
 
     def _put(self, record: ApiKey) -> None:
@@ -255,6 +305,7 @@ class PostgresKeyRegistry(KeyRegistry):
     def __init__(self, url: str) -> None:
         from ctxkeep._pg import PgClient
 
+        super().__init__()
         self.db = PgClient(
             url, name="ctxkeep-server-keys", meta_key="server_keys", migrations=[_SQL_TABLE],
             max_size=4,
@@ -315,6 +366,7 @@ class RedisKeyRegistry(KeyRegistry):
     def __init__(self, url: str) -> None:
         from ctxkeep._redis import RedisClient
 
+        super().__init__()
         self.client = RedisClient(url, meta_key="server_keys", migrations=[], params=("ttl_grace",))
         self.hash = f"{self.client.prefix}server:keys"
 
