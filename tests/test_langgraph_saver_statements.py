@@ -111,6 +111,34 @@ def test_a_sqlite_error_of_a_statement_is_a_storage_error(
         s.get_tuple(cfg)
 
 
+def test_a_list_reads_a_thread_s_writes_in_one_statement(
+    traced: tuple[CtxkeepSaver, list[str]],
+) -> None:
+    """An unfiltered list's checkpoints of a thread and namespace are one range of ids: their
+    writes come in one statement, not one per 400 ids (issue 26); a write to an id between
+    them with no checkpoint of its own is read and left out, and a filtered list still gets
+    each checkpoint's own writes."""
+    s, ran = traced
+    cfg = config("t", checkpoint_ns="")
+    for i in range(1, 902):
+        cp = checkpoint(str(uuid.UUID(int=2 * i)), step=i)
+        cfg = s.put(cfg, cp, {"step": i, "odd": i % 2}, dict(cp["channel_versions"]))
+        s.put_writes(cfg, [("step", i), ("messages", [str(i)])], "task-1")
+    orphan = config("t", checkpoint_ns="", checkpoint_id=str(uuid.UUID(int=21)))
+    s.put_writes(orphan, [("step", -1)], "task-9")
+    ran.clear()
+    got = list(s.list(config("t")))
+    assert len([q for q in ran if "FROM ctxkeep_lg_writes" in q]) == 1
+    assert len(got) == 901
+    for t in got:
+        step = t.metadata["step"]
+        assert t.checkpoint["id"] == str(uuid.UUID(int=2 * step))
+        assert t.pending_writes == [("task-1", "step", step), ("task-1", "messages", [str(step)])]
+    odd = list(s.list(config("t"), filter={"odd": 1}, limit=5))
+    assert [t.metadata["step"] for t in odd] == [901, 899, 897, 895, 893]
+    assert [t.pending_writes[0][2] for t in odd] == [901, 899, 897, 895, 893]
+
+
 def test_writes_many_and_special_keep_their_rules(saver: CtxkeepSaver) -> None:  # noqa: F811
     """A regular write stored under (task, idx) is kept; a special one is replaced, the last
     of one call winning; more writes than one statement holds are all stored."""

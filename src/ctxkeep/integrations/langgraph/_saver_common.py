@@ -29,6 +29,11 @@ Typed = tuple[str, bytes]
 EMPTY: Typed = ("empty", b"")
 """The blob of a channel that has a new version but no value (skipped when read)."""
 
+NO_BLOBS: dict[str, Any] = {}
+"""No channel versions to load, no blobs loaded: one shared empty dict, never changed, for
+the usual row, whose values are all in it (a new one per row of a ``list`` was an object
+more for the garbage collector to count)."""
+
 
 # -- rows, free of I/O ------------------------------------------------------------------------
 

@@ -83,6 +83,7 @@ from ctxkeep.errors import (
 )
 from ctxkeep.integrations.langgraph._saver_common import (
     EMPTY,
+    NO_BLOBS,
     Typed,
     _Backend,
     _config,
@@ -236,7 +237,9 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
                     },
                 },
             }
-        writes = sorted(loaded.writes, key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+        writes = loaded.writes
+        if len(writes) > 1:
+            writes = sorted(writes, key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
         return CheckpointTuple(
             config=_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id),
             checkpoint=checkpoint,
@@ -267,7 +270,7 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
             if row.blob_channels is None:  # every value a blob
                 return _versions(checkpoint), (checkpoint, metadata)
             if not row.blob_channels:
-                return {}, (checkpoint, metadata)
+                return NO_BLOBS, (checkpoint, metadata)
             versions = checkpoint.get("channel_versions") or {}
             apart = {str(ch): str(versions[ch]) for ch in json.loads(row.blob_channels)}
             return apart, (checkpoint, metadata)
