@@ -592,10 +592,15 @@ class Plan:
 
 
 async def run_workload(
-    target: Target, plan: Plan, server_pid: int | None, log: Path | None = None
+    target: Target,
+    plan: Plan,
+    server_pid: int | None,
+    log: Path | None = None,
+    database: str | None = None,
 ) -> Run:
     """Create the sessions, run every client's script at once, read everything back (and
-    from the server's access ``log``, how the timed requests spread over its workers).
+    from the server's access ``log``, how the timed requests spread over its workers; the CPU
+    of the PostgreSQL backends of ``database``, if named and local).
     """
     clients = len(plan.scripts)
     own = [await target.create(c, f"agent-{c}") for c in range(clients)]
@@ -648,11 +653,11 @@ async def run_workload(
                     acked[str(m.metadata[TAG])] = (session, sid)
 
     start = log.stat().st_size if log is not None else 0
-    cpu0 = _cpu(server_pid)
+    cpu0 = _cpu(server_pid, database)
     t0 = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))
     wall = time.perf_counter() - t0
-    cpu1 = _cpu(server_pid)
+    cpu1 = _cpu(server_pid, database)
     spread = {}
     if log is not None:
         with log.open("rb") as f:
@@ -735,10 +740,17 @@ def check_integrity(
     return dict(out)
 
 
-def _cpu(pid: int | None) -> dict[str, float]:
+def _cpu(pid: int | None, database: str | None = None) -> dict[str, float]:
     """CPU seconds of this process (``clients``), of the server's process tree (``server``), of
     everything else on the machine at normal priority (``other``: the database, mostly) and of
     niced processes (``niced``: background jobs, which yield to the rest), if psutil is there.
+
+    With ``database`` (a PostgreSQL database on this machine), also ``database``: the CPU of
+    the backends serving it (counted in ``other`` too), found by the process title PostgreSQL
+    gives each (``postgres: ... USER DATABASE HOST(PORT) STATE``). On a machine shared with
+    other work ``other`` is mostly that work; this is the database's own share (issue 28: the
+    bound s / (s + c + d) of two workers on two cores needs d). A backend that exits within
+    the run takes its CPU with it (the pool keeps them).
     """
     out = {"clients": time.process_time()}
     if pid is None:
@@ -760,7 +772,20 @@ def _cpu(pid: int | None) -> dict[str, float]:
     busy -= getattr(m, "guest_nice", 0.0)
     out["niced"] = m.nice
     out["other"] = busy - m.nice - out["clients"] - out.get("server", 0.0)
+    if database is not None:
+        out["database"] = _backend_cpu(psutil, f" {database} ")
     return out
+
+
+def _backend_cpu(psutil: Any, marker: str) -> float:
+    """CPU seconds of the processes whose title contains ``marker``."""
+    total = 0.0
+    for p in psutil.process_iter():
+        with suppress(psutil.Error):
+            if marker in " ".join(p.cmdline()) + " ":
+                t = p.cpu_times()
+                total += t.user + t.system
+    return total
 
 
 # -- stores and servers ---------------------------------------------------------------------------
@@ -989,6 +1014,16 @@ def fresh_store(backend: str, tmp: Path, pg: Postgres | None) -> Iterator[str]:
             yield url
 
 
+def _local_database(url: str) -> str | None:
+    """The database of a PostgreSQL URL on this machine (whose backends' CPU can be read)."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgresql", "postgres"):
+        return None
+    if (parsed.hostname or "localhost") not in ("localhost", "127.0.0.1", "::1"):
+        return None
+    return parsed.path.lstrip("/") or None
+
+
 def run_server(
     url: str, plan: Plan, tmp: Path, args: argparse.Namespace, workers: int = 1
 ) -> dict[str, Any]:
@@ -1001,7 +1036,7 @@ def run_server(
             kind = HttpxTarget if args.client == "httpx" else StreamsTarget
             target = kind(server.base, key, len(plan.scripts))
             try:
-                return await run_workload(target, plan, server.proc.pid, log)
+                return await run_workload(target, plan, server.proc.pid, log, _local_database(url))
             finally:
                 await target.aclose()
 
@@ -1082,7 +1117,7 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]], args: argparse.Na
     cols = ["backend", "target", "req/s", "vs in-process"]
     cols += [f"{k} p50 / p99" for k in KINDS]
     cols += ["errors", "lost", "dup / order / unacked / broken", "evicted"]
-    cols += ["cpu ms/req srv / cli / other / niced"]
+    cols += ["cpu ms/req srv / cli / db / other / niced"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("backend", "target") else "right")
     for backend, targets in results.items():
@@ -1117,7 +1152,7 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]], args: argparse.Na
                 str(i["evicted"]),
                 " / ".join(
                     f"{cpu[k] * 1000 / r['requests']:.2f}" if k in cpu else "-"
-                    for k in ("server", "clients", "other", "niced")
+                    for k in ("server", "clients", "database", "other", "niced")
                 ),
             )
     Console(width=220).print(table)

@@ -6,13 +6,18 @@ kind of loss it exists to catch. Timings are never asserted.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
+
+from conftest_services import postgres_url  # noqa: F401
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -144,3 +149,43 @@ def test_the_worker_spread_counts_each_pids_posts_and_the_tail_after_the_first_r
     assert bench.worker_spread(lines) == {"requests": [5, 2], "tail": 3 / 7}
     assert bench.worker_spread(lines, method="GET") == {"requests": [1], "tail": 0.0}
     assert bench.worker_spread([]) == {}
+
+
+def test_the_database_cpu_is_the_named_databases_backends_alone(
+    bench: ModuleType,
+    postgres_url: str,  # noqa: F811
+) -> None:
+    """The ``db`` CPU column (issue 28): the backends of the bench's database, read by their
+    process titles; another database's work is not in it.
+    """
+    psycopg = pytest.importorskip("psycopg")
+    pytest.importorskip("psutil")
+    if bench._local_database(postgres_url) is None:
+        pytest.skip("the test PostgreSQL is not on this machine: its processes cannot be read")
+    names = [f"ctxkeep_cpu_{uuid.uuid4().hex[:10]}" for _ in range(2)]
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        for name in names:
+            admin.execute(f"CREATE DATABASE {name}")
+    try:
+        mine, other = (urlparse(postgres_url)._replace(path=f"/{n}").geturl() for n in names)
+        assert bench._local_database(mine) == names[0]
+        with psycopg.connect(mine) as busy, psycopg.connect(other) as idle:
+            idle.execute("SELECT 1")
+            before = bench._cpu(os.getpid(), names[0])
+            busy.execute("SELECT count(*) FROM generate_series(1, 3000000)")
+            after = bench._cpu(os.getpid(), names[0])
+            quiet = bench._cpu(os.getpid(), names[1])
+            idle.execute("SELECT 1")
+            assert bench._cpu(os.getpid(), names[1])["database"] - quiet["database"] < 0.05
+        assert after["database"] - before["database"] > 0.1
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            for name in names:
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_only_a_local_postgresql_url_names_a_database(bench: ModuleType) -> None:
+    assert bench._local_database("postgresql://postgres@127.0.0.1:5432/bench_x") == "bench_x"
+    assert bench._local_database("postgresql://u@localhost/d?sslmode=disable") == "d"
+    assert bench._local_database("postgresql://u@db.example.com/d") is None
+    assert bench._local_database("sqlite:///tmp/x.db") is None
