@@ -404,6 +404,102 @@ def test_checkpoints_stored_at_schema_1_read_back_after_the_upgrade(
     assert stored(url)["blobs"] == 5  # the old ones; y's blob taken as it was
 
 
+def _sql_rows(url: str, sql: str) -> list[Any]:
+    """Rows of a statement run behind the saver on its SQLite file or PostgreSQL schema."""
+    if url.startswith("sqlite"):
+        with closing(sqlite3.connect(url[len("sqlite:///") :])) as conn:
+            return conn.execute(sql).fetchall()
+    with psycopg.connect(url) as pg:
+        return pg.execute(sql).fetchall()
+
+
+def _sql_url(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if engine == "sqlite":
+        return f"sqlite:///{tmp_path / 'lg.db'}"
+    url: str = request.getfixturevalue("postgres_schema_factory")()
+    return url
+
+
+def _run_index(url: str) -> str:
+    """The run index's definition."""
+    if url.startswith("sqlite"):
+        sql = "SELECT sql FROM sqlite_master WHERE name = 'ctxkeep_lg_checkpoints_run'"
+    else:
+        sql = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ctxkeep_lg_checkpoints_run'"
+    (found,) = _sql_rows(url, sql)
+    return str(found[0])
+
+
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_sql_row_holds_its_checkpoint_id_once(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Schema 3: the row's checkpoint is stored with an empty id (its ``checkpoint_id`` column
+    says it) and read back with it, in its place; the run index has no entry for a row
+    without a run id."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    url = _sql_url(engine, tmp_path, request)
+    with CtxkeepSaver(url) as s:
+        cp = checkpoint("c1", x=1)
+        cfg = s.put(config("t", checkpoint_ns=""), cp, {"step": 1}, {"x": "1"})
+        (raw,) = _sql_rows(url, "SELECT type, checkpoint FROM ctxkeep_lg_checkpoints")
+        assert JsonPlusSerializer().loads_typed((raw[0], bytes(raw[1])))["id"] == ""
+        got = s.get_tuple(cfg)
+        assert got is not None and list(got.checkpoint) == list(cp)
+        assert got.checkpoint == cp
+        assert [t.checkpoint for t in s.list(config("t"))] == [cp]
+    assert "WHERE" in _run_index(url).upper()
+
+
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_checkpoints_stored_at_schema_2_read_back_after_the_upgrade(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A row of schema 2 holds its id in its checkpoint: read back as it was; the run index
+    is remade partial, and a run's checkpoints are still found by it."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from ctxkeep.integrations.langgraph._saver_sql import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+    from ctxkeep.integrations.langgraph.saver import META_KEY
+
+    url = _sql_url(engine, tmp_path, request)
+    serde = JsonPlusSerializer()
+    rows = [
+        (
+            *("t", "", f"c{i}", f"c{i - 1}" if i else None, f"run-{i % 2}"),
+            *serde.dumps_typed(checkpoint(f"c{i}", x=i)),
+            *serde.dumps_typed({"step": i}),
+            "",
+        )
+        for i in range(3)
+    ]
+    insert = "INSERT INTO ctxkeep_lg_checkpoints VALUES ({})"
+    if engine == "sqlite":
+        from ctxkeep._sqlite import SQLiteClient
+
+        path = url[len("sqlite:///") :]
+        SQLiteClient(path, meta_key=META_KEY, migrations=SQLITE_MIGRATIONS[:2]).close()
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.executemany(insert.format(", ".join("?" * 10)), rows)
+    else:
+        from ctxkeep._pg import PgClient
+
+        PgClient(url, name="old", meta_key=META_KEY, migrations=POSTGRES_MIGRATIONS[:2]).close()
+        with psycopg.connect(url) as pg:
+            pg.cursor().executemany(insert.format(", ".join(["%s"] * 10)), rows)
+    assert "WHERE" not in _run_index(url).upper()
+    with CtxkeepSaver(url) as s:
+        assert [t.checkpoint for t in s.list(config("t"))] == [
+            checkpoint(f"c{i}", x=i) for i in (2, 1, 0)
+        ]
+        s.delete_for_runs(["run-1"])
+        assert [t.checkpoint["id"] for t in s.list(config("t"))] == ["c2", "c0"]
+    assert "WHERE" in _run_index(url).upper()
+    meta = "SELECT value FROM ctxkeep_meta WHERE key = 'langgraph'"
+    assert _sql_rows(url, meta) == [("3",)]
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 

@@ -76,10 +76,25 @@ def _schema(blob: str, ordered_text: str) -> str:
 # layout has NULL there, its values all blobs, and is read as it was.
 _INLINE = "ALTER TABLE ctxkeep_lg_checkpoints ADD COLUMN blob_channels TEXT"
 
+# Schema 3: the run index holds only the rows that have a run id (``delete_runs`` asks for
+# some, never NULL): a step without one writes no index entry and the file keeps none; and a
+# row written from then on holds its checkpoint with an empty ``id`` (the row's
+# ``checkpoint_id`` says it; see ``CtxkeepSaver._inline``), which an older ctxkeep, refused by
+# the version, would have returned as it is.
+_PARTIAL_RUN_INDEX = (
+    "DROP INDEX IF EXISTS ctxkeep_lg_checkpoints_run; "
+    "CREATE INDEX ctxkeep_lg_checkpoints_run ON ctxkeep_lg_checkpoints (run_id) "
+    "WHERE run_id IS NOT NULL"
+)
+
 # Position i brings the tables from version i to i + 1. Checkpoint ids are compared bytewise
 # (PostgreSQL's "C" collation), as LangGraph orders them.
-SQLITE_MIGRATIONS: list[str] = [_schema("BLOB", "TEXT"), _INLINE]
-POSTGRES_MIGRATIONS: list[str] = [_schema("BYTEA", 'TEXT COLLATE "C"'), _INLINE]
+SQLITE_MIGRATIONS: list[str] = [_schema("BLOB", "TEXT"), _INLINE, _PARTIAL_RUN_INDEX]
+POSTGRES_MIGRATIONS: list[str] = [
+    _schema("BYTEA", 'TEXT COLLATE "C"'),
+    _INLINE,
+    _PARTIAL_RUN_INDEX,
+]
 
 _CP = "ctxkeep_lg_checkpoints"
 _BLOBS = "ctxkeep_lg_blobs"

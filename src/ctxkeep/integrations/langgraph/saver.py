@@ -35,7 +35,8 @@ version is the ``langgraph`` row of ``ctxkeep_meta`` (the ``langgraph`` field of
 :class:`~ctxkeep.errors.SchemaVersionError`.
 
 SQL tables: ``ctxkeep_lg_checkpoints`` (``blob_channels``: which of its values are blobs;
-``NULL`` in a row of the first layout), ``ctxkeep_lg_blobs`` and ``ctxkeep_lg_writes``. A read
+``NULL`` in a row of the first layout; the checkpoint stored with an empty ``id``, the row's
+``checkpoint_id`` saying it, since schema 3), ``ctxkeep_lg_blobs`` and ``ctxkeep_lg_writes``. A read
 (``get_tuple``, ``list``) runs in one read transaction (a snapshot), a write in one write
 transaction. Redis keys, under the URL's ``?prefix=`` (``ctxkeep:`` by default), with each id
 percent-encoded so that no id can forge another key:
@@ -267,6 +268,8 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
             ):
                 return None
             checkpoint = self._load(row.checkpoint, "checkpoint")
+            if type(checkpoint) is dict and checkpoint.get("id") == "":  # stored without it
+                checkpoint["id"] = row.checkpoint_id
             if row.blob_channels is None:  # every value a blob
                 return _versions(checkpoint), (checkpoint, metadata)
             if not row.blob_channels:
@@ -412,7 +415,9 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
                 kept[ch] = values[ch]
             else:
                 blobs[str(ch)] = (str(ver), typed)
-        stored = {**checkpoint, "channel_values": kept}
+        # The id once, in the row's checkpoint_id: an empty one here (where it was, so the
+        # dict read back keeps its order), set again when read (38 bytes a row: schema 3).
+        stored = {**checkpoint, "id": "", "channel_values": kept}
         return stored, blobs, json.dumps(list(blobs)) if blobs else ""
 
     def put_writes(
