@@ -36,6 +36,8 @@ from dataclasses import fields
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.responses import Response
+from pydantic import BaseModel
 
 from ctxkeep._check import INT64_MAX
 from ctxkeep.artifacts.staged import StagedArtifacts
@@ -248,7 +250,7 @@ def sweep(tenant: TenantDep) -> SweepResponse:
     responses=_WRITE,
     tags=["messages"],
 )
-def append_messages(session_id: IdPath, body: AppendIn, tenant: TenantDep) -> MessagesResponse:
+def append_messages(session_id: IdPath, body: AppendIn, tenant: TenantDep) -> Response:
     """Append messages atomically (all or none); returns the stored copies.
 
     A tool result must answer a call still waiting in the session, and no other message may
@@ -258,9 +260,10 @@ def append_messages(session_id: IdPath, body: AppendIn, tenant: TenantDep) -> Me
     with tenant.memory() as mem:
         stored = mem.add_messages(session_id, messages)
     tenant.info.appended = len(stored)
-    return MessagesResponse.model_validate(
+    answer = MessagesResponse.model_validate(
         {"messages": _messages_out(stored), "evicted": tenant.evicted()}
     )
+    return _json(answer, 201)
 
 
 @router.get(
@@ -375,6 +378,19 @@ def prompt_history(session_id: IdPath, tenant: TenantDep) -> MessagesResponse:
     )
 
 
+def _json(answer: BaseModel, status_code: int) -> Response:
+    """``answer``, a model the route has just validated, as the JSON response.
+
+    A model returned by a sync route is validated again against the route's
+    ``response_model`` on a worker thread of its own (FastAPI 0.165's ``serialize_response``):
+    a second thread hand-off per request, on the hottest routes (appends and prompts, issue
+    28). The route keeps its ``response_model`` for the OpenAPI document.
+    """
+    return Response(
+        answer.model_dump_json(), status_code=status_code, media_type="application/json"
+    )
+
+
 _DECISION_FIELDS = tuple(f.name for f in fields(MessageDecision))
 
 
@@ -399,7 +415,7 @@ def report_out(built: BuiltPrompt) -> BuildReportOut:
     responses=_WRITE,
     tags=["prompts"],
 )
-def build_prompt(session_id: IdPath, body: PromptIn, tenant: TenantDep) -> PromptResponse:
+def build_prompt(session_id: IdPath, body: PromptIn, tenant: TenantDep) -> Response:
     """Build the prompt for the session's next model call within a token budget.
 
     The history is pruned to ``max_prompt_tokens - reserve_output_tokens`` (tool calls and
@@ -430,13 +446,14 @@ def build_prompt(session_id: IdPath, body: PromptIn, tenant: TenantDep) -> Promp
         messages = to_responses(built.messages)
     else:
         messages = built.to_openai()
-    return PromptResponse(
+    answer = PromptResponse(
         format=body.format,
         messages=messages,
         system=system,
         report=report_out(built),
         evicted=tenant.evicted(),
     )
+    return _json(answer, 200)
 
 
 __all__ = ["Tenant", "TenantDep", "problems", "router", "tenant_of"]
