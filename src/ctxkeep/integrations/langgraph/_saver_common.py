@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -134,8 +134,10 @@ class _Backend(ABC):
         """Store writes: a write with ``idx >= 0`` that exists is kept, a special one replaced."""
 
     @abstractmethod
-    def read(self, query: _Query, accept: Accept) -> list[_Loaded]:
-        """The checkpoints ``query`` asks for and ``accept`` takes, newest first, loaded."""
+    def read(self, query: _Query, accept: Accept) -> Iterable[_Loaded]:
+        """The checkpoints ``query`` asks for and ``accept`` takes, newest first, loaded (an
+        iterator may make each as it is taken, after the engine was read).
+        """
 
     @abstractmethod
     def delete_thread(self, thread_id: str) -> None:

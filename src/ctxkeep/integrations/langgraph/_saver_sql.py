@@ -14,7 +14,7 @@ and every value of it is a blob, read as before.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -317,7 +317,7 @@ class _SQLBackend(_Backend):
             )
         return sql
 
-    def read(self, query: _Query, accept: Accept) -> list[_Loaded]:
+    def read(self, query: _Query, accept: Accept) -> Iterable[_Loaded]:
         """The checkpoints, then the blobs and the writes of all of them by chunks of
         :data:`CHUNK` keys (two statements per checkpoint made most of a ``list``); one
         checkpoint's writes joined to it. Sending PostgreSQL a step's statements pipelined
@@ -355,14 +355,14 @@ class _SQLBackend(_Backend):
                 "AND w.checkpoint_id = c.checkpoint_id"
             )
         picked: list[tuple[_Row, dict[str, str], Any]] = []
-        joined: list[_Write] = []
+        joined: list[tuple[Any, ...]] = []
         with self._read_tx("read LangGraph checkpoints") as conn:
             # Row by row, each row's bytes let go once decoded: a list of a thread whose rows
             # hold its values does not keep them all twice, encoded and decoded (it took twice
             # as long so).
             for r in conn.execute(self._sql(sql), tuple(params)):
                 if one and r[_CP_N] is not None:
-                    joined.append(_write(r[_CP_N:]))
+                    joined.append((r[2], *r[_CP_N:]))  # as _write_reads' rows
                 if one and picked:
                     continue  # the checkpoint again, with its next write
                 accepted = accept(_row(r))
@@ -380,33 +380,51 @@ class _SQLBackend(_Backend):
                 for (t, ns), cur in blob_reads
                 for ch, ver, kind, b in cur.fetchall()
             }
-            # (thread, namespace) -> checkpoint id -> its writes: no key tuple per checkpoint
-            writes: dict[tuple[str, str], dict[str, list[_Write]]] = {}
+            # (thread, namespace) -> checkpoint id -> its writes' rows as the engine gave them
+            # (one object a write; each made a _Write when its checkpoint is handed over)
+            writes: dict[tuple[str, str], dict[str, list[Any]]] = {}
             if one and picked:
                 first = picked[0][0]
                 writes[first.thread_id, first.checkpoint_ns] = {first.checkpoint_id: joined}
             for key, cur in write_reads:
                 by_id = writes.setdefault(key, {})
                 for r in cur:  # row by row: no list of every row first
-                    w = _Write(r[1], r[2], r[3], (r[4], bytes(r[5])), r[6])
                     found = by_id.get(r[0])
                     if found is None:
-                        by_id[r[0]] = [w]
+                        by_id[r[0]] = [r]
                     else:
-                        found.append(w)
-        out = []
-        none: dict[str, list[_Write]] = {}
-        for row, versions, decoded in picked:
+                        found.append(r)
+        picked.reverse()
+        return self._loaded(picked, blobs, writes)
+
+    @staticmethod
+    def _loaded(
+        picked: list[tuple[_Row, dict[str, str], Any]],
+        blobs: dict[tuple[str, str, str, str], Typed],
+        writes: dict[tuple[str, str], dict[str, list[Any]]],
+    ) -> Iterator[_Loaded]:
+        """The read checkpoints (``picked`` oldest first), each handed over as it is made
+        and what it was made of let go: the caller turns one into its result before the next
+        is made, so a ``list`` of 1,000 keeps no intermediate objects of them all at once
+        (each counted by the garbage collector, whose runs were most of the difference with
+        ``SqliteSaver``'s ``list``).
+        """
+        none: dict[str, list[Any]] = {}
+        while picked:
+            row, versions, decoded = picked.pop()
             t, ns = row.thread_id, row.checkpoint_ns
             if versions:
                 values = {ch: blobs.get((t, ns, ch, ver)) for ch, ver in versions.items()}
                 loaded = {ch: v for ch, v in values.items() if v is not None}
             else:  # every value in the row (the usual case): no dicts to make
                 loaded = NO_BLOBS
-            out.append(
-                _Loaded(row, decoded, loaded, writes.get((t, ns), none).get(row.checkpoint_id, []))
+            rows = writes.get((t, ns), none).pop(row.checkpoint_id, ())
+            yield _Loaded(
+                row,
+                decoded,
+                loaded,
+                [_Write(r[1], r[2], r[3], (r[4], bytes(r[5])), r[6]) for r in rows],
             )
-        return out
 
     def read_one(
         self, thread_id: str, ns: str, checkpoint_id: str | None, accept: Accept
