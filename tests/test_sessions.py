@@ -290,3 +290,24 @@ def test_a_session_at_max_history_is_trimmed_from_its_head_without_reading_it_al
             1 + s % 3 for s in range(1, 101)
         )
     assert reads == []
+
+
+def test_minted_message_ids_are_random_version_4_uuids() -> None:
+    """The ids an append gives messages that have none stay what ``uuid4().hex`` gave (made
+    now without the UUID object): 32 hex digits of a version-4, RFC 4122 UUID, all distinct.
+    """
+    import uuid
+
+    memory = open_memory("memory://")
+    try:
+        sid = memory.create_session("a")
+        stored = memory.add_messages(sid, [Message("user", str(i)) for i in range(200)])
+        ids = [m.id for m in stored]
+        assert len(set(ids)) == len(ids)
+        for message_id in ids:
+            assert message_id is not None
+            parsed = uuid.UUID(hex=message_id)
+            assert parsed.hex == message_id
+            assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+    finally:
+        memory.close()
