@@ -179,3 +179,37 @@ def test_cli_memory_add_search_forget(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["memory", *db, "forget", "--session", "s1"]) == 0
     assert "forgot 1" in capsys.readouterr().out
     assert main(["memory", *db, "add", "--session", "s", "x", "--meta", "{bad"]) == 2
+
+
+def test_memory_search_while_another_thread_forgets_returns_whole_hits() -> None:
+    """A forget between a search's scoring and its reading of the best rows left a hit
+    without its episode (an AttributeError on the tombstone)."""
+    store = open_episodic("memory://", embedder="hash")
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        try:
+            for i in range(400):
+                ids = store.save_episodes(
+                    [{"session_id": f"s{i}", "task_goal": "", "summary": f"note {i} on deploys"}]
+                )
+                store.forget(episode_id=ids)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    store.save_episodes([{"session_id": "kept", "task_goal": "", "summary": "a kept note"}])
+    writer = threading.Thread(target=churn)
+    writer.start()
+    searches = 0
+    try:
+        while not stop.is_set():
+            for hit in store.search("note on deploys", top_k=3):
+                assert hit.episode.summary.endswith("note") or "deploys" in hit.episode.summary
+            searches += 1
+    finally:
+        writer.join()
+    assert errors == []
+    assert searches > 0

@@ -20,6 +20,8 @@ import numpy as np
 from ctxkeep.episodic.base import (
     Episode,
     EpisodicMemoryStore,
+    Filters,
+    Hit,
     NewEpisodes,
     RetrievalConfig,
     bm25,
@@ -110,6 +112,16 @@ class MemoryEpisodicStore(EpisodicMemoryStore):
         old = self._doclen.size
         doclen[:old], nb[:old], created[:old] = self._doclen, self._nb, self._created_arr
         self._doclen, self._nb, self._created_arr = doclen, nb, created
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def search(self, query: str, top_k: int = 3, *, filters: Filters = None) -> list[Hit]:
+        """:meth:`EpisodicMemoryStore.search` under the store's lock: a forget in another
+        thread between the scoring of the rows and the reading of the best ones left a hit
+        whose episode was gone (an ``AttributeError`` on its tombstone).
+        """
+        with self._lock:
+            return super().search(query, top_k, filters=filters)
 
     # -- primitives ------------------------------------------------------------------------
 

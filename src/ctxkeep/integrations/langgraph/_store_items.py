@@ -439,6 +439,20 @@ class MemoryItems(Items):
         self._order += [(-r.updated_at, r.namespace, r.key) for r in rows if r is not None]
         self._order.sort()
 
+    def settle(self, ids: Sequence[tuple[Key, str, str]]) -> list[str]:
+        """Point each row still holding a mark at its episode (``(address, mark, episode
+        id)``); returns the episode ids whose row holds another (replaced meanwhile).
+        """
+        stale = []
+        with self._lock:
+            for key, mark, eid in ids:
+                row = self._rows.get(key)
+                if row is not None and row.episode_id == mark:
+                    self._rows[key] = row._replace(episode_id=eid)
+                else:
+                    stale.append(eid)
+        return stale
+
     def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
         """Set expiries of rows with a TTL."""
         with self._lock:

@@ -124,6 +124,7 @@ from ctxkeep.integrations.langgraph._store_items import TABLE as TABLE
 from ctxkeep.integrations.langgraph._store_items import (
     Filter,
     Key,
+    MemoryItems,
     Row,
     _items_at,
     _ns_text,
@@ -145,6 +146,10 @@ session, so the session knobs cannot change a ranking: smoothing with no neighbo
 every dense score alike, and the session prior of one episode adds a z-score of its own fused
 score (both monotone). Turned off, a search skips reading neighbours: on PostgreSQL a round
 trip of each search."""
+
+PENDING = "pending:"
+"""How a row's ``episode_id`` starts while its episode waits to be saved
+(:meth:`CtxkeepStore._settle`)."""
 
 VECTORS = VectorIndexConfig(hnsw_from=50_000)
 """The in-process vector index of the episodic store the store opens (``memory://``,
@@ -232,8 +237,12 @@ class CtxkeepStore(BaseStore):
         self._episodic: EpisodicMemoryStore | None = episodic
         if episodic is None and self._indexed:
             self._episodic = self._open_episodic()
+        self._pending: dict[str, tuple[Key, dict[str, Any]]] = {}
+        """Episodes not saved yet (:meth:`_defers`): mark -> the item's address, the episode."""
+        self._pending_lock = threading.RLock()
+        self._marks = itertools.count()
         try:
-            self._fields = _index_fields(index, self.episodic.embedder.dim) if self._indexed else []
+            self._fields = _index_fields(index, self._epi.embedder.dim) if self._indexed else []
             self._items = _items_at(url)
         except BaseException:
             self._close_episodic()
@@ -252,9 +261,16 @@ class CtxkeepStore(BaseStore):
 
     @property
     def episodic(self) -> EpisodicMemoryStore:
-        """The episodic store the items are indexed in. A store opened with ``index=False``
-        opens it on first use only: to forget the episodes of rows an indexed store wrote.
+        """The episodic store the items are indexed in, every put's episode saved in it. A
+        store opened with ``index=False`` opens it on first use only: to forget the episodes
+        of rows an indexed store wrote.
         """
+        self._settle()
+        return self._epi
+
+    @property
+    def _epi(self) -> EpisodicMemoryStore:
+        """:attr:`episodic` as it is: the episodes of deferred puts not saved yet."""
         if self._episodic is None:
             with self._episodic_lock:
                 if self._episodic is None:
@@ -366,12 +382,23 @@ class CtxkeepStore(BaseStore):
             if not docs:
                 return {}
             # each item's session is its own, made above: nothing of it to look up
-            saved = self.episodic._save_episodes(docs.values(), new_sessions=True)
+            saved = self._epi._save_episodes(docs.values(), new_sessions=True)
             ids = dict(zip(docs, saved, strict=True))
             for k, eid in ids.items():
                 rows[k] = rows[k]._replace(episode_id=eid)
             return ids
 
+        if docs and self._defers():
+            # the episodes wait for the next read of the index (:meth:`_settle`); each row
+            # points at its episode's mark until then
+            with self._pending_lock:
+                for k, doc in docs.items():
+                    mark = f"{PENDING}{next(self._marks)}"
+                    rows[k] = rows[k]._replace(episode_id=mark)
+                    self._pending[mark] = (k, doc)
+                replaced = self._items.write([(k, rows.get(k)) for k in puts], now)
+                self._forget(replaced)
+            return
         joined = self._joined()
         if joined is not None:
             # one transaction: the episodes, the rows, the forgetting (all or nothing)
@@ -385,7 +412,7 @@ class CtxkeepStore(BaseStore):
             replaced = self._items.write([(k, rows.get(k)) for k in puts], now)
         except BaseException:
             if ids:
-                self.episodic.forget(episode_id=list(ids.values()))
+                self._epi.forget(episode_id=list(ids.values()))
             raise
         self._forget(replaced)
 
@@ -402,9 +429,51 @@ class CtxkeepStore(BaseStore):
         return transaction  # type: ignore[no-any-return]
 
     def _forget(self, rows: Iterable[Row]) -> None:
+        """Forget the episodes of ``rows`` (replaced, deleted or expired): a deferred one is
+        dropped before it is saved.
+        """
         gone = [r.episode_id for r in rows if r.episode_id is not None]
+        if gone and self._pending:
+            with self._pending_lock:
+                gone = [e for e in gone if self._pending.pop(e, None) is None]
         if gone:
-            self.episodic.forget(episode_id=gone)
+            self._epi.forget(episode_id=gone)
+
+    def _defers(self) -> bool:
+        """Whether puts defer their episodes to the next read of the index (:meth:`_settle`):
+        on ``memory://`` with the episodic store this store opened, where nothing is durable
+        and nobody else reads the episodes. A put then writes its row alone, as
+        ``index=False`` does, and the episodes of every put since the last search are saved
+        in one batch: one pass of the episodic pipeline (embedding, postings, vectors) for
+        many puts, and none for an item replaced or deleted before it was searched.
+        """
+        return self._owns_episodic and isinstance(self._items, MemoryItems)
+
+    def _settle(self) -> None:
+        """Save the deferred episodes (one batch) and point their rows at them; an episode
+        whose row has moved on meanwhile (another thread's put) is forgotten. Every read of
+        the index runs this first: a search right after a put finds it.
+        """
+        if not self._pending:
+            return
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+            if not pending:
+                return
+            try:
+                saved = self._epi._save_episodes(
+                    [doc for _, doc in pending.values()], new_sessions=True
+                )
+            except BaseException:
+                self._pending = pending | self._pending
+                raise
+            assert isinstance(self._items, MemoryItems)
+            ids = [
+                (k, mark, eid) for (mark, (k, _)), eid in zip(pending.items(), saved, strict=True)
+            ]
+            stale = self._items.settle(ids)
+            if stale:
+                self._epi.forget(episode_id=stale)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -445,23 +514,26 @@ class CtxkeepStore(BaseStore):
         the episode ids of its rows, up to :attr:`exact_scope` of them, else their
         namespaces, asking for more until enough hits are found.
         """
+        self._settle()
         checked: dict[str, Row | None] = {}
         top_k = want
         for _ in range(2):
-            found = self.episodic.search(query, top_k)
+            found = self._epi.search(query, top_k)
             hits = self._in_scope(found, prefix, flt, want, now, checked)
             if len(hits) >= want or len(found) < top_k:
                 return hits
             top_k *= 4
         indexed = self._items.indexed(prefix, now, flt)
+        if self._pending:  # put since the settling above: not searchable yet
+            indexed = {e: at for e, at in indexed.items() if not e.startswith(PENDING)}
         if not indexed:
             return []
         if len(indexed) <= self.exact_scope:
-            found = self.episodic.search(query, want, filters={"episode_id": list(indexed)})
+            found = self._epi.search(query, want, filters={"episode_id": list(indexed)})
             return self._in_scope(found, prefix, flt, want, now, checked)
         scope = {"agent_id": AGENT, "task_id": sorted({ns for ns, _ in indexed.values()})}
         while True:
-            found = self.episodic.search(query, top_k, filters=scope)
+            found = self._epi.search(query, top_k, filters=scope)
             hits = self._in_scope(found, prefix, flt, want, now, checked)
             if len(hits) >= want or len(found) < top_k:
                 return hits
