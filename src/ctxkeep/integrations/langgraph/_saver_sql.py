@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from itertools import chain
 from typing import Any
 
 from ctxkeep._db import Database, executemany, placeholders
@@ -127,23 +128,11 @@ _LATEST = (
 )
 
 
-def _write(r: Any) -> _Write:
-    """A write from its columns: task_id, idx, channel, type, blob, task_path."""
-    return _Write(task_id=r[0], idx=r[1], channel=r[2], value=(r[3], bytes(r[4])), task_path=r[5])
-
-
 def _row(r: Any) -> _Row:
-    """A checkpoint from its columns, ``_CP_COLS``."""
-    return _Row(
-        thread_id=r[0],
-        checkpoint_ns=r[1],
-        checkpoint_id=r[2],
-        parent_id=r[3],
-        run_id=r[4],
-        checkpoint=(r[5], bytes(r[6])),
-        metadata=(r[7], bytes(r[8])),
-        blob_channels=r[9],
-    )
+    """A checkpoint from its columns, ``_CP_COLS`` (by position: keywords cost a named
+    tuple's constructor more).
+    """
+    return _Row(r[0], r[1], r[2], r[3], r[4], (r[5], bytes(r[6])), (r[7], bytes(r[8])), r[9])
 
 
 CHUNK = 400
@@ -160,7 +149,9 @@ WRITE_ROWS = 100
 
 
 def _flat(rows: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-    return tuple(x for r in rows for x in r)
+    return tuple(
+        chain.from_iterable(rows)
+    )  # in C: 0.5 us for a step's two writes, a generator 1.6 us
 
 
 def _marks(n: int) -> str:
@@ -464,15 +455,21 @@ class _SQLBackend(_Backend):
             rows = conn.execute(newest, (thread_id, ns) * 4).fetchall()
         else:
             rows = conn.execute(by_id, (thread_id, ns, checkpoint_id) * 2).fetchall()
-        found = [r for r in rows if r[0] is not None]
-        if not found:
+        found, writes = None, []
+        for r in rows:  # the checkpoint's row (its thread_id set), and its writes'
+            if r[0] is None:
+                writes.append(_Write(r[_CP_N], r[11], r[12], (r[13], bytes(r[14])), r[15]))
+            else:
+                found = r
+        if found is None:
             return []
-        row = _row(found[0])
+        row = _row(found)
         accepted = accept(row)
         if accepted is None:
             return []
         versions, decoded = accepted
-        writes = [_write(r[_CP_N:]) for r in rows if r[0] is None]
+        if not versions:  # every value in the row (a step's usual case)
+            return [_Loaded(row, decoded, NO_BLOBS, writes)]
         blobs: dict[str, Typed] = {}
         for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
             for ch, ver, kind, b in cur.fetchall():
@@ -480,7 +477,7 @@ class _SQLBackend(_Backend):
                     blobs[ch] = (kind, bytes(b))
         if strict and len(blobs) < len(versions):
             return None
-        return [_Loaded(row=row, decoded=decoded, blobs=blobs, writes=writes)]
+        return [_Loaded(row, decoded, blobs, writes)]
 
     def _blob_reads(
         self, conn: Any, picked: list[tuple[_Row, dict[str, str], Any]]
