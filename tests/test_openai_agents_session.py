@@ -564,3 +564,32 @@ def test_a_warm_reader_sees_every_other_writers_change(
     finally:
         reader.close()
         writer.close()
+
+
+@pytest.mark.parametrize("kind", [k for k in CTXKEEP_KINDS if k != "ctxkeep-memory"])
+def test_a_pop_after_its_own_add_sees_what_other_writers_did(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # a session that only wrote pops the message it wrote last without reading it first:
+    # changed elsewhere (popped and added to, made again), the pop takes the newest all the same
+    url = _store_url(kind, request, tmp_path)
+    a, b = CtxkeepSession("conv", url), CtxkeepSession("conv", url)
+    try:
+        run(a.add_items([user("one"), call("c1"), call("c2")]))
+        assert run(b.pop_item()) == call("c2")
+        run(b.add_items([call("c3")]))  # joins the run of calls: the newest message again
+        assert run(a.pop_item()) == call("c3")
+        assert run(a.pop_item()) == call("c1")
+        run(a.add_items([user("two")]))
+        assert run(b.pop_item()) == user("two")
+        run(b.add_items([user("three")]))
+        assert run(a.pop_item()) == user("three")
+        run(a.add_items([user("four")]))
+        run(b.clear_session())
+        run(b.add_items([user("anew")]))
+        assert run(a.pop_item()) == user("anew")
+        assert run(a.pop_item()) is None
+        assert run(b.get_items()) == []
+    finally:
+        a.close()
+        b.close()

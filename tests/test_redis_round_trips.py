@@ -142,6 +142,49 @@ def test_agents_sdk_pops_are_one_evalsha_each_and_take_the_newest_items(
     assert run(agents_session.get_items()) == [_item(i) for i in range(27)]
 
 
+def test_a_pop_after_this_sessions_own_add_is_one_evalsha_without_a_read(
+    agents_session: Any, sent: list[str]
+) -> None:
+    # only written, never read (the Runner's use): the newest message is the one it wrote
+    sent.clear()
+    assert run(agents_session.pop_item()) == _item(29)
+    assert sent == ["EVALSHA"]
+    run(
+        agents_session.add_items(
+            [
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+            ]
+        )
+    )
+    sent.clear()  # a message of two items: the pop replaces it by the first, then takes that
+    assert run(agents_session.pop_item())["call_id"] == "c2"
+    assert run(agents_session.pop_item())["call_id"] == "c1"
+    assert sent == ["EVALSHA", "EVALSHA"]
+    assert run(agents_session.get_items()) == [_item(i) for i in range(29)]
+
+
+def test_a_pop_after_another_writer_follows_its_own_add_takes_the_newest_item(
+    url: str, config: MemoryConfig, agents_session: Any
+) -> None:
+    # the newest message this session wrote is a guess its pop's script checks by seq and
+    # generation: taken back and replaced elsewhere, or the session made again, it reads
+    from ctxkeep.integrations.openai_agents import CtxkeepSession
+
+    other = CtxkeepSession("conv", url, config=config)
+    try:
+        assert run(other.pop_item()) == _item(29)
+        run(other.add_items([{"role": "user", "content": "from elsewhere"}]))
+        assert run(agents_session.pop_item()) == {"role": "user", "content": "from elsewhere"}
+        run(agents_session.add_items([_item(29)]))
+        run(other.clear_session())
+        run(other.add_items([_item(0)]))
+        assert run(agents_session.pop_item()) == _item(0)
+        assert run(agents_session.pop_item()) is None
+    finally:
+        other.close()
+
+
 WHOLE_READ = "MULTI+HGETALL+ZRANGEBYSCORE+EXEC"
 """A whole read: one transaction sent as one write (not a script: its answer would be copied
 through Lua)."""

@@ -101,3 +101,35 @@ def test_a_refused_append_moves_no_counter(mem: MemoryManager) -> None:
     mem.add_message(sid, "user", "next")
     assert [m.content for m in mem.get_messages(sid)] == ["hi", "next"]
     assert _info(mem, sid).next_seq == before.next_seq + 1
+
+
+def test_an_agents_sdk_pop_after_its_own_add_reads_no_newest_message_first(
+    mem: MemoryManager,
+) -> None:
+    """The Runner's session only writes between reads: its pop takes back the message it
+    wrote last in one transaction (the newest compared by seq inside it), no read before.
+    """
+    pytest.importorskip("agents")
+    import asyncio
+
+    from ctxkeep.integrations.openai_agents import CtxkeepSession
+
+    session = CtxkeepSession("conv", memory=mem)
+    items = [{"role": "user", "content": f"item {i}"} for i in range(5)]
+    for item in items:
+        asyncio.run(session.add_items([item]))
+    with traced(mem) as statements:
+        popped = session._pop_item()  # (in this thread: its connection is the one traced)
+    assert popped == items[-1]
+    verbs = _verbs(statements)
+    assert verbs.count("BEGIN") == 1 and "SELECT" not in verbs, statements
+    # a message of two items: replaced by the first, in one transaction again
+    calls = [
+        {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"}
+        for i in range(2)
+    ]
+    asyncio.run(session.add_items(calls))
+    with traced(mem) as statements:
+        assert session._pop_item() == calls[1]
+    assert _verbs(statements).count("BEGIN") == 1 and "SELECT" not in _verbs(statements)
+    assert asyncio.run(session.get_items()) == [*items[:-1], calls[0]]

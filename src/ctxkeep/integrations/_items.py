@@ -58,6 +58,14 @@ class ConvertedItems:
         self.session_id = session_id
         self.convert = convert
         self._held: _Held | None = None
+        # The newest message as this instance last wrote it, (generation, seq, message),
+        # where nothing is held (an adapter that only writes, as the SDK's Runner does
+        # between reads): a pop after an add then takes it back in one write, with no read
+        # of the newest message first. The message is the very object the write stored,
+        # made for it alone (an adapter's owned conversion) and shared with no one; the
+        # write compares seq and generation inside its transaction (a seq is not reused
+        # within a generation), so a memo another writer made stale only costs that write.
+        self._newest: tuple[str, int, Message] | None = None
         self._lock = threading.Lock()
 
     def read(self, limit: int | None = None) -> list[Any]:
@@ -106,9 +114,10 @@ class ConvertedItems:
         with self._lock:
             held = self._held
             if held is None or not held.seqs:
-                return False, None
+                return self._pop_newest(replace)
             seq, items = held.seqs[-1], held.items[-1]
             decoded = orjson.loads(b"[" + b",".join(items) + b"]")
+            self._newest = None
             try:
                 stored, seqs = replace(seq, held.generation, decoded[:-1])
             except SessionChangedError:
@@ -124,6 +133,30 @@ class ConvertedItems:
             self._extend(held, seqs, stored)
             return True, decoded[-1] if decoded else None
 
+    def _pop_newest(
+        self,
+        replace: Callable[[int, str, list[Any]], tuple[list[Message], list[int]]],
+    ) -> tuple[bool, Any]:
+        """:meth:`pop` of the newest message this instance wrote (:attr:`_newest`), where
+        nothing is held; ``(False, None)`` without one, or where the session's newest message
+        is no longer it (the caller reads and pops as usual).
+        """
+        newest, self._newest = self._newest, None
+        if newest is None:
+            return False, None
+        generation, seq, message = newest
+        # Converted sharing the message's values: it is dropped here, the rest are copied
+        # by the replacement's conversion, and the item taken back is the caller's alone.
+        rest = self.convert(message)
+        last = rest.pop() if rest else None
+        try:
+            stored, seqs = replace(seq, generation, rest)
+        except SessionChangedError:
+            return False, None
+        if stored:
+            self._newest = (generation, seqs[-1], stored[-1])
+        return True, last
+
     def replaced(self, info: SessionInfo, seq: int, stored: list[Message], seqs: list[int]) -> None:
         """After this process replaced the session's newest message, at ``seq`` (compared
         with the generation inside the write) when the session was ``info``, by ``stored``
@@ -131,6 +164,7 @@ class ConvertedItems:
         write as after :meth:`pop`; else the next read reads again.
         """
         with self._lock:
+            self._remember(info, seqs, stored)
             held = self._held
             if (
                 held is not None
@@ -149,6 +183,7 @@ class ConvertedItems:
         takes the new messages; else the next read reads them.
         """
         with self._lock:
+            self._remember(info, seqs, messages)
             held = self._held
             if held is not None and (held.generation, held.revision, held.next_seq) == (
                 info.generation,
@@ -156,6 +191,13 @@ class ConvertedItems:
                 info.next_seq,
             ):
                 self._extend(held, seqs, messages)
+
+    def _remember(self, info: SessionInfo, seqs: list[int], messages: list[Message]) -> None:
+        """After this instance's write of ``messages`` at ``seqs`` into the session of
+        ``info``'s generation: the newest of them is the session's newest message (None
+        where the write left none of its own: the newest is then one not in hand).
+        """
+        self._newest = (info.generation, seqs[-1], messages[-1]) if seqs and messages else None
 
     def _extend(self, held: _Held, seqs: list[int], messages: list[Message]) -> None:
         for s, message in zip(seqs, messages, strict=True):
@@ -167,6 +209,7 @@ class ConvertedItems:
         """Drop what is held (the next read reads the whole session)."""
         with self._lock:
             self._held = None
+            self._newest = None
 
     def _refresh(self) -> _Held:
         reads = self.memory.reads
