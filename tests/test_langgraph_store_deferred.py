@@ -152,3 +152,23 @@ def test_puts_and_searches_from_threads_leave_one_episode_per_live_item(
     for item in live:
         hits = store.search(item.namespace, query=item.value["text"], limit=1)
         assert [(h.key, h.value) for h in hits] == [(item.key, item.value)]
+
+
+def test_an_item_without_indexed_text_gets_no_episode(store: CtxkeepStore) -> None:
+    store.put(("notes",), "n1", {"title": "no text field"})
+    store.put(("notes",), "n2", {"text": "the launch code is aardvark"})
+    hits = store.search(("notes",), query="aardvark", limit=10)
+    assert [(h.key, h.score is not None) for h in hits] == [("n2", True), ("n1", False)]
+    assert store.episodic.count() == 1
+
+
+def test_a_value_changed_by_its_caller_after_the_put_is_indexed_as_put(
+    store: CtxkeepStore, embedder: CountingEmbedder
+) -> None:
+    value = {"text": "the launch code is aardvark"}
+    store.put(("notes",), "n1", value)
+    value["text"] = "changed afterwards"
+    assert [h.value for h in store.search(("notes",), query="aardvark")] == [
+        {"text": "the launch code is aardvark"}
+    ]
+    assert embedder.embedded() == ["the launch code is aardvark"]

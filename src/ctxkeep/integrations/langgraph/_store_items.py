@@ -439,9 +439,10 @@ class MemoryItems(Items):
         self._order += [(-r.updated_at, r.namespace, r.key) for r in rows if r is not None]
         self._order.sort()
 
-    def settle(self, ids: Sequence[tuple[Key, str, str]]) -> list[str]:
+    def settle(self, ids: Sequence[tuple[Key, str, str | None]]) -> list[str]:
         """Point each row still holding a mark at its episode (``(address, mark, episode
-        id)``); returns the episode ids whose row holds another (replaced meanwhile).
+        id)``, ``None``: no episode); returns the episode ids whose row holds another
+        (replaced meanwhile).
         """
         stale = []
         with self._lock:
@@ -449,7 +450,7 @@ class MemoryItems(Items):
                 row = self._rows.get(key)
                 if row is not None and row.episode_id == mark:
                     self._rows[key] = row._replace(episode_id=eid)
-                else:
+                elif eid is not None:
                     stale.append(eid)
         return stale
 

@@ -27,7 +27,10 @@ How an item is kept. Two parts, both in the store the URL names (``memory://``,
   into another's (ctxkeep smooths scores over a session's neighbours).
 
 A put saves the new episode, then writes the row (keeping ``created_at`` of a live item), then
-forgets the episode the row pointed at. On PostgreSQL, where the item table and the episodes
+forgets the episode the row pointed at. On ``memory://`` (with the episodic store the store
+opened) a put writes its row alone and its episode waits: every search with a query first saves
+the episodes of the puts since the last one, in one batch (so it finds them), and an item
+replaced or deleted before then is never embedded. On PostgreSQL, where the item table and the episodes
 share a database, the three are one transaction (one commit a batch); elsewhere a crash in
 between leaves at most an orphan episode, which no search returns (searches are scoped to the
 episodes live rows point at). An item put with ``index=False``, or whose fields hold no text,
@@ -237,8 +240,9 @@ class CtxkeepStore(BaseStore):
         self._episodic: EpisodicMemoryStore | None = episodic
         if episodic is None and self._indexed:
             self._episodic = self._open_episodic()
-        self._pending: dict[str, tuple[Key, dict[str, Any]]] = {}
-        """Episodes not saved yet (:meth:`_defers`): mark -> the item's address, the episode."""
+        self._pending: dict[str, tuple[Key, Literal[False] | list[str] | None, str, float]] = {}
+        """Episodes not saved yet (:meth:`_defers`): mark -> the item's address, its put's
+        ``index``, its value's JSON text, the time of the put."""
         self._pending_lock = threading.RLock()
         self._marks = itertools.count()
         try:
@@ -354,10 +358,24 @@ class CtxkeepStore(BaseStore):
         texts = [t for _, path in fields for t in get_text_at_path(value, path)]
         return "\n".join(t for t in texts if t.strip())
 
+    def _doc(self, address: Key, text: str, now: float) -> dict[str, Any]:
+        """The episode of the item at ``address`` whose indexed text is ``text``."""
+        ns, key = address
+        return {
+            "session_id": f"{AGENT}/{os.urandom(16).hex()}",  # no neighbours
+            "task_goal": "",
+            "summary": text,
+            "metadata": {"namespace": list(_ns_tuple(ns)), "key": key},
+            "agent_id": AGENT,
+            "task_id": ns,
+            "created_at": now,
+        }
+
     def _put(self, puts: Mapping[Key, PutOp], now: float) -> None:
         """Save the new episodes, write the rows, then forget what they replaced."""
         rows: dict[Key, Row] = {}
         docs: dict[Key, dict[str, Any]] = {}
+        defers = self._indexed and self._defers()
         for (ns, key), op in puts.items():
             if op.value is None:
                 continue
@@ -366,17 +384,11 @@ class CtxkeepStore(BaseStore):
             else:
                 ttl = float(op.ttl)
                 rows[ns, key] = Row(ns, key, _value_text(op.value), now, now, now + ttl * 60, ttl)
+            if defers:
+                continue
             text = self._text(op.value, op.index) if self._indexed else ""
             if text:
-                docs[ns, key] = {
-                    "session_id": f"{AGENT}/{os.urandom(16).hex()}",  # no neighbours
-                    "task_goal": "",
-                    "summary": text,
-                    "metadata": {"namespace": list(_ns_tuple(ns)), "key": key},
-                    "agent_id": AGENT,
-                    "task_id": ns,
-                    "created_at": now,
-                }
+                docs[ns, key] = self._doc((ns, key), text, now)
 
         def save() -> dict[Key, str]:
             if not docs:
@@ -388,14 +400,15 @@ class CtxkeepStore(BaseStore):
                 rows[k] = rows[k]._replace(episode_id=eid)
             return ids
 
-        if docs and self._defers():
-            # the episodes wait for the next read of the index (:meth:`_settle`); each row
-            # points at its episode's mark until then
+        if defers:
+            # the episodes, and the texts they index, wait for the next read of the index
+            # (:meth:`_settle`); each row points at its episode's mark until then
             with self._pending_lock:
-                for k, doc in docs.items():
-                    mark = f"{PENDING}{next(self._marks)}"
-                    rows[k] = rows[k]._replace(episode_id=mark)
-                    self._pending[mark] = (k, doc)
+                for k, op in puts.items():
+                    if op.value is not None and op.index is not False:
+                        mark = f"{PENDING}{next(self._marks)}"
+                        rows[k] = rows[k]._replace(episode_id=mark)
+                        self._pending[mark] = (k, op.index, rows[k].value, now)
                 replaced = self._items.write([(k, rows.get(k)) for k in puts], now)
                 self._forget(replaced)
             return
@@ -461,16 +474,18 @@ class CtxkeepStore(BaseStore):
             if not pending:
                 return
             try:
-                saved = self._epi._save_episodes(
-                    [doc for _, doc in pending.values()], new_sessions=True
-                )
+                texts = [
+                    (mark, k, self._text(loads(value), index), at)
+                    for mark, (k, index, value, at) in pending.items()
+                ]
+                docs = [self._doc(k, text, at) for _, k, text, at in texts if text]
+                saved = iter(self._epi._save_episodes(docs, new_sessions=True))
             except BaseException:
                 self._pending = pending | self._pending
                 raise
             assert isinstance(self._items, MemoryItems)
-            ids = [
-                (k, mark, eid) for (mark, (k, _)), eid in zip(pending.items(), saved, strict=True)
-            ]
+            # an item whose indexed fields hold no text has no episode
+            ids = [(k, mark, next(saved) if text else None) for mark, k, text, _ in texts]
             stale = self._items.settle(ids)
             if stale:
                 self._epi.forget(episode_id=stale)
