@@ -30,8 +30,8 @@ A put saves the new episode, then writes the row (keeping ``created_at`` of a li
 forgets the episode the row pointed at. On ``memory://`` (with the episodic store the store
 opened) a put writes its row alone and its episode waits: every search with a query first saves
 the episodes of the puts since the last one, in one batch (so it finds them), and an item
-replaced or deleted before then is never embedded. On PostgreSQL, where the item table and the episodes
-share a database, the three are one transaction (one commit a batch); elsewhere a crash in
+replaced or deleted before then is never embedded. On PostgreSQL, where the item table and the
+episodes share a database, the three are one transaction (one commit a batch); elsewhere a crash in
 between leaves at most an orphan episode, which no search returns (searches are scoped to the
 episodes live rows point at). An item put with ``index=False``, or whose fields hold no text,
 has no episode.
