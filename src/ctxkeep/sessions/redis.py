@@ -310,10 +310,11 @@ def role_member(role: str, seq: int) -> str:
 
 
 def _written(base: SessionInfo, changes: dict[str, Any]) -> SessionInfo:
-    """``dataclasses.replace(base, **changes)`` for the state an append leaves, made as a
-    copy of ``base``'s attributes: ``replace`` runs the frozen dataclass's ``__init__``,
-    twelve ``object.__setattr__`` calls after checking its arguments, about 10 us of an
-    append's client time, for a class whose ``__init__`` only stores them.
+    """``dataclasses.replace(base, **changes)`` for the state an append or a replace leaves
+    (and the one a replace checks), made as a copy of ``base``'s attributes: ``replace`` runs
+    the frozen dataclass's ``__init__``, twelve ``object.__setattr__`` calls after checking
+    its arguments, about 10 us of an append's client time, for a class whose ``__init__``
+    only stores them.
     """
     out = object.__new__(SessionInfo)
     state = base.__dict__.copy()
@@ -1103,11 +1104,13 @@ class RedisBackend(Backend):
             try:
                 if top is None or not batch.takes(top.seq, top.record):
                     raise SessionChangedError(session_id)
-                info = replace(
+                info = _written(
                     base,
-                    message_count=max(base.message_count - 1, 0),
-                    pending=pending_after_pop(base.pending, top.record),
-                    revision=base.revision + 1,
+                    {
+                        "message_count": max(base.message_count - 1, 0),
+                        "pending": pending_after_pop(base.pending, top.record),
+                        "revision": base.revision + 1,
+                    },
                 )
                 pending = batch.check(info)
             except Exception:
@@ -1146,13 +1149,15 @@ class RedisBackend(Backend):
                 f"Redis ids index of session {session_id!r} disagrees with its messages"
             )
         first: int = out[1]
-        after = replace(
+        after = _written(
             info,
-            pending=pending,
-            accessed_at=float(out[2]),
-            next_seq=first + len(records),
-            message_count=out[3],
-            revision=out[4],
+            {
+                "pending": pending,
+                "accessed_at": float(out[2]),
+                "next_seq": first + len(records),
+                "message_count": out[3],
+                "revision": out[4],
+            },
         )
         self._known.put(after)
         if records:
