@@ -74,28 +74,7 @@ def _migrations(dim: int) -> list[str]:
         "ALTER INDEX ctxkeep_episodes_body "
         f"SET (gin_pending_list_limit = {GIN_PENDING_LIST_KB}); "
         "SELECT gin_clean_pending_list('ctxkeep_episodes_body')",
-        # Version 4: the window documents in a narrow table of their own (TERMS_TABLE).
-        f"""CREATE TABLE ctxkeep_episode_terms (
-            row BIGINT PRIMARY KEY REFERENCES ctxkeep_episodes (row) ON DELETE CASCADE,
-            body TSVECTOR NOT NULL
-        );
-        INSERT INTO ctxkeep_episode_terms (row, body) SELECT row, body FROM ctxkeep_episodes;
-        DROP INDEX ctxkeep_episodes_body;
-        ALTER TABLE ctxkeep_episodes DROP COLUMN body;
-        CREATE INDEX ctxkeep_episode_terms_body ON ctxkeep_episode_terms USING gin (body)
-            WITH (gin_pending_list_limit = {GIN_PENDING_LIST_KB});
-        """,
     ]
-
-
-TERMS_TABLE = "ctxkeep_episode_terms"
-"""The window document of each episode (``row``, ``body`` as a ``tsvector``), beside the
-episodes (schema 4; it was their ``body`` column). A lexical search reads a row for every
-episode that holds a query term, to rank it: in the episodes' table, whose rows carry the
-vector, the record and its tokens (about 2 kB, four to a page), a query with a common term
-(2,222 matches of 10,000) read 1,944 pages, 6 of a search's 13 ms; here (about 200 B a row)
-it reads a few dozen. A window update (a neighbour joined) rewrites this narrow row, not the
-episode's with its HNSW entry."""
 
 
 GIN_PENDING_LIST_KB = 64
@@ -260,8 +239,8 @@ class PostgresEpisodicStore(SQLStore):
 
     def _write_windows(self, conn: Any, docs: Sequence[tuple[int, str, int]]) -> None:
         conn.execute(
-            "UPDATE ctxkeep_episode_terms t SET body = to_tsvector('simple', d.doc) "
-            "FROM unnest(%s::bigint[], %s::text[]) AS d(row, doc) WHERE t.row = d.row",
+            "UPDATE ctxkeep_episodes e SET body = to_tsvector('simple', d.doc) "
+            "FROM unnest(%s::bigint[], %s::text[]) AS d(row, doc) WHERE e.row = d.row",
             ([row for row, _, _ in docs], [doc for _, doc, _ in docs]),
         )
 
@@ -278,19 +257,16 @@ class PostgresEpisodicStore(SQLStore):
         # was imported (a session store's first)
         conn.adapters.register_dumper(_Floats, _FloatsDumper)
         conn.execute(
-            f"WITH src AS (SELECT * FROM unnest("
+            f"INSERT INTO ctxkeep_episodes ({COLUMNS}, body, embedding) "
+            f"SELECT {COLUMNS}, to_tsvector('simple', doc), "
+            f"(%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::vector FROM unnest("
             "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::float8[], "
             "%b::int8[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY "
-            f"AS t({COLUMNS}, doc, ord)), "
-            f"ins AS (INSERT INTO ctxkeep_episodes ({COLUMNS}, embedding) "
-            f"SELECT {COLUMNS}, (%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::vector "
-            "FROM src ORDER BY ord RETURNING row, episode_id) "
-            "INSERT INTO ctxkeep_episode_terms (row, body) "
-            "SELECT ins.row, to_tsvector('simple', src.doc) FROM ins JOIN src USING (episode_id)",
+            f"AS t({COLUMNS}, doc, ord) ORDER BY ord",
             (
+                _Floats(np.stack([r.vector for r in rows])),
                 *arrays,
                 [r.doc for r in rows],
-                _Floats(np.stack([r.vector for r in rows])),
             ),
         )
 
@@ -326,27 +302,19 @@ class PostgresEpisodicStore(SQLStore):
         parts: list[str] = []
         args: list[Any] = []
         query = " | ".join(dict.fromkeys(terms))
-        vec = _vec(q) if q is not None else None
         if q is not None:
             parts.append(
                 f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
                 "ORDER BY embedding <=> %s::vector LIMIT %s)"
             )
-            args += [*params, vec, n]
+            args += [*params, _vec(q), n]
         if terms:
-            # ranked in the narrow terms table (TERMS_TABLE); the episodes' rows are read
-            # only when a filter needs their columns
-            if where != self.dialect.true:
-                t_where, t_params = f.where(self.dialect, lambda col: f"e.{col}")
-                scope = f"JOIN ctxkeep_episodes e USING (row) WHERE {t_where} AND"
-            else:
-                t_params, scope = [], "WHERE"
             parts.append(
-                f"(SELECT row FROM ctxkeep_episode_terms {scope} "
-                "body @@ to_tsquery('simple', %s) "
+                f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
+                "AND body @@ to_tsquery('simple', %s) "
                 "ORDER BY ts_rank(body, to_tsquery('simple', %s)) DESC LIMIT %s)"
             )
-            args += [*t_params, query, query, n]
+            args += [*params, query, query, n]
         if not parts:
             return Candidates(np.zeros(0, np.int64))
         sql = f"WITH found AS ({' UNION '.join(parts)}), "
@@ -364,15 +332,12 @@ class PostgresEpisodicStore(SQLStore):
             sql += "cand AS (SELECT row FROM found) "
         sql += "SELECT e.row, e.session_id, e.pos, e.created_at"
         if terms:
-            sql += ", ts_rank(t.body, to_tsquery('simple', %s))"
+            sql += ", ts_rank(e.body, to_tsquery('simple', %s))"
             args.append(query)
         if q is not None:
             sql += ", 1 - (e.embedding <=> %s::vector)"
-            args.append(vec)
-        sql += " FROM ctxkeep_episodes e"
-        if terms:
-            sql += " JOIN ctxkeep_episode_terms t ON t.row = e.row"
-        sql += " WHERE e.row IN (SELECT row FROM cand) ORDER BY e.row"
+            args.append(_vec(q))
+        sql += " FROM ctxkeep_episodes e WHERE e.row IN (SELECT row FROM cand) ORDER BY e.row"
         with self._db.errors("search"), self._db.connection() as conn:
             with conn.pipeline(), conn.transaction():
                 if q is not None:
@@ -399,7 +364,7 @@ class PostgresEpisodicStore(SQLStore):
         query = " | ".join(dict.fromkeys(terms))
         found = self._q(
             "rank text",
-            "SELECT row, ts_rank(body, to_tsquery('simple', %s)) FROM ctxkeep_episode_terms "
+            "SELECT row, ts_rank(body, to_tsquery('simple', %s)) FROM ctxkeep_episodes "
             "WHERE row = ANY(%s)",
             (query, rows.tolist()),
         )
