@@ -67,3 +67,42 @@ def test_a_database_of_the_previous_schema_is_upgraded(
         assert again.search_relevant_context("upgrade", 1) == ["kept across the upgrade"]
     finally:
         again.close()
+
+
+def test_lexical_candidates_come_from_the_informative_terms(
+    postgres_schema_factory: Callable[[], str],
+) -> None:
+    """A term in more than 1,000 episodes (and 1% of them) finds no candidates once the table
+    has statistics, as in every ctxkeep store; it still scores them, and a query of common
+    terms alone still finds by its rarest."""
+    store = open_episodic(postgres_schema_factory(), "hash")
+    try:
+        assert isinstance(store, PostgresEpisodicStore)
+        store.save_episodes(
+            [
+                {
+                    "session_id": f"s{i}",
+                    "task_goal": "",
+                    "summary": f"penguin note {i}" + (" walrus" if i % 400 == 0 else ""),
+                }
+                for i in range(1_200)
+            ]
+        )
+        # no statistics yet: every term finds candidates
+        assert store._informative(["penguin", "walrus"]) == ["penguin", "walrus"]
+        with store.db.tx("analyse") as conn:
+            conn.execute("ANALYZE ctxkeep_episodes")
+        store._stats = None  # read them again now
+        assert store._informative(["penguin", "walrus"]) == ["walrus"]
+        assert store._informative(["penguin"]) == ["penguin"]
+        assert store._informative(["penguin", "note"]) == ["penguin", "note"]  # two rarest
+        hits = store.search("penguin walrus", 3)
+        assert sorted(h.episode.summary for h in hits) == [
+            "penguin note 0 walrus",
+            "penguin note 400 walrus",
+            "penguin note 800 walrus",
+        ]
+        assert all(h.lexical > 0 for h in hits)
+        assert len(store.search("penguin note", 5)) == 5
+    finally:
+        store.close()

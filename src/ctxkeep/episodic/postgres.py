@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -35,6 +36,7 @@ from ctxkeep.episodic.base import (
     Candidates,
     NewEpisodes,
     RetrievalConfig,
+    informative_terms,
     neighbour_positions,
     session_neighbour_rows,
 )
@@ -126,6 +128,18 @@ LOCK_CLASS = 0x637B_0E01
 """The first key of those locks (two-key advisory locks: apart from one-key ones)."""
 
 
+TERM_STATS_SECONDS = 60.0
+"""How long a store keeps the table's term frequencies (:meth:`PostgresEpisodicStore._term_stats`)
+before reading them again."""
+
+_TERM_STATS_SQL = (
+    "SELECT c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs "
+    "FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace "
+    "LEFT JOIN pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname "
+    "AND s.attname = 'body' WHERE c.oid = 'ctxkeep_episodes'::regclass"
+)
+
+
 def _column(rows: Sequence[Sequence[Any]], i: int) -> np.ndarray:
     """Column ``i`` of ``rows`` as floats."""
     return np.fromiter((float(r[i]) for r in rows), np.float64, len(rows))
@@ -164,6 +178,9 @@ class PostgresEpisodicStore(SQLStore):
     ) -> None:
         super().__init__(embedder, config)
         self.ef_search = ef_search
+        self._stats: tuple[float, dict[str, float], float] | None = None
+        """When the term statistics were read, each common lexeme's share of the episodes,
+        and the episodes' number (:meth:`_term_stats`)."""
         self._joined = threading.local()
         """``conn``: the connection of the :meth:`transaction` this thread is in, if any."""
         self._db = PgClient(
@@ -302,6 +319,7 @@ class PostgresEpisodicStore(SQLStore):
         parts: list[str] = []
         args: list[Any] = []
         query = " | ".join(dict.fromkeys(terms))
+        finding = " | ".join(self._informative(terms))
         if q is not None:
             parts.append(
                 f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
@@ -314,7 +332,7 @@ class PostgresEpisodicStore(SQLStore):
                 "AND body @@ to_tsquery('simple', %s) "
                 "ORDER BY ts_rank(body, to_tsquery('simple', %s)) DESC LIMIT %s)"
             )
-            args += [*params, query, query, n]
+            args += [*params, finding, finding, n]
         if not parts:
             return Candidates(np.zeros(0, np.int64))
         sql = f"WITH found AS ({' UNION '.join(parts)}), "
@@ -356,6 +374,47 @@ class PostgresEpisodicStore(SQLStore):
             neighbours=neighbour_positions(rows, nb),
             created=_column(found, 3),
         )
+
+    def _informative(self, terms: list[str]) -> list[str]:
+        """The query terms that find lexical candidates: :func:`informative_terms`, the rule
+        of every ctxkeep store (terms in at most 1% of the episodes, at least 1,000, else the
+        two rarest), with document frequencies from PostgreSQL's statistics of the ``body``
+        column (``pg_stats.most_common_elems``, kept by ``ANALYZE`` and autovacuum). A term
+        in most episodes made most of the table a candidate, each row read from the heap to
+        rank it: a common word's query was 4.4 against 2.6 ms at 10,000 episodes. Every term
+        still scores the candidates. A lexeme not among the common ones is rarer than all of
+        them; with no statistics yet (a table never analysed), every term finds candidates.
+        """
+        unique = list(dict.fromkeys(terms))
+        if len(unique) < 2:
+            return unique
+        stats = self._term_stats()
+        if stats is None:
+            return unique
+        share, n = stats
+        floor = 1.0 / max(n, 1.0)  # a lexeme not listed: rarer than every listed one
+        df = {w: max(round(share.get(w, floor) * n), 1) for w in unique}
+        return informative_terms(dict.fromkeys(unique, 1), df, int(n))
+
+    def _term_stats(self) -> tuple[dict[str, float], float] | None:
+        """The share of episodes holding each common lexeme and the episodes' number, from
+        the planner's statistics (read again after :data:`TERM_STATS_SECONDS`); ``None``
+        while the table has none.
+        """
+        now = time.monotonic()
+        cached = self._stats
+        if cached is not None and now - cached[0] < TERM_STATS_SECONDS:
+            return (cached[1], cached[2]) if cached[2] > 0 else None
+        found = self._q("read term statistics", _TERM_STATS_SQL)
+        share: dict[str, float] = {}
+        n = 0.0
+        if found:
+            tuples, elems, freqs = found[0]
+            if elems and freqs and tuples and tuples > 0:
+                share = {str(w): float(f) for w, f in zip(elems, freqs, strict=False)}
+                n = float(tuples)
+        self._stats = (now, share, n)
+        return (share, n) if n > 0 else None
 
     def _lexical(self, terms: list[str], rows: np.ndarray) -> np.ndarray:
         scores = np.zeros(rows.size, np.float64)
