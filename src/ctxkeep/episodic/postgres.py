@@ -5,7 +5,9 @@
 * Lexical: each episode's window document (its stemmed tokens ``self_weight`` times plus
   its session neighbours', as in every ctxkeep store) in a ``tsvector`` column with a GIN
   index, ranked by ``ts_rank`` (PostgreSQL's own ranking, not BM25: scores differ slightly
-  from the SQLite and memory stores).
+  from the SQLite and memory stores). Candidates come from the informative query terms (the
+  rule of every store, with document frequencies from PostgreSQL's statistics); every term
+  scores them.
 * Candidates from both, with their session neighbours, are then fused exactly as everywhere
   else (:class:`~ctxkeep.episodic.base.EpisodicMemoryStore`).
 
@@ -311,9 +313,10 @@ class PostgresEpisodicStore(SQLStore):
         self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
     ) -> Candidates:
         """The ``n`` nearest in the HNSW index and the ``n`` best by ``ts_rank`` among the
-        episodes holding a query term, with their session neighbours (unless no knob uses
-        them: ``smooth`` is (0, 0) and ``session_weight`` 0), and every score of theirs the
-        search needs: one statement (with ``hnsw.ef_search``, one round trip).
+        episodes holding an informative query term (:meth:`_informative`), with their session
+        neighbours (unless no knob uses them: ``smooth`` is (0, 0) and ``session_weight`` 0),
+        and every score of theirs the search needs: one statement (with ``hnsw.ef_search``,
+        one round trip).
         """
         where, params = f.where(self.dialect)
         parts: list[str] = []
