@@ -308,7 +308,7 @@ def test_memory_pages_read_only_the_head_of_the_order_kept_through_writes(
         items = store._items
         assert isinstance(items, _store_items.MemoryItems)
         rows = sorted(items._rows.values(), key=lambda r: (-r.updated_at, r.namespace, r.key))
-        assert [(ns, key) for _, ns, key in items._order] == [r.address for r in rows]
+        assert [(ns, key) for _, ns, key in items.newest_first()] == [r.address for r in rows]
         calls = 0
 
         def counted(value: Any, flt: Any) -> bool:
@@ -348,7 +348,7 @@ def test_memory_batches_keep_the_order_whether_rebuilt_or_edited(
         gone: list[tuple[Any, Any]] = [((ns, key), None) for (ns, key), _ in again]
         items.write(gone + again, now[0])
         rows = sorted(items._rows.values(), key=lambda r: (-r.updated_at, r.namespace, r.key))
-        assert [(ns, key) for _, ns, key in items._order] == [r.address for r in rows]
+        assert [(ns, key) for _, ns, key in items.newest_first()] == [r.address for r in rows]
         assert len(rows) == 40 - 8 + 6
 
 

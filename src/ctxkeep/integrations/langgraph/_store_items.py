@@ -314,9 +314,11 @@ class MemoryItems(Items):
     def __init__(self) -> None:
         self._rows: dict[Key, Row] = {}
         self._order: list[tuple[float, str, str]] = []
-        """``(-updated_at, namespace, key)`` of every row, sorted: the order searches return,
-        kept as rows are written, so a page is read from its head (O(page), not a sort of
-        every row per search)."""
+        """``(updated_at, namespace, key)`` of every row, ascending, kept as rows are written:
+        a page is read from its end (:meth:`newest_first`: O(page), not a sort of every row
+        per search). The newest is last, where a put appends: kept newest first, every put
+        inserted at the head of the list and moved every entry behind it (a put of one item
+        was O(rows): 12.7 against 9.6 us at 10,000 items, 60 us at 100,000)."""
         self._lock = threading.Lock()
         self._decoded: dict[Key, tuple[str, Any]] = {}
         """Each row's value text and its decoded value, for filters only (never handed out):
@@ -340,12 +342,25 @@ class MemoryItems(Items):
     def _place(self, old: Row | None, new: Row | None) -> None:
         """Keep :attr:`_order` as ``old`` becomes ``new`` (either None); under the lock."""
         if old is not None:
-            entry = (-old.updated_at, old.namespace, old.key)
+            entry = (old.updated_at, old.namespace, old.key)
             at = bisect.bisect_left(self._order, entry)
             if at < len(self._order) and self._order[at] == entry:
                 del self._order[at]
         if new is not None:
-            bisect.insort(self._order, (-new.updated_at, new.namespace, new.key))
+            bisect.insort(self._order, (new.updated_at, new.namespace, new.key))
+
+    def newest_first(self) -> Iterator[tuple[float, str, str]]:
+        """The entries of :attr:`_order` newest first, ties by namespace then key (the SQL
+        tables' order): from the end, each run of one time in its own (ascending) order; the
+        caller holds the lock.
+        """
+        order = self._order
+        end = len(order)
+        while end:
+            start = bisect.bisect_left(order, (order[end - 1][0],), 0, end)
+            for i in range(start, end):
+                yield order[i]
+            end = start
 
     def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
         """The stored rows of ``keys``."""
@@ -371,7 +386,7 @@ class MemoryItems(Items):
         want = None if limit is None else offset + limit
         out: list[Row] = []
         with self._lock:
-            for _, ns, key in self._order:
+            for _, ns, key in self.newest_first():
                 if want is not None and len(out) >= want:
                     break
                 if not _under(ns, prefix):
@@ -432,11 +447,11 @@ class MemoryItems(Items):
             for key, old in before.items():
                 self._place(old, self._rows.get(key))
             return
-        gone = {(-r.updated_at, r.namespace, r.key) for r in before.values() if r is not None}
+        gone = {(r.updated_at, r.namespace, r.key) for r in before.values() if r is not None}
         if gone:
             self._order = [e for e in self._order if e not in gone]
         rows = (self._rows.get(key) for key in before)
-        self._order += [(-r.updated_at, r.namespace, r.key) for r in rows if r is not None]
+        self._order += [(r.updated_at, r.namespace, r.key) for r in rows if r is not None]
         self._order.sort()
 
     def settle(self, ids: Sequence[tuple[Key, str, str | None]]) -> list[str]:
