@@ -60,6 +60,17 @@ COLUMNS = (
     "session_id, agent_id, task_id, metadata, created_at, accessed_at, message_count, "
     "next_seq, pending, generation, first_seq, revision"
 )
+_WIDTH = COLUMNS.count(",") + 1
+
+NEWER_SQL = (
+    "SELECT "
+    + ", ".join(f"s.{c}" for c in COLUMNS.split(", "))
+    + ", m.seq, m.record FROM ctxkeep_sessions s LEFT JOIN ctxkeep_messages m "
+    "ON m.session_id = s.session_id AND m.seq > ? WHERE s.session_id = ? ORDER BY m.seq"
+)
+"""The session's row and its messages after a seq in one statement, which sees one snapshot by
+itself (parameters: the seq, the session id): the row's columns, then each message's seq and
+record (``NULL`` for both when there is none)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -506,6 +517,17 @@ class SQLBackend(Backend):
         return self._texts(session_id, after_seq)
 
     def _texts(self, session_id: str, after_seq: int) -> tuple[SessionInfo, list[Any]] | None:
+        """The row and the records' texts after ``after_seq``. Above 0 (a reader that holds the
+        older ones: a prompt's cached tail) in one statement (:data:`NEWER_SQL`): a read
+        transaction was four statements in three round trips on PostgreSQL, the row repeated
+        on each of the few newer messages costs less; a whole read keeps the transaction.
+        """
+        if after_seq > 0:
+            found = self._q("read a session", NEWER_SQL, (after_seq, session_id))
+            if not found:
+                return None
+            tail = [(r[_WIDTH], r[_WIDTH + 1]) for r in found if r[_WIDTH] is not None]
+            return row_to_info(found[0][:_WIDTH]), tail
         with self.snapshot("read a session") as conn:
             row = self._session_row(conn, session_id)
             if row is None:

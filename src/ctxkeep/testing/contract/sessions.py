@@ -774,6 +774,26 @@ class SessionContract:
         assert got is not None and [seq for seq, _ in got[1]] == list(range(1, 11))
         assert backend.read_rows("no-such-session", seqs=[1], after_seq=0) is None
 
+    def test_read_after_a_seq_gives_the_row_and_only_the_newer_messages(
+        self, memory: MemoryManager
+    ) -> None:
+        sid = memory.create_session("agent-after")
+        for i in range(6):
+            memory.add_message(sid, "user" if i % 2 == 0 else "assistant", f"m{i}")
+        backend = memory.backend
+        for after, expected in ((0, [1, 2, 3, 4, 5, 6]), (4, [5, 6]), (6, []), (99, [])):
+            got = backend.read(sid, after)
+            assert got is not None
+            info, rows = got
+            assert info.session_id == sid and info.next_seq == 7 and info.message_count == 6
+            assert info.agent_id == "agent-after"
+            assert [seq for seq, _ in rows] == expected
+            assert [r["content"] for _, r in rows] == [f"m{s - 1}" for s in expected]
+        assert backend.read("no-such-session", 3) is None
+        empty = memory.create_session("agent-after")  # a row without messages
+        got = backend.read(empty, 3)
+        assert got is not None and got[1] == [] and got[0].message_count == 0
+
     def test_fold_snapshots_are_kept_per_key_for_one_generation_and_deleted_with_it(
         self, memory: MemoryManager
     ) -> None:
