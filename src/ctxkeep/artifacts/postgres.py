@@ -8,9 +8,11 @@ version is the ``artifacts`` row of ``ctxkeep_meta`` (see :mod:`ctxkeep._pg`).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ctxkeep._pg import PgClient
+from ctxkeep.artifacts.base import RECORD_VERSION
 from ctxkeep.artifacts.sql import SQLArtifactStore
 
 MIGRATIONS: list[str] = [
@@ -23,6 +25,18 @@ MIGRATIONS: list[str] = [
     )
     """,
 ]
+
+
+LOOKUP_SQL = "SELECT ref FROM ctxkeep_artifacts WHERE ref = ANY(%s)"
+"""Which of the refs (one array: the statement's text is the same for any number) are stored."""
+
+INSERT_SQL = (
+    "INSERT INTO ctxkeep_artifacts (ref, body, schema_version, created_at) "
+    "SELECT ref, body, %s, %s FROM unnest(%s::text[], %s::bytea[]) AS new (ref, body) "
+    "ON CONFLICT (ref) DO NOTHING RETURNING ref"
+)
+"""Store the artifacts not stored (parameters: the schema version, the time, the refs and their
+bytes, as two arrays): one statement, atomic by itself."""
 
 
 class PostgresArtifactStore(SQLArtifactStore):
@@ -55,3 +69,17 @@ class PostgresArtifactStore(SQLArtifactStore):
 
     def _decode(self, value: Any) -> str:
         return bytes(value).decode("utf-8")
+
+    def _put_many(self, items: dict[str, str]) -> None:
+        """Which refs are stored, then the others: two statements of fixed text, each its own
+        transaction, where the shared path sent a statement of as many placeholders as refs
+        (parsed and planned each time), then ``BEGIN``, an ``INSERT`` per artifact and
+        ``COMMIT``. Nothing is written when every ref is stored (a prompt build on a
+        read-only database).
+        """
+        refs = list(items)
+        stored = {str(r[0]) for r in self._pg.q("look up artifacts", LOOKUP_SQL, (refs,))}
+        new = [ref for ref in refs if ref not in stored]
+        if new:
+            bodies = [self._encode(items[ref]) for ref in new]
+            self._pg.q("store artifacts", INSERT_SQL, (RECORD_VERSION, time.time(), new, bodies))
