@@ -752,3 +752,79 @@ def test_the_langgraph_example_resumes_its_thread_and_recalls_by_the_rare_word(
     assert len(out["said"]) == 2  # turn 2 resumed turn 1's thread from its checkpoint
     assert out["recalled"] == ["I am allergic to penicillin"]
     assert out["checkpoints"] >= 4
+
+
+# -- the item table's schema ----------------------------------------------------------------------
+
+OLD_ROWS = [
+    # namespace, key, value, created_at, updated_at, expires_at, ttl_minutes, episode_id
+    ("u.a", "k1", '{"n":1}', 1e9, 1e9 + 5, None, None, None),
+    ("u.a", "k2", '{"n":2}', 1e9, 1e9 + 9, 1e9 + 600, 10.0, None),  # expired at 2e9
+    ("u.b", "k3", '{"n":3}', 1e9, 1e9 + 7, 3e9, 10.0, None),
+]
+
+
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_items_stored_at_schema_2_read_back_after_the_upgrade(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Schema 3 (SQLite: the rows in the primary key's b-tree; both: the expiry index
+    partial) keeps every row of schema 2: gets, the order, listings and the TTL sweep."""
+    from ctxkeep.integrations.langgraph import _store_items as si
+
+    insert = f"INSERT INTO {si.TABLE} VALUES ({', '.join('?' * len(si.COLUMNS))})"
+    if engine == "sqlite":
+        import sqlite3
+        from contextlib import closing
+
+        from ctxkeep._sqlite import SQLiteClient
+
+        path = tmp_path / "old.db"
+        url = f"sqlite:///{path}"
+        SQLiteClient(
+            str(path), meta_key="langgraph_store", migrations=si.SQLITE_MIGRATIONS[:2]
+        ).close()
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.executemany(insert, OLD_ROWS)
+    else:
+        import psycopg
+
+        from ctxkeep._pg import PgClient
+
+        url = request.getfixturevalue("postgres_schema_factory")()
+        PgClient(
+            url, name="old", meta_key="langgraph_store", migrations=si.POSTGRES_MIGRATIONS[:2]
+        ).close()
+        with psycopg.connect(url) as pg:
+            pg.cursor().executemany(insert.replace("?", "%s"), OLD_ROWS)
+    with CtxkeepStore(url, index=False, clock=lambda: 2e9) as store:
+        got = store.batch([GetOp(("u", ns), key) for ns, key in (("a", "k1"), ("b", "k3"))])
+        assert [(g.value, g.created_at.timestamp()) for g in got if g is not None] == [
+            ({"n": 1}, 1e9),
+            ({"n": 3}, 1e9),
+        ]
+        assert store.get(("u", "a"), "k2") is None  # expired
+        assert [i.key for i in store.search(("u",))] == ["k3", "k1"]
+        assert store.list_namespaces() == [("u", "a"), ("u", "b")]
+        assert store.sweep_ttl() == 1
+        store.put(("u", "a"), "k1", {"n": 10}, ttl=1)
+        assert store.get(("u", "a"), "k1").created_at.timestamp() == 1e9  # type: ignore[union-attr]
+        items = store._items
+        assert isinstance(items, si.SQLItems)
+        if engine == "sqlite":
+            schema = dict(
+                items._db.q(
+                    "read the schema", "SELECT name, sql FROM sqlite_schema WHERE sql IS NOT NULL"
+                )
+            )
+            assert schema[si.TABLE].rstrip().endswith("WITHOUT ROWID")
+        else:
+            schema = dict(
+                items._db.q(
+                    "read the schema",
+                    "SELECT indexname, indexdef FROM pg_indexes "
+                    "WHERE schemaname = current_schema()",
+                )
+            )
+        assert "WHERE" in schema[f"{si.TABLE}_expiry"]
+        assert f"{si.TABLE}_order" in schema

@@ -5,6 +5,8 @@ and over rows an indexed store wrote before (their episodes are still forgotten)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("langgraph")
+from langgraph.store.base import GetOp, PutOp
 from langgraph.store.memory import InMemoryStore
 
 from conftest_services import fresh_store_url, postgres_schema_factory, postgres_url
@@ -156,3 +159,82 @@ def test_one_put_or_delete_on_postgres_is_one_statement_outside_a_transaction(
         assert len(statements) == 2
     with CtxkeepStore(store._url, index=False) as again:  # type: ignore[arg-type]
         assert again.get(("u",), "a") is None
+
+
+def test_a_batch_keeps_created_at_of_live_items_only(url: str) -> None:
+    """A batch's puts keep ``created_at`` as one put does (PostgreSQL writes the batch in one
+    statement: ``_store_items.PG_PUT_MANY``), its deletes delete, and what it replaced is
+    forgotten."""
+    now = [1e9]
+    with CtxkeepStore(url, index=False, clock=lambda: now[0]) as store:
+        store.batch(
+            [
+                PutOp(("u",), "live", {"v": 1}),
+                PutOp(("u",), "ttl", {"v": 1}, ttl=10),
+                PutOp(("u",), "gone", {"v": 1}),
+            ]
+        )
+        now[0] += 3600  # "ttl" expired
+        store.batch(
+            [
+                PutOp(("u",), "live", {"v": 2}),
+                PutOp(("u",), "ttl", {"v": 2}),
+                PutOp(("u",), "gone", None),
+                PutOp(("u",), "new", {"v": 2}, ttl=5),
+                PutOp(("u",), "never", None),
+            ]
+        )
+        got = {i.key: i for i in store.search(("u",), limit=10)}
+        assert sorted(got) == ["live", "new", "ttl"]
+        assert all(i.value == {"v": 2} for i in got.values())
+        created = {k: i.created_at.timestamp() for k, i in got.items()}
+        assert created == {"live": 1e9, "ttl": now[0], "new": now[0]}
+        assert {i.updated_at.timestamp() for i in got.values()} == {now[0]}
+        now[0] += 301  # "new" expired, swept; the others have no TTL
+        assert store.sweep_ttl() == 1
+        assert store.get(("u",), "new") is None
+
+
+@pytest.mark.postgres
+def test_a_batch_on_postgres_writes_its_rows_in_one_statement(
+    postgres_schema_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with CtxkeepStore(postgres_schema_factory(), index=False) as store:
+        store.batch([PutOp(("u",), f"k{i}", {"n": i}) for i in range(5)])
+        db = store._items._db  # type: ignore[attr-defined]
+        sent: list[str] = []
+        tx = db.tx
+
+        @contextmanager
+        def counted(doing: str, **kw: Any) -> Iterator[Any]:
+            with tx(doing, **kw) as conn:
+                real = conn.execute
+
+                def execute(sql: str, *args: Any, **kwargs: Any) -> Any:
+                    sent.append(sql)
+                    return real(sql, *args, **kwargs)
+
+                monkeypatch.setattr(conn, "execute", execute)
+                try:
+                    yield conn
+                finally:
+                    monkeypatch.undo()
+
+        monkeypatch.setattr(db, "tx", counted)
+        store.batch(
+            [PutOp(("u",), f"k{i}", {"n": -i}) for i in range(3)]
+            + [PutOp(("u",), "k4", None)]
+            + [PutOp(("v",), f"k{i}", {"n": i}) for i in range(400)]
+        )
+        assert len(sent) == 1 and sent[0].startswith("WITH new AS")
+        monkeypatch.undo()
+    with CtxkeepStore(store._url, index=False) as again:  # type: ignore[arg-type]
+        got = again.batch([GetOp(("u",), f"k{i}") for i in range(5)] + [GetOp(("v",), "k399")])
+        assert [g.value if g is not None else None for g in got] == [
+            {"n": 0},
+            {"n": -1},
+            {"n": -2},
+            {"n": 3},
+            None,
+            {"n": 399},
+        ]
