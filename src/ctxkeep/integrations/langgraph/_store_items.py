@@ -759,7 +759,9 @@ class SQLItems(Items):
             if old is not None:
                 replaced.append(old)
         deletes = [key for key, row in final.items() if row is None]
-        upserts: list[tuple[Any, ...]] = [row for row in final.values() if row is not None]
+        # in primary key order: SQLite keeps the rows in that b-tree (WITHOUT ROWID), which
+        # then fills page after page instead of splitting pages all over it
+        upserts: list[tuple[Any, ...]] = sorted(row for row in final.values() if row is not None)
         if deletes:
             executemany(conn, delete, deletes)
         if upserts:
