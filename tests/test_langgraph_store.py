@@ -658,6 +658,21 @@ def test_a_langgraph_graph_remembers_and_recalls_through_the_store(make: Factory
         (lambda s: s.put(("langgraph", "x"), "k", {}), InvalidNamespaceError),
         (lambda s: s.batch([PutOp(("langgraph",), "k", {})]), InvalidNamespaceError),
         (lambda s: s.batch([GetOp(("a", 1), "k")]), InvalidNamespaceError),  # type: ignore[arg-type]
+        # a batch checks each namespace once, each one that differs still checked
+        (
+            lambda s: s.batch(
+                [PutOp(("b",), "k", {}), PutOp(("b",), "j", {}), PutOp(("b.c",), "k", {})]
+            ),
+            InvalidNamespaceError,
+        ),
+        (
+            lambda s: s.batch([PutOp(("b",), "k", {}), PutOp(("b", ["c"]), "k", {})]),  # type: ignore[list-item]
+            InvalidNamespaceError,
+        ),
+        (
+            lambda s: s.batch([PutOp(("b",), "k", {}), PutOp(("b", ""), "k", {})]),
+            InvalidNamespaceError,
+        ),
         (lambda s: s.batch([GetOp(("a",), 1)]), InvalidTypeError),  # type: ignore[arg-type]
         (lambda s: s.put(("a",), "k", {"s": {1, 2}}), InvalidTypeError),
         (lambda s: s.put(("a",), "k", {"x": math.nan}), ConfigError),

@@ -740,7 +740,7 @@ class SQLItems(Items):
         for start in range(0, len(rows), ROWS_PER_INSERT):
             chunk = rows[start : start + ROWS_PER_INSERT]
             sql = head + ", ".join([one] * len(chunk)) + tail
-            conn.execute(sql, [v for row in chunk for v in row])
+            conn.execute(sql, list(itertools.chain.from_iterable(chunk)))
 
     def _write(self, conn: Any, puts: Sequence[tuple[Key, Row | None]], now: float) -> list[Row]:
         if self._engine == "postgres" and len({key for key, _ in puts}) == len(puts):
@@ -755,9 +755,11 @@ class SQLItems(Items):
         final: dict[Key, Row | None] = {}
         for key, put in puts:
             old = final[key] if key in final else stored.get(key)
+            if old is None:
+                final[key] = put
+                continue
             final[key] = merged(old, put, now)
-            if old is not None:
-                replaced.append(old)
+            replaced.append(old)
         deletes = [key for key, row in final.items() if row is None]
         # in primary key order: SQLite keeps the rows in that b-tree (WITHOUT ROWID), which
         # then fills page after page instead of splitting pages all over it

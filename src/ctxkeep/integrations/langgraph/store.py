@@ -313,8 +313,9 @@ class CtxkeepStore(BaseStore):
 
         """
         ops = _check.iterable("ops", ops)
+        checked: set[tuple[str, ...]] = set()  # the puts' namespaces checked
         for op in ops:
-            _check_op(op)
+            _check_op(op, checked)
         now = self.clock()
         results: list[Result] = [None] * len(ops)
         refresh: dict[Key, Row] = {}
