@@ -238,3 +238,33 @@ def test_a_batch_on_postgres_writes_its_rows_in_one_statement(
             None,
             {"n": 399},
         ]
+
+
+@pytest.mark.postgres
+def test_puts_on_postgres_are_prepared_on_their_first_run(
+    postgres_schema_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg prepares a statement on its fifth run on a connection unless asked: a put's
+    (its text fixed) is asked to be prepared on its first, as LangGraph's PostgresStore does
+    (``prepare_threshold=0``)."""
+    import psycopg
+
+    asked: list[tuple[str, Any]] = []
+    real = psycopg.Connection.execute
+
+    def execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        asked.append((" ".join(str(query).split()[:3]), kw.get("prepare")))
+        return real(self, query, params, **kw)
+
+    with CtxkeepStore(postgres_schema_factory(), index=False) as store:
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+        store.put(("u",), "a", {"v": 1})
+        store.batch([PutOp(("u",), "b", {"v": 2}), PutOp(("u",), "a", None)])
+        store.delete(("u",), "b")
+        monkeypatch.undo()
+        assert asked == [
+            ("WITH old AS", True),
+            ("WITH new AS", True),
+            ("DELETE FROM ctxkeep_langgraph_items", True),
+        ]
+        assert store.get(("u",), "a") is None and store.get(("u",), "b") is None

@@ -407,12 +407,14 @@ class PgClient:
         params: tuple[Any, ...] | Mapping[str, Any] = (),
         *,
         any_path: bool = False,
+        prepare: bool | None = None,
     ) -> list[Any]:
         """Run one statement outside a transaction; its rows (``any_path``: see
-        :meth:`connection`).
+        :meth:`connection`; ``prepare``: psycopg's, True to prepare it on its first run on a
+        connection, not its fifth).
         """
         with self.errors(doing), self.connection(any_path=any_path) as conn:
-            rows: list[Any] = conn.execute(sql, params).fetchall()
+            rows: list[Any] = conn.execute(sql, params, prepare=prepare).fetchall()
             return rows
 
     def schema(self) -> str:

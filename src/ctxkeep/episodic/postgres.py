@@ -287,6 +287,7 @@ class PostgresEpisodicStore(SQLStore):
                 *arrays,
                 [r.doc for r in rows],
             ),
+            prepare=True,  # its text is the same every time: parsed once a connection
         )
 
     # -- primitives ------------------------------------------------------------------------

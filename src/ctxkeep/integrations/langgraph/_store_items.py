@@ -711,11 +711,13 @@ class SQLItems(Items):
         """
         if conn is None and self._engine == "postgres" and len(puts) == 1:
             (ns, key), put = puts[0]
+            pg: Any = self._db  # a PgClient, whose q() prepares
             if put is None:
                 sql = f"DELETE FROM {TABLE} WHERE namespace = %s AND item_key = %s RETURNING "
-                found = self._db.q("delete an item", sql + ", ".join(COLUMNS), (ns, key))
+                sql += ", ".join(COLUMNS)
+                found = pg.q("delete an item", sql, (ns, key), prepare=True)
             else:
-                found = self._db.q("write an item", PG_PUT_ONE, (ns, key, *put, now))
+                found = pg.q("write an item", PG_PUT_ONE, (ns, key, *put, now), prepare=True)
             return [_row(values) for values in found]
         if conn is None:
             with self._db.tx("write items") as conn:
@@ -779,14 +781,15 @@ class SQLItems(Items):
         """
         rows = [put if put is not None else (*key, *_GONE) for key, put in puts]
         if len(rows) == 1 and rows[0][2] is not None:
-            found = conn.execute(PG_PUT_ONE, (*rows[0][:2], *rows[0], now)).fetchall()
+            found = conn.execute(PG_PUT_ONE, (*rows[0][:2], *rows[0], now), prepare=True)
         else:
             columns = [list(column) for column in zip(*rows, strict=True)]
-            found = conn.execute(PG_PUT_MANY, (*columns, now)).fetchall()
+            found = conn.execute(PG_PUT_MANY, (*columns, now), prepare=True)
+        replaced = [_row(values) for values in found.fetchall()]
         if not self._analyzed and sum(put is not None for _, put in puts) >= ANALYZE_AFTER:
             self._analyzed = True
             conn.execute(f"ANALYZE {TABLE}")
-        return [_row(values) for values in found]
+        return replaced
 
     def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
         """Set expiries of rows with a TTL, in one transaction."""
