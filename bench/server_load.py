@@ -63,6 +63,13 @@ every run the throughput until the first client finished (``while every client r
 client keeps its connection, which the kernel gives a worker by a hash of its address, and
 sends a fixed number of requests, so a worker dealt 35 of the 50 clients is still serving
 them alone after the other's 15 are done (see :func:`worker_spread`).
+
+The machine's own ceiling. With more than one worker the script also measures how the machine
+runs N CPU-bound Python processes at once against one alone (``--ceiling-rounds`` rounds
+before the runs and as many after; :func:`machine_ceiling`), and prints the per-worker figure
+beside it: what the hardware and the host leave of a second core for pure CPU work (vCPUs that
+share a physical core or its caches, a hypervisor's scheduling) bounds every server's
+per-worker scaling here, whatever it does.
 """
 
 from __future__ import annotations
@@ -1158,6 +1165,52 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]], args: argparse.Na
     Console(width=220).print(table)
 
 
+_SPIN = """
+import sys, time
+def spin(n):
+    s = 0
+    for i in range(n):
+        s += i * i % 7
+    return s
+spin(100_000)
+t = time.perf_counter()
+spin(int(sys.argv[1]))
+print(time.perf_counter() - t)
+"""
+
+
+def machine_ceiling(n: int, rounds: int, loops: int = 4_000_000) -> dict[str, Any]:
+    """How this machine runs ``n`` CPU-bound Python processes at once: each one's speed as a
+    share of one running alone, per round (alone first, then ``n`` at once, in turns), the
+    median and range. Python bytecode on one core, no I/O, no locks: what is left below 1.0
+    is the hardware's and the host's (cores that share a physical core or its caches, a
+    hypervisor's scheduling), a ceiling no server's per-worker scaling can pass here.
+    """
+
+    def run(k: int) -> list[float]:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _SPIN, str(loops)], stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(k)
+        ]
+        return [float(p.communicate()[0]) for p in procs]
+
+    shares: list[float] = []
+    for _ in range(rounds):
+        alone = run(1)[0]
+        together = run(n)
+        shares.append(statistics.mean(alone / t for t in together))
+    return {
+        "processes": n,
+        "rounds": rounds,
+        "shares": shares,
+        "median": statistics.median(shares),
+        "min": min(shares),
+        "max": max(shares),
+    }
+
+
 def _busy_ms(r: dict[str, Any]) -> float | None:
     """CPU ms per request of the whole machine at normal priority, if it was measured."""
     cpu = r["cpu_s"]
@@ -1202,6 +1255,13 @@ def main() -> None:
         help="serve this uvicorn app factory (on PYTHONPATH or in bench/, e.g. "
         "server_load:tuned_app) instead of ctxkeep serve",
     )
+    ap.add_argument(
+        "--ceiling-rounds",
+        type=int,
+        default=5,
+        help="rounds of the machine's own scaling (N CPU-bound processes against one; "
+        "before and after the runs; 0: skip)",
+    )
     ap.add_argument("--pg-url", default=os.environ.get("CTXKEEP_BENCH_PG"))
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON (- : stdout)")
     args = ap.parse_args()
@@ -1228,6 +1288,15 @@ def main() -> None:
         targets[at : at + 1] = [f"server x{n}" for n in counts]
 
     load_before = os.getloadavg()
+    ceilings: dict[int, list[float]] = {}
+
+    def measure_ceilings() -> None:
+        for n in counts:
+            if n > 1 and args.ceiling_rounds > 0:
+                got = machine_ceiling(n, args.ceiling_rounds)["shares"]
+                ceilings.setdefault(n, []).extend(got)
+
+    measure_ceilings()
     plan = Plan(
         [
             client_script(
@@ -1270,6 +1339,7 @@ def main() -> None:
         finally:
             if pg is not None:
                 pg.close()
+    measure_ceilings()  # after as before: a drift in the machine's load touches both
     load_after = os.getloadavg()
     results = {b: {t: aggregate(v) for t, v in ts.items()} for b, ts in runs.items()}
     print_table(results, args)
@@ -1297,6 +1367,15 @@ def main() -> None:
                 f"  while every client ran: {r['all_busy_per_s']:,.0f} req/s, "
                 f"{busy_per:.2f}x one worker's {one['all_busy_per_s']:,.0f} per worker"
             )
+            shares = ceilings.get(n)
+            if shares:
+                ceiling = statistics.median(shares)
+                print(
+                    f"  the machine's own ceiling: {n} CPU-bound Python processes at once ran "
+                    f"each at {ceiling:.2f}x of one alone ({min(shares):.2f}-{max(shares):.2f}, "
+                    f"{len(shares)} rounds, before and after the runs): per worker "
+                    f"{per / ceiling:.2f} of it ({busy_per / ceiling:.2f} while every client ran)"
+                )
             # the server, the load generator and the database share the machine's cores:
             # requests per busy core-second is the scaling the workers themselves show
             busy = {t: _busy_ms(x) for t, x in (("one", one), ("n", r))}
@@ -1326,6 +1405,15 @@ def main() -> None:
                 "group": args.group,
                 "server": server_mode,
                 "load_average_before_after": [load_before, load_after],
+                "machine_ceiling": {
+                    str(n): {
+                        "shares": v,
+                        "median": statistics.median(v),
+                        "min": min(v),
+                        "max": max(v),
+                    }
+                    for n, v in ceilings.items()
+                },
                 "results": results,
                 "runs": runs,
             },

@@ -151,6 +151,13 @@ def test_the_worker_spread_counts_each_pids_posts_and_the_tail_after_the_first_r
     assert bench.worker_spread([]) == {}
 
 
+def test_the_machine_ceiling_runs_each_round_alone_then_n_at_once(bench: ModuleType) -> None:
+    got = bench.machine_ceiling(2, 2, loops=20_000)
+    assert got["processes"] == 2 and got["rounds"] == 2
+    assert len(got["shares"]) == 2 and all(s > 0 for s in got["shares"])
+    assert got["min"] <= got["median"] <= got["max"]
+
+
 def test_the_database_cpu_is_the_named_databases_backends_alone(
     bench: ModuleType,
     postgres_url: str,  # noqa: F811
