@@ -1,6 +1,7 @@
 """Episodes in PostgreSQL (``postgresql://...``): pgvector with an HNSW index, plus full text.
 
-* Dense: a ``vector(dim)`` column with an HNSW index (cosine); a search asks it for the
+* Dense: a ``halfvec(dim)`` column (``vector(dim)`` before pgvector 0.7.0, or in a table made
+  by an older ctxkeep: :data:`VECTOR_TYPES`) with an HNSW index (cosine); a search asks it for the
   nearest candidates, within the filters.
 * Lexical: each episode's window document (its stemmed tokens ``self_weight`` times plus
   its session neighbours', as in every ctxkeep store) in a ``tsvector`` column with a GIN
@@ -52,7 +53,10 @@ from ctxkeep.sessions.records import dumps, loads
 def _migrations(dim: int) -> list[str]:
     return [
         "CREATE EXTENSION IF NOT EXISTS vector",
-        f"""CREATE TABLE IF NOT EXISTS ctxkeep_episodes (
+        # The vectors as halfvec where pgvector has it (0.7.0 on), else vector (VECTOR_TYPE).
+        f"""DO $$ DECLARE t text := CASE WHEN to_regtype('halfvec') IS NULL
+            THEN 'vector' ELSE 'halfvec' END;
+        BEGIN EXECUTE format($q$CREATE TABLE IF NOT EXISTS ctxkeep_episodes (
             row BIGSERIAL PRIMARY KEY,
             episode_id TEXT NOT NULL UNIQUE,
             content_key TEXT NOT NULL UNIQUE,
@@ -64,14 +68,14 @@ def _migrations(dim: int) -> list[str]:
             record TEXT NOT NULL,
             tokens TEXT NOT NULL,
             body TSVECTOR NOT NULL DEFAULT ''::tsvector,
-            embedding vector({dim}) NOT NULL
+            embedding %1$s({dim}) NOT NULL
         );
         CREATE INDEX IF NOT EXISTS ctxkeep_episodes_session ON ctxkeep_episodes (session_id, pos);
         CREATE INDEX IF NOT EXISTS ctxkeep_episodes_task ON ctxkeep_episodes (task_id);
         CREATE INDEX IF NOT EXISTS ctxkeep_episodes_agent ON ctxkeep_episodes (agent_id);
         CREATE INDEX IF NOT EXISTS ctxkeep_episodes_body ON ctxkeep_episodes USING gin (body);
         CREATE INDEX IF NOT EXISTS ctxkeep_episodes_hnsw ON ctxkeep_episodes
-            USING hnsw (embedding vector_cosine_ops);
+            USING hnsw (embedding %1$s_cosine_ops)$q$, t); END $$;
         CREATE TABLE IF NOT EXISTS ctxkeep_episodic_meta (key TEXT PRIMARY KEY, value TEXT);
         """,
         # Version 3: the full-text index's pending list at most 64 kB (GIN_PENDING_LIST_KB).
@@ -87,6 +91,31 @@ GIN_PENDING_LIST_KB = 64
 reads all of it: after a load of 10,000 episodes it held 244 pages, and the lexical half of a
 search at 10,000 items took 13 ms for no match (16 ms a search in all), 0.01 ms once merged
 (3.4-6.8 ms a search). Held small, inserts merge it often, a little at a time."""
+
+
+VECTOR_TYPES = ("halfvec", "vector")
+"""The types the ``embedding`` column may have. A new table takes ``halfvec`` (two bytes a
+dimension; pgvector 0.7.0 on), else ``vector`` (four); a table made before keeps its own. At
+1,000 items of ``bench/peers.py`` (256 dimensions), the episodes' heap went 2,000 -> 1,336 kB
+(4 -> 6 rows a page) and the HNSW index 1,288 -> 792 kB; recall@10 of
+``bench/store_recall.py``'s planted facts is the same: at 10,000 items, one table's column
+converted in turns and its index rebuilt, 0.75 / 0.70 / 0.75 as halfvec and 0.70 / 0.75 / 0.70
+as vector (one fact in or out by how the HNSW graph was built, whichever the type). A cosine
+comes within about 1e-3 of the float32 one (a test holds it to 2e-3)."""
+
+
+def _vector_type(conn: Any) -> str:
+    """The type of the ``embedding`` column of ``ctxkeep_episodes`` (one of
+    :data:`VECTOR_TYPES`).
+    """
+    row = conn.execute(
+        "SELECT t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = to_regclass('ctxkeep_episodes') AND a.attname = 'embedding'"
+    ).fetchone()
+    found = str(row[0]) if row else "vector"
+    if found not in VECTOR_TYPES:
+        raise ConfigError(f"ctxkeep_episodes.embedding is a {found}, not a vector or halfvec")
+    return found
 
 
 def _vec(v: np.ndarray) -> str:
@@ -193,6 +222,7 @@ class PostgresEpisodicStore(SQLStore):
         )
         try:
             with self._db.tx("check the embedder") as conn:
+                self._vtype = _vector_type(conn)
                 row = conn.execute(
                     "SELECT value FROM ctxkeep_episodic_meta WHERE key = 'embedder'"
                 ).fetchone()
@@ -278,7 +308,7 @@ class PostgresEpisodicStore(SQLStore):
         conn.execute(
             f"INSERT INTO ctxkeep_episodes ({COLUMNS}, body, embedding) "
             f"SELECT {COLUMNS}, to_tsvector('simple', doc), "
-            f"(%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::vector FROM unnest("
+            f"(%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::{self._vtype} FROM unnest("
             "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::float8[], "
             "%b::int8[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY "
             f"AS t({COLUMNS}, doc, ord) ORDER BY ord",
@@ -327,7 +357,7 @@ class PostgresEpisodicStore(SQLStore):
         if q is not None:
             parts.append(
                 f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
-                "ORDER BY embedding <=> %s::vector LIMIT %s)"
+                f"ORDER BY embedding <=> %s::{self._vtype} LIMIT %s)"
             )
             args += [*params, _vec(q), n]
         if terms:
@@ -357,7 +387,7 @@ class PostgresEpisodicStore(SQLStore):
             sql += ", ts_rank(e.body, to_tsquery('simple', %s))"
             args.append(query)
         if q is not None:
-            sql += ", 1 - (e.embedding <=> %s::vector)"
+            sql += f", 1 - (e.embedding <=> %s::{self._vtype})"
             args.append(_vec(q))
         sql += " FROM ctxkeep_episodes e WHERE e.row IN (SELECT row FROM cand) ORDER BY e.row"
         with self._db.errors("search"), self._db.connection() as conn:
@@ -439,7 +469,8 @@ class PostgresEpisodicStore(SQLStore):
     def _dense(self, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
         found = self._q(
             "score vectors",
-            "SELECT row, 1 - (embedding <=> %s::vector) FROM ctxkeep_episodes WHERE row = ANY(%s)",
+            f"SELECT row, 1 - (embedding <=> %s::{self._vtype}) FROM ctxkeep_episodes "
+            "WHERE row = ANY(%s)",
             (_vec(q), rows.tolist()),
         )
         where = {int(r): i for i, r in enumerate(rows)}
