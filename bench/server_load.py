@@ -3,7 +3,7 @@
 against :class:`~ctxkeep.MemoryManager` in process (issue 17).
 
     python bench/server_load.py [--clients 50] [--requests 200] [--backends sqlite,postgres]
-                                [--repeat 3] [--json out.json]
+                                [--repeat 3] [--workers 1,2] [--duration S] [--json out.json]
 
 The servers. For each backend, target and repeat there is a fresh store: a new SQLite file in
 a temporary folder, or a new PostgreSQL database (``CREATE DATABASE``, dropped afterwards) on
@@ -63,6 +63,11 @@ every run the throughput until the first client finished (``while every client r
 client keeps its connection, which the kernel gives a worker by a hash of its address, and
 sends a fixed number of requests, so a worker dealt 35 of the 50 clients is still serving
 them alone after the other's 15 are done (see :func:`worker_spread`).
+
+``--duration S`` cuts every client's script at S seconds (``--requests`` is then a cap, and
+the script says if a client ran out before): the clients all send until the end, as a load
+tool run for a fixed time (wrk, k6) does, so no worker is left without clients while another
+serves its own; the throughput is the requests answered over the run.
 
 The machine's own ceiling. With more than one worker the script also measures how the machine
 runs N CPU-bound Python processes at once against one alone (``--ceiling-rounds`` rounds
@@ -592,6 +597,8 @@ class Plan:
     scripts: list[list[Op]]
     group: int
     """Clients per shared session (0: none)."""
+    duration: float = 0.0
+    """Seconds each client sends for (its script cut there), or 0: every script whole."""
 
     def group_of(self, client: int) -> int:
         """The shared session's index of a client."""
@@ -636,6 +643,8 @@ async def run_workload(
 
     async def _script(c: int) -> None:
         for op in plan.scripts[c]:
+            if deadline and time.perf_counter() >= deadline:
+                return
             session = shared[plan.group_of(c)] if op.shared else own[c]
             for m in op.messages:
                 sent[str(m.metadata[TAG])] = session
@@ -662,8 +671,15 @@ async def run_workload(
     start = log.stat().st_size if log is not None else 0
     cpu0 = _cpu(server_pid, database)
     t0 = time.perf_counter()
+    deadline = t0 + plan.duration if plan.duration else 0.0
     await asyncio.gather(*(client(c) for c in range(clients)))
     wall = time.perf_counter() - t0
+    if deadline and min(finished) < deadline:
+        print(
+            f"  a client ran out of requests {deadline - min(finished):.1f} s before the end "
+            "of --duration: raise --requests",
+            file=sys.stderr,
+        )
     cpu1 = _cpu(server_pid, database)
     spread = {}
     if log is not None:
@@ -674,6 +690,8 @@ async def run_workload(
     evicted.extend(target.evicted())
     integrity = check_integrity(acked, sent, stored, set(evicted))
     messages = sum(len(op.messages) for script in plan.scripts for op in script)
+    if deadline:  # the messages of the requests sent
+        messages = len(sent)
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
     first = min(finished)
     all_busy = sum(1 for t in answered if t <= first) / (first - t0)
@@ -1117,8 +1135,9 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]], args: argparse.Na
     """One row per backend and target, with the server's ratios to the in-process anchor."""
     table = Table(
         title=(
-            f"server load: {args.clients} clients x {args.requests} requests "
-            f"(medians of {args.repeat}; latency ms p50 / p99)"
+            f"server load: {args.clients} clients x {args.requests} requests"
+            + (f", each for {args.duration:g} s at most" if args.duration else "")
+            + f" (medians of {args.repeat}; latency ms p50 / p99)"
         )
     )
     cols = ["backend", "target", "req/s", "vs in-process"]
@@ -1256,6 +1275,13 @@ def main() -> None:
         "server_load:tuned_app) instead of ctxkeep serve",
     )
     ap.add_argument(
+        "--duration",
+        type=float,
+        default=0.0,
+        help="seconds every client sends for, its script cut there (--requests: at most); "
+        "default 0: every script whole",
+    )
+    ap.add_argument(
         "--ceiling-rounds",
         type=int,
         default=5,
@@ -1273,6 +1299,8 @@ def main() -> None:
     for t in targets:
         if t not in ("server", "in-process"):
             ap.error(f"unknown target {t!r}: use server and/or in-process")
+    if args.duration < 0:
+        ap.error("--duration must be 0 or positive")
     if min(args.clients, args.requests, args.repeat) < 1 or args.threads < 0:
         ap.error("--clients, --requests and --repeat must be positive")
     try:
@@ -1309,6 +1337,7 @@ def main() -> None:
             for c in range(args.clients)
         ],
         args.group,
+        args.duration,
     )
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         b: {t: [] for t in targets} for b in backends
@@ -1400,6 +1429,7 @@ def main() -> None:
             {
                 "clients": args.clients,
                 "requests_per_client": args.requests,
+                "duration_s": args.duration,
                 "prompt_every": args.prompt_every,
                 "shared_every": args.shared_every,
                 "group": args.group,

@@ -87,6 +87,25 @@ def test_the_in_process_anchor_runs_the_same_scripts_and_loses_nothing(
     }
 
 
+def test_a_run_for_a_duration_cuts_the_scripts_and_checks_what_was_sent(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    # scripts of 5,000 requests each, cut at a fifth of a second: no client sends them all
+    plan = bench.Plan(
+        [
+            bench.client_script(c, 5_000, prompt_every=5, shared_every=4, shared=True)
+            for c in (0, 1)
+        ],
+        group=2,
+        duration=0.2,
+    )
+    r = bench.run_in_process(f"sqlite:///{tmp_path / 'anchor.db'}", plan)
+    assert r["errors"] == 0, r["error_samples"]
+    assert r["integrity"] == dict.fromkeys(r["integrity"], 0)
+    assert 0 < r["requests"] < 10_000
+    assert r["messages_per_s"] > 0
+
+
 def _msg(tag: str, mid: str, **kw: Any) -> dict[str, Any]:
     return {"id": mid, "metadata": {"bench": tag}, "tool_calls": [], **kw}
 
