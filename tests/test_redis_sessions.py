@@ -147,3 +147,25 @@ def test_an_append_encodes_each_record_once(
     mem.add_messages(sid, [Message("user", "one"), Message("assistant", "two")])
     assert encoded == ["one", "two"]
     assert [m.content for m in mem.get_messages(sid)] == ["warm up", "one", "two"]
+
+
+def test_ids_the_manager_made_are_indexed_so_a_retry_stores_nothing(mem: MemoryManager) -> None:
+    # An append of ids the manager made does not look them up (none can be held), but
+    # still writes them to the ids index: sent again, the stored copies are a retry.
+    sid = mem.create_session("a")
+    stored = mem.add_messages(sid, [Message("user", "hi"), Message("assistant", "hello")])
+    assert mem.add_messages(sid, stored) == stored
+    assert [m.text for m in mem.get_messages(sid)] == ["hi", "hello"]
+
+
+def test_a_replacement_by_messages_given_ids_still_finds_one_held(mem: MemoryManager) -> None:
+    # Ids the caller gives are looked up inside the replace, as before: one held elsewhere
+    # in the session is a conflict, and nothing changes.
+    from ctxkeep.errors import MessageIdConflictError
+
+    sid = mem.create_session("a")
+    first, newest = mem.add_messages(sid, [Message("user", "hi"), Message("user", "again")])
+    assert newest.id is not None and first.id is not None
+    with pytest.raises(MessageIdConflictError):
+        mem.replace_newest(sid, [Message("user", "other", id=first.id)], newest_id=newest.id)
+    assert [m.text for m in mem.get_messages(sid)] == ["hi", "again"]

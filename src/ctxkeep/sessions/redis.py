@@ -457,8 +457,10 @@ end
 # (ctxkeep.sessions.records.settle_ids). The access as _ACCESS_LUA says.
 # KEYS: session hash, messages zset, roles index, ids hash, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now,
-#       deadline in Unix ms ("" for no TTL), base generation, touch_after (seconds), then the
-#       records (JSON), oldest first, then their roles, then their ids, in the same order.
+#       deadline in Unix ms ("" for no TTL), base generation, touch_after (seconds), '1' where
+#       every id was made for this append (Append.fresh_ids: none can be held, the ids are not
+#       looked up) else '', then the records (JSON), oldest first, then their roles, then
+#       their ids, in the same order.
 # Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
 # the client takes without parsing), {'stale', the hash's fields and values}, {'found', the
 # members held under the batch's ids} or {'missing'}.
@@ -468,10 +470,10 @@ APPEND_SCRIPT = (
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation')
 if not h[1] then return {'missing'} end
-local n = (#ARGV - 8) / 3
+local n = (#ARGV - 9) / 3
 local held = {}
-for i = 1, n do
-  local id = ARGV[8 + 2 * n + i]
+for i = 1, ARGV[9] == '' and n or 0 do  -- ids made for this append: none is held
+  local id = ARGV[9 + 2 * n + i]
   local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
   if seq then
     local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
@@ -488,11 +490,11 @@ local batch, roles, ids, named = {}, {}, {}, false
 for i = 1, n do
   local seq = string.format('%d', first + i - 1)
   batch[#batch + 1] = seq
-  batch[#batch + 1] = seq .. ':' .. ARGV[8 + i]
+  batch[#batch + 1] = seq .. ':' .. ARGV[9 + i]
   roles[#roles + 1] = 0
-  roles[#roles + 1] = ARGV[8 + n + i] .. ':' .. string.format('%020d', first + i - 1)
-  if ARGV[8 + 2 * n + i] ~= '' then  -- a record without an id is stored, never matched
-    ids[#ids + 1] = ARGV[8 + 2 * n + i]
+  roles[#roles + 1] = ARGV[9 + n + i] .. ':' .. string.format('%020d', first + i - 1)
+  if ARGV[9 + 2 * n + i] ~= '' then  -- a record without an id is stored, never matched
+    ids[#ids + 1] = ARGV[9 + 2 * n + i]
     ids[#ids + 1] = seq
   end
   if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
@@ -523,8 +525,9 @@ return {'ok', first, accessed, tonumber(count)}
 # KEYS: session hash, messages zset, roles index, ids hash, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now, deadline in
 #       Unix ms ("" for no TTL), base generation, the newest message's seq, its role (as the
-#       roles index has it), its id ("" for none), touch_after (seconds), then the records
-#       (JSON), oldest first, then their roles, then their ids, in the same order.
+#       roles index has it), its id ("" for none), touch_after (seconds), '1' where every id
+#       was made for this write (as in the append) else '', then the records (JSON), oldest
+#       first, then their roles, then their ids, in the same order.
 # Answer: {'ok', first seq, accessed_at, message_count, revision, the member now newest ('' when
 # records were written, the client knows it, or when none is left)}, {'stale', the hash's fields
 # and values, the newest member or ''}, {'found', the members held under the batch's ids} or
@@ -540,10 +543,10 @@ if not (top ~= nil and h[5] == ARGV[7] and string.match(top, '^(%d+):') == ARGV[
     and tonumber(h[4]) >= tonumber(ARGV[3]) and same_pending(h[3])) then
   return {'stale', redis.call('HGETALL', KEYS[1]), top or ''}
 end
-local n = (#ARGV - 11) / 3
+local n = (#ARGV - 12) / 3
 local held = {}
-for i = 1, n do
-  local id = ARGV[11 + 2 * n + i]
+for i = 1, ARGV[12] == '' and n or 0 do  -- ids made for this write: none is held
+  local id = ARGV[12 + 2 * n + i]
   local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
   if seq and seq ~= ARGV[8] then
     local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
@@ -562,11 +565,11 @@ local batch, roles, ids, named = {}, {}, {}, false
 for i = 1, n do
   local seq = string.format('%d', first + i - 1)
   batch[#batch + 1] = seq
-  batch[#batch + 1] = seq .. ':' .. ARGV[11 + i]
+  batch[#batch + 1] = seq .. ':' .. ARGV[12 + i]
   roles[#roles + 1] = 0
-  roles[#roles + 1] = ARGV[11 + n + i] .. ':' .. string.format('%020d', first + i - 1)
-  if ARGV[11 + 2 * n + i] ~= '' then
-    ids[#ids + 1] = ARGV[11 + 2 * n + i]
+  roles[#roles + 1] = ARGV[12 + n + i] .. ':' .. string.format('%020d', first + i - 1)
+  if ARGV[12 + 2 * n + i] ~= '' then
+    ids[#ids + 1] = ARGV[12 + 2 * n + i]
     ids[#ids + 1] = seq
   end
   if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
@@ -1031,6 +1034,7 @@ class RedisBackend(Backend):
         now = repr(float(batch.now))
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
         touch_after = repr(float(batch.touch_after))
+        fresh = "1" if batch.fresh_ids else ""
 
         def read() -> SessionInfo | None:
             fields = self._hash(self._client, session_id)
@@ -1047,6 +1051,7 @@ class RedisBackend(Backend):
                 deadline,
                 base.generation,
                 touch_after,
+                fresh,
                 *records,
                 *roles,
                 *(r.get("id") or "" for r in batch.records),
@@ -1091,13 +1096,14 @@ class RedisBackend(Backend):
         now = repr(float(batch.now))
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
         touch_after = repr(float(batch.touch_after))
+        fresh = "1" if batch.fresh_ids else ""
         base, top = self._known.get(session_id), self._tops.get(session_id)
         exact = False
         while True:
             if base is None or top is None or top.generation != base.generation:
                 # nothing to compare: the script answers the session as it is
                 answer = self._replace_script(
-                    script_keys, session_id, "[]", "0", "[]", now, deadline, "", "", "", "", ""
+                    script_keys, session_id, "[]", "0", "[]", now, deadline, "", "", "", "", "", ""
                 )
                 base, top, exact = self._stale(session_id, answer), self._tops.get(session_id), True
             assert base is not None
@@ -1131,6 +1137,7 @@ class RedisBackend(Backend):
                 role_of(top.record),
                 top.record.get("id") or "",
                 touch_after,
+                fresh,
                 *records,
                 *roles,
                 *ids,
