@@ -53,7 +53,7 @@ from ctxkeep.sessions.records import dumps, loads
 def _migrations(dim: int) -> list[str]:
     return [
         "CREATE EXTENSION IF NOT EXISTS vector",
-        # The vectors as halfvec where pgvector has it (0.7.0 on), else vector (VECTOR_TYPE).
+        # The vectors as halfvec where pgvector has it (0.7.0 on), else vector (VECTOR_TYPES).
         f"""DO $$ DECLARE t text := CASE WHEN to_regtype('halfvec') IS NULL
             THEN 'vector' ELSE 'halfvec' END;
         BEGIN EXECUTE format($q$CREATE TABLE IF NOT EXISTS ctxkeep_episodes (
