@@ -2,6 +2,7 @@
 
     python bench/store_recall.py [--sizes 1000,10000] [--engines sqlite,memory,postgres]
                                  [--embedder local] [--pg-url postgresql://...]
+                                 [--pg-types halfvec,vector --rounds 3]
 
 Each store holds ``size`` filler items (``bench/peers.py``'s short facts under ten namespaces
 of ``("bench", "uN")``) and :data:`PLANTED` facts, each under one of those namespaces, put in
@@ -11,6 +12,12 @@ in the first 10 of ``store.search(("bench",), query=..., limit=10)``, and each s
 timed (p50 and p95 over every query, three passes). Issue 26 asks the search at 10,000 items
 for <= 20 ms p50 on SQLite and PostgreSQL with this recall no lower than before; to compare
 with another tree, run this script with that tree's ``src`` first on ``PYTHONPATH``.
+
+``--pg-types halfvec,vector`` compares the types of PostgreSQL's ``embedding`` column on one
+store: its column is converted to each type in turns (``--rounds`` times), the HNSW index
+rebuilt on that type's cosine operators and the store opened again, so the fillers, the
+planted facts and their vectors are the same for both; how an HNSW graph is built moves a
+fact in or out on its own, hence the rounds.
 """
 
 from __future__ import annotations
@@ -88,12 +95,64 @@ def measure(store: Any, passes: int = 3) -> dict[str, float]:
     }
 
 
+def convert(url: str, vtype: str) -> None:
+    """Make the ``embedding`` column of the store at ``url`` a ``vtype`` (``halfvec`` or
+    ``vector``) and rebuild its HNSW index on that type.
+    """
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT atttypmod FROM pg_attribute WHERE attname = 'embedding' "
+            "AND attrelid = 'ctxkeep_episodes'::regclass"
+        ).fetchone()
+        dim = int(row[0]) if row else 0
+        conn.execute("DROP INDEX IF EXISTS ctxkeep_episodes_hnsw")
+        conn.execute(
+            f"ALTER TABLE ctxkeep_episodes ALTER COLUMN embedding TYPE {vtype}({dim}) "
+            f"USING embedding::{vtype}({dim})"
+        )
+        conn.execute(
+            "CREATE INDEX ctxkeep_episodes_hnsw ON ctxkeep_episodes "
+            f"USING hnsw (embedding {vtype}_cosine_ops)"
+        )
+        conn.execute("ANALYZE ctxkeep_episodes")
+
+
+def compare_types(url: str, types: list[str], rounds: int, embedder: str) -> None:
+    """Recall and speed of one PostgreSQL store with its vectors as each of ``types``, in
+    turns (see the module's docstring).
+    """
+    from ctxkeep.integrations.langgraph import CtxkeepStore
+
+    for r in range(rounds):
+        for vtype in types if r % 2 == 0 else types[::-1]:
+            convert(url, vtype)
+            store = CtxkeepStore(url, embedder=embedder)
+            try:
+                got = measure(store)
+            finally:
+                store.close()
+            print(
+                f"round {r + 1}/{rounds} {vtype:8} recall@10 {got['recall@10']:.2f}  "
+                f"search p50 {got['p50']:.2f} ms  p95 {got['p95']:.2f} ms",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", default="1000,10000")
     ap.add_argument("--engines", default="sqlite,memory")
     ap.add_argument("--embedder", default="local")
     ap.add_argument("--pg-url", default=None, help="a PostgreSQL server to make databases on")
+    ap.add_argument(
+        "--pg-types",
+        default="",
+        help="PostgreSQL only: the embedding column's types to compare on one store, in turns "
+        "(halfvec,vector)",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --pg-types")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ctxkeep-recall-") as tmp:
         for size in (int(s) for s in args.sizes.split(",")):
@@ -113,6 +172,12 @@ def main() -> None:
                     base, _, query = args.pg_url.partition("?")
                     url = base.rsplit("/", 1)[0] + f"/{db}" + (f"?{query}" if query else "")
                 store = build(url, size, args.embedder)
+                if engine == "postgres" and args.pg_types:
+                    store.close()
+                    types = args.pg_types.split(",")
+                    print(f"postgres {size:>7,} items, types in turns:", flush=True)
+                    compare_types(url, types, args.rounds, args.embedder)
+                    continue
                 try:
                     got = measure(store)
                 finally:

@@ -5,6 +5,7 @@ and searches as it is."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,33 @@ def test_a_table_an_older_ctxkeep_made_with_vector_keeps_it(
         assert vectors.shape == (len(FACTS), dim)
     finally:
         store.close()
+
+
+def test_the_recall_bench_converts_a_store_between_the_types_and_it_still_finds(
+    postgres_schema_factory: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench/store_recall.py --pg-types``: the column and its index change type, the same
+    vectors stay, and the store opened again searches on them."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import store_recall
+
+    url = postgres_schema_factory()
+    store = open_episodic(url, "hash")
+    assert isinstance(store, PostgresEpisodicStore)
+    dim = store.embedder.dim
+    _save_and_search(store)
+    store.close()
+    for vtype in ("vector", "halfvec"):
+        store_recall.convert(url, vtype)
+        store = open_episodic(url, "hash")
+        try:
+            assert isinstance(store, PostgresEpisodicStore)
+            assert _column_type(store) == f"{vtype}({dim})"
+            index = store.db.q(
+                "read the index", "SELECT pg_get_indexdef('ctxkeep_episodes_hnsw'::regclass)"
+            )
+            assert f"{vtype}_cosine_ops" in index[0][0]
+            for fact in FACTS:
+                assert store.search(fact, 1)[0].episode.summary == fact
+        finally:
+            store.close()
