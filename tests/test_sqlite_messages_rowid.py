@@ -99,7 +99,7 @@ def test_a_schema_7_file_keeps_every_message_session_fold_and_archived_one(
         assert mem.get_messages("s3")[-1].content == "new"
 
     with sqlite3.connect(path) as conn:
-        assert _version(conn) == len(MIGRATIONS) == 8
+        assert _version(conn) == len(MIGRATIONS) >= 8
         assert "WITHOUT ROWID" not in _table_sql(conn)
         indexes = {
             r[0]

@@ -9,7 +9,8 @@ placeholders; PostgreSQL's ``%s`` are substituted once per statement.
 Tables (created by each backend's migrations): ``ctxkeep_sessions`` (one row per session),
 ``ctxkeep_messages`` (``session_id, seq, record``: a message's JSON text, never rewritten, and
 ``role``, indexed, so that :meth:`SQLBackend.read_tail` reads the newest messages and the older
-system ones without parsing the rest; ``message_id``, unique per session, for idempotent
+system ones without parsing the rest (on SQLite the index holds only the rows of
+:data:`MARK_ROLES`: migration 9); ``message_id``, unique per session, for idempotent
 appends; on SQLite a rowid table, ``(session_id, seq)`` its primary key's index beside
 it: migration 8) and
 ``ctxkeep_archive`` (trimmed and evicted messages, once per message id) and ``ctxkeep_folds``
@@ -55,6 +56,19 @@ from ctxkeep.sessions.records import (
 
 _NO_SEQ = 2**62  # above every sequence number
 _IDS_PER_STATEMENT = 500  # well under SQLite's 32,766 parameters a statement
+
+MARK_ROLES = ("developer", "system", "user")
+"""The roles :meth:`SQLBackend.read_tail` finds older messages of by an index: those a prompt
+keeps from before its page (:data:`~ctxkeep.messages.SYSTEM_ROLES` and the newest ``user``
+message, :meth:`~ctxkeep.sessions.base.MemoryManager._tail`). On SQLite the index holds only
+these rows and those of no role (migration 9): an agent's history is mostly ``assistant`` and
+``tool`` messages, whose appends and pops then write one index page fewer. A query by another
+role reads the session's messages by seq instead. (Fixed by the migration: changing it takes
+another.)"""
+
+_MARKS_WHERE = " OR ".join(["role IS NULL", *(f"role = '{r}'" for r in MARK_ROLES)])
+"""The rows SQLite's role index holds, spelled so that a query's ``role = '<a mark role>'``
+or ``role IS NULL`` is seen to imply it (SQLite proves a partial index usable term by term)."""
 
 COLUMNS = (
     "session_id, agent_id, task_id, metadata, created_at, accessed_at, message_count, "
@@ -115,6 +129,9 @@ class Dialect:
     rowid_messages: str
     """Rebuild ``ctxkeep_messages`` as a table of rows with its key in an index of its own
     (migration 8; nothing where it is one already: PostgreSQL's heap)."""
+    marks_index: str
+    """Narrow the ``(session_id, role, seq)`` index to the rows of :data:`MARK_ROLES` and
+    those of no role (migration 9; nothing on PostgreSQL, whose index keeps every row)."""
 
 
 SQLITE = Dialect(
@@ -158,6 +175,11 @@ SQLITE = Dialect(
         CREATE INDEX ctxkeep_messages_role ON ctxkeep_messages (session_id, role, seq);
         CREATE UNIQUE INDEX ctxkeep_messages_id ON ctxkeep_messages (session_id, message_id);
     """,
+    marks_index=f"""
+        DROP INDEX IF EXISTS ctxkeep_messages_role;
+        CREATE INDEX ctxkeep_messages_role ON ctxkeep_messages (session_id, role, seq)
+            WHERE {_MARKS_WHERE};
+    """,
 )
 
 POSTGRES = Dialect(
@@ -186,6 +208,7 @@ POSTGRES = Dialect(
         "ALTER TABLE ctxkeep_messages DROP CONSTRAINT IF EXISTS ctxkeep_messages_session_id_fkey"
     ),
     rowid_messages="",
+    marks_index="",
 )
 
 
@@ -290,6 +313,10 @@ def migrations(d: Dialect) -> list[str]:
         # demo's items wrote 4.3 pages of the table, now 1.7 (8.9 -> 7.3 WAL pages in all; CPU
         # within the noise); a pop writes one page more (the key's index): 4 -> 5.
         d.rowid_messages,
+        # 9: SQLite's role index holds only the rows read by role (MARK_ROLES, and those of
+        # no role): an append or pop of an assistant or tool message wrote a page of it that
+        # no read needed, one of the 5 WAL pages a one-message pop of one wrote (4 now).
+        d.marks_index,
     ]
 
 
@@ -577,29 +604,53 @@ class SQLBackend(Backend):
             marks: list[Any] = []
             if limit is not None and len(page) == limit:
                 floor = page[0][0] if page else before
-                by_role = f"SELECT seq, record FROM ctxkeep_messages{self.dialect.by_role}"
-                parts = [f"{by_role} WHERE session_id = ? AND role IS NULL AND seq < ?"]
-                params: list[Any] = [session_id, floor]
-                if roles:
-                    parts.append(
-                        f"{by_role} WHERE session_id = ? "
-                        f"AND role IN ({', '.join('?' for _ in roles)}) AND seq < ?"
-                    )
-                    params += [session_id, *sorted(roles), floor]
-                if newest_role is not None:
-                    parts.append(
-                        f"SELECT seq, record FROM ({by_role} "
-                        "WHERE session_id = ? AND role = ? AND seq < ? "
-                        "ORDER BY seq DESC LIMIT 1) AS newest"
-                    )
-                    params += [session_id, newest_role, floor]
-                found = conn.execute(self._sql(" UNION ALL ".join(parts)), tuple(params))
+                sql, params = self._marks_sql(session_id, floor, roles, newest_role)
+                found = conn.execute(self._sql(sql), params)
                 marks = sorted(dict(found.fetchall()).items())
         return Tail(
             row_to_info(row),
             [(seq, load_record(session_id, seq, rec)) for seq, rec in page],
             [(seq, load_record(session_id, seq, rec)) for seq, rec in marks],
         )
+
+    def _marks_sql(
+        self, session_id: str, floor: int, roles: Collection[str], newest_role: str | None
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The statement of :meth:`read_tail`'s marks below ``floor`` and its parameters: the
+        messages of no role or of ``roles``, and the newest of ``newest_role``. A role of
+        :data:`MARK_ROLES` is written into the statement (so SQLite sees its partial index
+        holds the rows: a parameter's value is not looked at) and read by the role index; any
+        other role is a parameter, read by the session's messages in seq order.
+        """
+
+        def branch(role: str | None) -> tuple[str, tuple[Any, ...]]:
+            if role is None:
+                where, args = "role IS NULL", ()
+            elif role in MARK_ROLES:
+                where, args = f"role = '{role}'", ()
+            else:
+                return "FROM ctxkeep_messages WHERE session_id = ? AND role = ?", (
+                    session_id,
+                    role,
+                )
+            return (
+                f"FROM ctxkeep_messages{self.dialect.by_role} WHERE session_id = ? AND {where}",
+                (session_id, *args),
+            )
+
+        parts, params = [], []
+        for role in (None, *sorted(set(roles))):
+            source, args = branch(role)
+            parts.append(f"SELECT seq, record {source} AND seq < ?")
+            params += [*args, floor]
+        if newest_role is not None:
+            source, args = branch(newest_role)
+            parts.append(
+                f"SELECT seq, record FROM (SELECT seq, record {source} AND seq < ? "
+                "ORDER BY seq DESC LIMIT 1) AS newest"
+            )
+            params += [*args, floor]
+        return " UNION ALL ".join(parts), tuple(params)
 
     def read_rows(
         self, session_id: str, *, seqs: Collection[int], after_seq: int
