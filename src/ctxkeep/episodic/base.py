@@ -637,9 +637,13 @@ class EpisodicMemoryStore(ABC):
         cfg = self.config
         terms = tokenize(query)
         q = self.embedder.embed_query(query) if cfg.dense_weight else None
+        n = max(200, 20 * top_k)
+        ranked = self._ranked(terms, q, f, n, top_k)
+        if ranked is not None:
+            return ranked
         # Large stores first narrow to candidates from their indexes (PostgreSQL always, the
         # others once their vector index is HNSW); small ones score every filtered episode.
-        cand = self._scope(terms, q, f, max(200, 20 * top_k))
+        cand = self._scope(terms, q, f, n)
         rows = cand.rows
         if rows.size == 0:
             return []
@@ -802,6 +806,15 @@ class EpisodicMemoryStore(ABC):
         if cand is None:
             return Candidates(self._rows(f))
         return Candidates(cand[0], lexical=cand[1])
+
+    def _ranked(
+        self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int, top_k: int
+    ) -> list[Hit] | None:
+        """The ``top_k`` hits ranked by the engine itself, exactly as :meth:`search` ranks the
+        candidates of :meth:`_scope` (``n`` a side) under this store's config; or None (the
+        default) for :meth:`search` to rank them here.
+        """
+        return None
 
     def _candidates(
         self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int

@@ -26,6 +26,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -37,8 +38,10 @@ from psycopg.pq import Format
 from ctxkeep._pg import PgClient
 from ctxkeep.episodic.base import (
     Candidates,
+    Hit,
     NewEpisodes,
     RetrievalConfig,
+    episode_from_record,
     informative_terms,
     neighbour_positions,
     session_neighbour_rows,
@@ -174,6 +177,58 @@ _TERM_STATS_SQL = (
 def _column(rows: Sequence[Sequence[Any]], i: int) -> np.ndarray:
     """Column ``i`` of ``rows`` as floats."""
     return np.fromiter((float(r[i]) for r in rows), np.float64, len(rows))
+
+
+def _z_sql(column: str) -> str:
+    """SQL of the z-score of ``column`` over the rows of its query: base's ``_z`` (0 where
+    the deviation is at most 1e-12).
+    """
+    sd = f"stddev_pop({column}) OVER ()"
+    return f"CASE WHEN {sd} > 1e-12 THEN ({column} - avg({column}) OVER ()) / {sd} ELSE 0 END"
+
+
+_FUSED = (
+    "WITH found AS ({found}), "
+    "scored AS MATERIALIZED (SELECT e.row, {lexical} AS lex, {dense} AS dense "
+    "FROM ctxkeep_episodes e WHERE e.row IN (SELECT row FROM found)), "
+    "fused AS (SELECT row, lex, dense, "
+    f"%s::float8 * {_z_sql('lex')} + %s::float8 * {_z_sql('dense')} AS total "
+    "FROM scored ORDER BY total DESC, row LIMIT {top_k}) "
+    "SELECT f.total, f.lex, f.dense, e.record FROM fused f JOIN ctxkeep_episodes e USING (row) "
+    "ORDER BY f.total DESC, f.row"
+)
+"""A search ranked in PostgreSQL (:meth:`PostgresEpisodicStore._ranked`): the candidates
+(``found``), their lexical and dense scores over the whole query, each score's z-score over
+the candidates, weighted and summed, as :meth:`~ctxkeep.episodic.base.EpisodicMemoryStore.search`
+fuses them in Python, and the records of the best only. Ties go to the lower row (the order of
+the rows there). The scores agree with Python's within about 1e-8: a ``ts_rank`` (a float4)
+read by psycopg is the nearest double to its printed digits, here its exact value. One round
+trip: ranked in Python it was the candidates' scores (200-400 rows), then the hits' records.
+``scored`` is materialized: inlined, each score was computed again wherever the z-scores
+name it (four times a candidate)."""
+
+_TSQUERY = "(SELECT to_tsquery('simple', %s))"
+"""A query's ``tsquery`` (its text the parameter), computed once a statement: a subquery
+(an InitPlan) is evaluated once where a function of a parameter is evaluated for every row
+in a prepared statement's generic plan, which PostgreSQL may choose after five runs: there a
+``ts_rank`` of each candidate parsed the query again (the search 7 -> 11-15 ms, loaded)."""
+
+_EF_SEARCH: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+"""Each pooled connection's ``hnsw.ef_search`` as a search last set it (absent: unknown)."""
+
+
+def _use_ef_search(conn: Any, ef: int) -> None:
+    """Give ``conn`` (autocommit, in no transaction) the session's ``hnsw.ef_search`` ``ef``
+    unless it has it, as the pool's ``search_path`` is kept (``SharedPool.use``): a ``SET
+    LOCAL`` took a transaction around every search (BEGIN, SET, the statement, COMMIT), a
+    connection that searches with one setting pays one ``SET`` in its life. Every HNSW query
+    of ctxkeep goes through here, so none runs with a value it did not ask for.
+    """
+    if _EF_SEARCH.get(conn) == ef:
+        return
+    _EF_SEARCH.pop(conn, None)
+    conn.execute(f"SET hnsw.ef_search = {int(ef)}")
+    _EF_SEARCH[conn] = ef
 
 
 class PostgresDialect(Dialect):
@@ -340,36 +395,99 @@ class PostgresEpisodicStore(SQLStore):
                 )
             self._append(conn, batch)
 
-    def _scope(
+    @property
+    def _query_vector(self) -> str:
+        """SQL of the query vector, its parameter a :class:`_Floats` (sent binary, exact),
+        cast once a statement (as :data:`_TSQUERY`).
+        """
+        return f"(SELECT %b::float4[]::{self._vtype})"
+
+    def _found(
         self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
-    ) -> Candidates:
-        """The ``n`` nearest in the HNSW index and the ``n`` best by ``ts_rank`` among the
-        episodes holding an informative query term (:meth:`_informative`), with their session
-        neighbours (unless no knob uses them: ``smooth`` is (0, 0) and ``session_weight`` 0),
-        and every score of theirs the search needs: one statement (with ``hnsw.ef_search``,
-        one round trip).
+    ) -> tuple[str, list[Any]] | None:
+        """The candidates' query (rows, as the body of a CTE) and its parameters: the ``n``
+        nearest in the HNSW index and the ``n`` best by ``ts_rank`` among the episodes holding
+        an informative query term (:meth:`_informative`); None if there is neither a vector
+        nor a term. The vector is the parameter ``_Floats`` sent binary (:func:`_query_vector`).
         """
         where, params = f.where(self.dialect)
         parts: list[str] = []
         args: list[Any] = []
-        query = " | ".join(dict.fromkeys(terms))
-        finding = " | ".join(self._informative(terms))
         if q is not None:
             parts.append(
                 f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
-                f"ORDER BY embedding <=> %s::{self._vtype} LIMIT %s)"
+                f"ORDER BY embedding <=> {self._query_vector} LIMIT {int(n)})"
             )
-            args += [*params, _vec(q), n]
+            args += [*params, _Floats(q[None])]
         if terms:
+            finding = " | ".join(self._informative(terms))
             parts.append(
                 f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
-                "AND body @@ to_tsquery('simple', %s) "
-                "ORDER BY ts_rank(body, to_tsquery('simple', %s)) DESC LIMIT %s)"
+                f"AND body @@ {_TSQUERY} "
+                f"ORDER BY ts_rank(body, {_TSQUERY}) DESC LIMIT {int(n)})"
             )
-            args += [*params, finding, finding, n]
+            args += [*params, finding, finding]
         if not parts:
+            return None
+        return " UNION ".join(parts), args
+
+    @contextmanager
+    def _searching(self, q: np.ndarray | None, n: int) -> Iterator[Any]:
+        """A pooled connection for a search whose dense side asks the HNSW index for ``n``
+        candidates: its ``hnsw.ef_search`` at least ``n`` (:func:`_use_ef_search`).
+        """
+        with self._db.errors("search"), self._db.connection() as conn:
+            conn.adapters.register_dumper(_Floats, _FloatsDumper)
+            if q is not None:
+                # pgvector refuses an ef_search above 1000 (asking for more than 50 hits)
+                _use_ef_search(conn, min(1000, max(self.ef_search, n)))
+            yield conn
+
+    def _ranked(
+        self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int, top_k: int
+    ) -> list[Hit] | None:
+        """The hits ranked in PostgreSQL, one statement (:data:`_FUSED`), when the config
+        fuses the two scores alone (no session smoothing, no session prior, no recency: the
+        config of ``CtxkeepStore``); else None (:meth:`_scope`, ranked in Python).
+        """
+        cfg = self.config
+        if cfg.smooth != (0, 0) or cfg.session_weight or cfg.recency_half_life:
+            return None
+        found = self._found(terms, q, f, n)
+        if found is None:
+            return []
+        sql, args = found
+        lexical = "0::float8"
+        if terms and cfg.lexical_weight:
+            lexical = f"ts_rank(e.body, {_TSQUERY})::float8"
+            args.append(" | ".join(dict.fromkeys(terms)))
+        dense = "0::float8"
+        if q is not None:
+            dense = f"1 - (e.embedding <=> {self._query_vector})"
+            args.append(_Floats(q[None]))
+        args += [float(cfg.lexical_weight), float(cfg.dense_weight)]
+        sql = _FUSED.format(found=sql, lexical=lexical, dense=dense, top_k=int(top_k))
+        with self._searching(q, n) as conn:
+            # prepared on its first run: the statement of a store's searches is the same text
+            # but for the filters
+            rows = conn.execute(sql, args, prepare=True).fetchall()
+        return [
+            Hit(episode_from_record(record), float(total), float(lex), float(cos))
+            for total, lex, cos, record in rows
+        ]
+
+    def _scope(
+        self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
+    ) -> Candidates:
+        """The candidates of :meth:`_found`, with their session neighbours (unless no knob
+        uses them: ``smooth`` is (0, 0) and ``session_weight`` 0), and every score of theirs
+        the search needs: one statement.
+        """
+        found = self._found(terms, q, f, n)
+        if found is None:
             return Candidates(np.zeros(0, np.int64))
-        sql = f"WITH found AS ({' UNION '.join(parts)}), "
+        cte, args = found
+        sql = f"WITH found AS ({cte}), "
         cfg = self.config
         if cfg.smooth != (0, 0) or cfg.session_weight:
             n_where, n_params = f.where(self.dialect, lambda col: f"n.{col}")
@@ -384,29 +502,23 @@ class PostgresEpisodicStore(SQLStore):
             sql += "cand AS (SELECT row FROM found) "
         sql += "SELECT e.row, e.session_id, e.pos, e.created_at"
         if terms:
-            sql += ", ts_rank(e.body, to_tsquery('simple', %s))"
-            args.append(query)
+            sql += f", ts_rank(e.body, {_TSQUERY})"
+            args.append(" | ".join(dict.fromkeys(terms)))
         if q is not None:
-            sql += f", 1 - (e.embedding <=> %s::{self._vtype})"
-            args.append(_vec(q))
+            sql += f", 1 - (e.embedding <=> {self._query_vector})"
+            args.append(_Floats(q[None]))
         sql += " FROM ctxkeep_episodes e WHERE e.row IN (SELECT row FROM cand) ORDER BY e.row"
-        with self._db.errors("search"), self._db.connection() as conn:
-            with conn.pipeline(), conn.transaction():
-                if q is not None:
-                    # pgvector refuses an ef_search above 1000 (asking for more than 50 hits)
-                    ef = min(1000, max(self.ef_search, n))
-                    conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
-                cur = conn.execute(sql, args)
-            found = cur.fetchall()
-        rows = np.fromiter((r[0] for r in found), np.int64, len(found))
-        nb = session_neighbour_rows(rows, [r[1] for r in found], [r[2] for r in found])
+        with self._searching(q, n) as conn:
+            found_rows = conn.execute(sql, args).fetchall()
+        rows = np.fromiter((r[0] for r in found_rows), np.int64, len(found_rows))
+        nb = session_neighbour_rows(rows, [r[1] for r in found_rows], [r[2] for r in found_rows])
         scores = iter(range(4, 6))
         return Candidates(
             rows,
-            lexical=_column(found, next(scores)) if terms else np.zeros(rows.size),
-            dense=_column(found, next(scores)) if q is not None else None,
+            lexical=_column(found_rows, next(scores)) if terms else np.zeros(rows.size),
+            dense=_column(found_rows, next(scores)) if q is not None else None,
             neighbours=neighbour_positions(rows, nb),
-            created=_column(found, 3),
+            created=_column(found_rows, 3),
         )
 
     def _informative(self, terms: list[str]) -> list[str]:
