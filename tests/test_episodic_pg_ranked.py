@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from conftest_services import postgres_schema_factory, postgres_url
-from ctxkeep.episodic import RetrievalConfig, open_episodic
+from ctxkeep.episodic import RetrievalConfig, open_episodic, postgres
 from ctxkeep.episodic.base import Hit
 from ctxkeep.episodic.postgres import PostgresEpisodicStore
 
@@ -98,7 +98,12 @@ def test_a_search_ranked_in_postgres_scores_every_candidate_as_python_does(
     assert scores == sorted(scores, reverse=True)
 
 
-def test_the_best_hits_ranked_in_postgres_are_pythons(store: PostgresEpisodicStore) -> None:
+def test_the_best_hits_ranked_in_postgres_are_pythons(
+    store: PostgresEpisodicStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as many candidates as Python's ranking has (a search ranked in PostgreSQL asks for
+    # a quarter; 60 episodes are more than 50)
+    monkeypatch.setattr(postgres, "RANKED_SHARE", 1.0)
     for query in ["deploy key", "penguin tuesday miso", "owned team cat"]:
         sql = store.search(query, 5)
         py = _in_python(store, query, 5)
@@ -111,6 +116,20 @@ def test_the_best_hits_ranked_in_postgres_are_pythons(store: PostgresEpisodicSto
             return {h.episode.episode_id for h in hits if h.score > last + 1e-6}
 
         assert above(sql) == above(py)
+
+
+def test_a_search_ranked_in_postgres_asks_each_side_for_a_share_of_the_candidates(
+    store: PostgresEpisodicStore, statements: list[str]
+) -> None:
+    hits = store.search("deploy key", 10)
+    assert len(hits) == 10
+    (search,) = [s for s in statements if s.startswith("WITH found")]
+    # 50 a side for 10 hits (Python ranks 200 a side), the 10 best records
+    assert search.count("LIMIT 50)") == 2 and "LIMIT 10)" in search
+    statements.clear()
+    store.search("deploy key", 20)  # 20 a hit: 400 a side in Python
+    (search,) = [s for s in statements if s.startswith("WITH found")]
+    assert search.count("LIMIT 100)") == 2
 
 
 def test_a_config_with_session_knobs_is_ranked_in_python(
@@ -165,7 +184,7 @@ def test_a_search_sets_ef_search_only_when_the_connection_has_another(
 
         assert searching(wide) == ["SET hnsw.ef_search = 300"]
         assert searching(wide) == []  # the connection has it: no SET, no transaction
-        assert searching(narrow) == ["SET hnsw.ef_search = 200"]  # at least the 200 asked
+        assert searching(narrow) == ["SET hnsw.ef_search = 60"]
         assert searching(wide) == ["SET hnsw.ef_search = 300"]
         with wide.db.connection() as conn:
             assert conn.execute("SHOW hnsw.ef_search").fetchone() == ("300",)
