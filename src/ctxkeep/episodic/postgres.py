@@ -10,7 +10,10 @@
   rule of every store, with document frequencies from PostgreSQL's statistics); every term
   scores them.
 * Candidates from both, with their session neighbours, are then fused exactly as everywhere
-  else (:class:`~ctxkeep.episodic.base.EpisodicMemoryStore`).
+  else (:class:`~ctxkeep.episodic.base.EpisodicMemoryStore`). A config that fuses the two
+  scores alone (no session knobs, no recency: ``CtxkeepStore``'s) is ranked in PostgreSQL
+  instead, by the same z-scores, over a quarter of the candidates (:data:`RANKED_SHARE`), in
+  one statement that returns the best hits' records (:data:`_FUSED`).
 
 Filters become SQL through :class:`PostgresDialect`: a metadata value is compared with
 jsonb equality (``record::jsonb -> 'metadata' -> key = value``), which is the JSON equality
