@@ -810,9 +810,10 @@ class EpisodicMemoryStore(ABC):
     def _ranked(
         self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int, top_k: int
     ) -> list[Hit] | None:
-        """The ``top_k`` hits ranked by the engine itself, exactly as :meth:`search` ranks the
-        candidates of :meth:`_scope` (``n`` a side) under this store's config; or None (the
-        default) for :meth:`search` to rank them here.
+        """The ``top_k`` hits ranked by the engine itself, by the fusion :meth:`search` does
+        here under this store's config (the scores' z-scores over the candidates, weighted),
+        over candidates of the store's choosing (:meth:`_scope` takes ``n`` a side); or None
+        (the default) for :meth:`search` to rank the candidates of :meth:`_scope` here.
         """
         return None
 
