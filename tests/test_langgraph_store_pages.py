@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("langgraph")
 
@@ -339,17 +341,65 @@ def test_memory_batches_keep_the_order_whether_rebuilt_or_edited(
             + [PutOp(("u", f"n{i % 3}"), f"k{i}", None) for i in range(1, 40, 5)]
             + [PutOp(("v",), f"k{i}", {"i": i}) for i in range(6)]
         )
-        now[0] += 1
         items = store._items
         assert isinstance(items, _store_items.MemoryItems)
         row = _store_items.Row
-        again = [(("v", f"k{i}"), row("v", f"k{i}", "{}", 1, now[0])) for i in range(5)]
-        # each key twice in one write (deleted, then put): its last row is placed, once
-        gone: list[tuple[Any, Any]] = [((ns, key), None) for (ns, key), _ in again]
-        items.write(gone + again, now[0])
+        # rows of a time a run already holds (the last one), then of an earlier time
+        items.write({("v", f"k{i}"): row("v", f"k{i}", "{}", 1, now[0]) for i in range(5)}, now[0])
+        items.write({("w", f"k{i}"): row("w", f"k{i}", "{}", 1, now[0] - 1) for i in range(7)}, 0)
         rows = sorted(items._rows.values(), key=lambda r: (-r.updated_at, r.namespace, r.key))
         assert [(ns, key) for _, ns, key in items.newest_first()] == [r.address for r in rows]
-        assert len(rows) == 40 - 8 + 6
+        assert len(rows) == 40 - 8 + 6 + 7
+
+
+@pytest.mark.parametrize("bulk", [2, 10_000], ids=["rebuilt", "row-by-row"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(-1, 2),  # how the clock moves (back, stays, on)
+            st.lists(
+                st.tuples(st.integers(0, 11), st.booleans(), st.sampled_from([None, 1])),
+                max_size=9,
+            ),
+        ),
+        max_size=14,
+    ),
+    sweep=st.booleans(),
+)
+def test_memory_order_is_the_sorted_rows_after_any_writes(
+    bulk: int, steps: list[tuple[int, list[tuple[int, bool, int | None]]]], sweep: bool
+) -> None:
+    """Runs of the ``memory://`` order, through puts, replacements, deletes (a few or a whole
+    run, one by one or rebuilt), clocks that stay or move back and sweeps: always every row,
+    newest first, ties by namespace then key, and a scan's page is its head.
+    """
+    old = _store_items.BULK_ORDER
+    _store_items.BULK_ORDER = bulk  # not monkeypatch: a fixture is not reset between examples
+    try:
+        now = [1e9]
+        with CtxkeepStore("memory://", index=False, clock=lambda: now[0]) as store:
+            for move, puts in steps:
+                now[0] += move
+                ops = {
+                    f"k{i}": PutOp(("u", f"n{i % 3}"), f"k{i}", None if gone else {"i": i}, ttl=ttl)
+                    for i, gone, ttl in puts
+                }
+                store.batch(list(ops.values()))
+            if sweep:
+                now[0] += 120
+                store.sweep_ttl()
+            items = store._items
+            assert isinstance(items, _store_items.MemoryItems)
+            rows = sorted(items._rows.values(), key=lambda r: (-r.updated_at, r.namespace, r.key))
+            assert [(ns, key) for _, ns, key in items.newest_first()] == [r.address for r in rows]
+            live = [r for r in rows if r.live(now[0])]
+            assert [(i.namespace, i.key) for i in store.search(("u",), limit=5, offset=2)] == [
+                (tuple(r.namespace.split(".")), r.key) for r in live[2:7]
+            ]
+            assert items._empty == sum(not run for run in items._runs)
+    finally:
+        _store_items.BULK_ORDER = old
 
 
 @pytest.mark.parametrize("store", KINDS, indirect=True)

@@ -98,9 +98,10 @@ is full (0.07 ms). PostgreSQL's manual says the same of bulk loads ("Populating 
 run ``ANALYZE`` afterwards). It runs inside the write's transaction, whose own rows it
 counts; a role that does not own the table gets a warning, not an error."""
 
-BULK_ORDER = 256
-"""Rows of one ``memory://`` write from which its order is rebuilt, not edited row by row
-(:meth:`MemoryItems._reorder`)."""
+BULK_ORDER = 32
+"""Addresses of one time from which a ``memory://`` write edits that time's run of the search
+order in one pass (a filter, or an extend and one sort), not one by one
+(:meth:`MemoryItems._drop`, :meth:`MemoryItems._add`)."""
 
 ROWS_PER_INSERT = 100
 """Rows per ``INSERT`` of a batch on SQLite (800 parameters: within the 999 of SQLite builds
@@ -325,13 +326,11 @@ class Items(ABC):
         """Per namespace: its text, how many of its rows never expire, the latest expiry."""
 
     @abstractmethod
-    def write(
-        self, puts: Sequence[tuple[Key, Row | None]], now: float, conn: Any = None
-    ) -> list[Row]:
-        """In one transaction, store :func:`merged` ``(stored, put, now)`` for each put
-        (``None``: delete); returns the stored rows that were replaced or deleted. ``conn``: a
-        connection inside a transaction the caller holds (:meth:`joins` said yes), to write
-        in.
+    def write(self, puts: Mapping[Key, Row | None], now: float, conn: Any = None) -> list[Row]:
+        """In one transaction, store :func:`merged` ``(stored, put, now)`` for each address's
+        put (``None``: delete); returns the stored rows that were replaced or deleted.
+        ``conn``: a connection inside a transaction the caller holds (:meth:`joins` said
+        yes), to write in.
         """
 
     def joins(self, db: Any) -> bool:
@@ -357,12 +356,19 @@ class MemoryItems(Items):
 
     def __init__(self) -> None:
         self._rows: dict[Key, Row] = {}
-        self._order: list[tuple[float, str, str]] = []
-        """``(updated_at, namespace, key)`` of every row, ascending, kept as rows are written:
-        a page is read from its end (:meth:`newest_first`: O(page), not a sort of every row
-        per search). The newest is last, where a put appends: kept newest first, every put
-        inserted at the head of the list and moved every entry behind it (a put of one item
-        was O(rows): 12.7 against 9.6 us at 10,000 items, 60 us at 100,000)."""
+        self._times: list[float] = []
+        """The ``updated_at`` of the rows, each time once, ascending: one per run of
+        :attr:`_runs`."""
+        self._runs: list[list[Key]] = []
+        """The search order as runs: the addresses of the rows updated at the time of the same
+        position in :attr:`_times`, each run in code point order. A page is read from the last
+        run back (newest first, ties by namespace, then key: the SQL tables' order), a put
+        appends a run of its own, a batch one run sorted once; taking a row out edits its run
+        alone (an emptied run stays, skipped, until :meth:`_compact`). One list of every
+        ``(updated_at, namespace, key)`` moved the entries behind each one taken out (O(rows)
+        a put that replaced an item) and cost a search a bisect per entry it passed."""
+        self._empty = 0
+        """How many runs are empty."""
         self._lock = threading.Lock()
         self._decoded: dict[Key, tuple[str, Any]] = {}
         """Each row's value text and its decoded value, for filters only (never handed out):
@@ -383,28 +389,85 @@ class MemoryItems(Items):
         """The rows whose value matches ``flt``."""
         return rows if not flt else [r for r in rows if self._matches(r, flt)]
 
-    def _place(self, old: Row | None, new: Row | None) -> None:
-        """Keep :attr:`_order` as ``old`` becomes ``new`` (either None); under the lock."""
-        if old is not None:
-            entry = (old.updated_at, old.namespace, old.key)
-            at = bisect.bisect_left(self._order, entry)
-            if at < len(self._order) and self._order[at] == entry:
-                del self._order[at]
-        if new is not None:
-            bisect.insort(self._order, (new.updated_at, new.namespace, new.key))
+    def _drop(self, gone: Sequence[Row]) -> None:
+        """Take the stored rows ``gone`` (distinct addresses) out of the order; under the lock.
+        A run loses a few by bisection, more (:data:`BULK_ORDER` on) in one pass.
+        """
+        times, runs = self._times, self._runs
+        if len(gone) == 1:
+            row = gone[0]
+            by_time: dict[float, list[Key]] = {row.updated_at: [row.address]}
+        else:
+            by_time = {}
+            for row in gone:
+                by_time.setdefault(row.updated_at, []).append(row.address)
+        for at, keys in by_time.items():
+            i = bisect.bisect_left(times, at)
+            run = runs[i]
+            if len(keys) >= len(run):  # every entry of the run
+                run.clear()
+                self._empty += 1
+            elif len(keys) < BULK_ORDER:
+                for key in keys:
+                    del run[bisect.bisect_left(run, key)]
+            else:
+                out = set(keys)
+                run[:] = [key for key in run if key not in out]
+
+    def _add(self, new: Sequence[Row]) -> None:
+        """Put the stored rows ``new`` (distinct addresses, none in the order) into the order;
+        under the lock. Rows newer than every run (a put, a batch: all at one time) are one
+        run appended; a run of an earlier time takes a few by bisection, more in one sort.
+        """
+        times, runs = self._times, self._runs
+        if len(new) == 1:
+            row = new[0]
+            if not times or row.updated_at > times[-1]:
+                times.append(row.updated_at)
+                runs.append([row.address])
+                return
+            by_time: dict[float, list[Key]] = {row.updated_at: [row.address]}
+        else:
+            by_time = {}
+            for row in new:
+                by_time.setdefault(row.updated_at, []).append(row.address)
+        for at, keys in by_time.items():
+            if not times or at > times[-1]:
+                keys.sort()
+                times.append(at)
+                runs.append(keys)
+                continue
+            i = bisect.bisect_left(times, at)
+            if times[i] != at:  # an earlier time than the last (a clock moved back)
+                keys.sort()
+                times.insert(i, at)
+                runs.insert(i, keys)
+                continue
+            run = runs[i]
+            if not run:
+                self._empty -= 1
+            if len(keys) < BULK_ORDER:
+                for key in keys:
+                    bisect.insort(run, key)
+            else:
+                run += keys
+                run.sort()
+
+    def _compact(self) -> None:
+        """Drop the empty runs once they are most of the runs (so a search passes few)."""
+        if self._empty > 32 and 2 * self._empty > len(self._runs):
+            keep = [i for i, run in enumerate(self._runs) if run]
+            self._times = [self._times[i] for i in keep]
+            self._runs = [self._runs[i] for i in keep]
+            self._empty = 0
 
     def newest_first(self) -> Iterator[tuple[float, str, str]]:
-        """The entries of :attr:`_order` newest first, ties by namespace then key (the SQL
-        tables' order): from the end, each run of one time in its own (ascending) order; the
-        caller holds the lock.
+        """``(updated_at, namespace, key)`` of every row in the search order: newest first,
+        ties by namespace, then key; the caller holds the lock.
         """
-        order = self._order
-        end = len(order)
-        while end:
-            start = bisect.bisect_left(order, (order[end - 1][0],), 0, end)
-            for i in range(start, end):
-                yield order[i]
-            end = start
+        for at, run in zip(reversed(self._times), reversed(self._runs), strict=True):
+            for ns, key in run:
+                yield at, ns, key
 
     def get(self, keys: Sequence[Key]) -> dict[Key, Row]:
         """The stored rows of ``keys``."""
@@ -425,19 +488,32 @@ class MemoryItems(Items):
         limit: int | None = None,
     ) -> list[Row]:
         """The live rows of ``prefix`` and below it, filtered, ordered, one page: read from the
-        head of the order until the page is full.
+        newest run back until the page is full (each namespace tested against ``prefix``
+        once a scan).
         """
         want = None if limit is None else offset + limit
         out: list[Row] = []
+        if want == 0:
+            return out
+        rows = self._rows
+        under: dict[str, bool] = {}
         with self._lock:
-            for _, ns, key in self.newest_first():
-                if want is not None and len(out) >= want:
-                    break
-                if not _under(ns, prefix):
-                    continue
-                row = self._rows[ns, key]
-                if row.live(now) and self._matches(row, flt):
-                    out.append(row)
+            for run in reversed(self._runs):
+                for address in run:
+                    if prefix is not None:
+                        ns = address[0]
+                        ok = under.get(ns)
+                        if ok is None:
+                            ok = under[ns] = _under(ns, prefix)
+                        if not ok:
+                            continue
+                    row = rows[address]
+                    if (row.expires_at is None or row.expires_at > now) and (
+                        not flt or self._matches(row, flt)
+                    ):
+                        out.append(row)
+                        if len(out) == want:
+                            return out[offset:]
         return out[offset:]
 
     def indexed(self, prefix: str | None, now: float, flt: Filter = None) -> dict[str, Key]:
@@ -458,45 +534,35 @@ class MemoryItems(Items):
                 out[row.namespace] = (forever, latest)
         return [(ns, forever, latest) for ns, (forever, latest) in out.items()]
 
-    def write(
-        self, puts: Sequence[tuple[Key, Row | None]], now: float, conn: Any = None
-    ) -> list[Row]:
-        """Store the merged rows, then place them in the order (:meth:`_reorder`)."""
-        replaced = []
+    def write(self, puts: Mapping[Key, Row | None], now: float, conn: Any = None) -> list[Row]:
+        """Store the merged rows, then move them in the order (:meth:`_drop`, :meth:`_add`):
+        the replaced and deleted rows out, the stored ones in.
+        """
+        replaced: list[Row] = []
+        added: list[Row] = []
+        rows = self._rows
         with self._lock:
-            before: dict[Key, Row | None] = {}
-            for key, put in puts:
-                old = self._rows.get(key)
-                before.setdefault(key, old)
+            for key, put in puts.items():
+                old = rows.get(key)
+                if old is None:
+                    if put is not None:
+                        rows[key] = put
+                        added.append(put)
+                    continue
+                replaced.append(old)
                 new = merged(old, put, now)
                 if new is None:
-                    self._rows.pop(key, None)
+                    del rows[key]
                     self._decoded.pop(key, None)
                 else:
-                    self._rows[key] = new
-                if old is not None:
-                    replaced.append(old)
-            self._reorder(before)
+                    rows[key] = new
+                    added.append(new)
+            if replaced:
+                self._drop(replaced)
+                self._compact()
+            if added:
+                self._add(added)
         return replaced
-
-    def _reorder(self, before: Mapping[Key, Row | None]) -> None:
-        """Keep :attr:`_order` as the rows of ``before`` (each key's row before the write, or
-        None) became the stored ones; under the lock. A few are placed one by one; from
-        :data:`BULK_ORDER` on, the order is rebuilt in one pass and one sort of the old order
-        with the new entries after it (a merge of two runs): a batch's rows, all newest, each
-        went to the head of the list, moving every entry behind it (0.8 -> 0.2 ms for 1,000
-        over 1,000).
-        """
-        if len(before) < BULK_ORDER:
-            for key, old in before.items():
-                self._place(old, self._rows.get(key))
-            return
-        gone = {(r.updated_at, r.namespace, r.key) for r in before.values() if r is not None}
-        if gone:
-            self._order = [e for e in self._order if e not in gone]
-        rows = (self._rows.get(key) for key in before)
-        self._order += [(r.updated_at, r.namespace, r.key) for r in rows if r is not None]
-        self._order.sort()
 
     def settle(self, ids: Sequence[tuple[Key, str, str | None]]) -> list[str]:
         """Point each row still holding a mark at its episode (``(address, mark, episode
@@ -528,7 +594,9 @@ class MemoryItems(Items):
             for row in gone:
                 del self._rows[row.address]
                 self._decoded.pop(row.address, None)
-                self._place(row, None)
+            if gone:
+                self._drop(gone)
+                self._compact()
         return gone
 
 
@@ -699,9 +767,7 @@ class SQLItems(Items):
             and getattr(db, "search_path", None) == getattr(self._db, "search_path", None)
         )
 
-    def write(
-        self, puts: Sequence[tuple[Key, Row | None]], now: float, conn: Any = None
-    ) -> list[Row]:
+    def write(self, puts: Mapping[Key, Row | None], now: float, conn: Any = None) -> list[Row]:
         """Store the merged rows in one transaction (``conn``'s, if given). On SQLite the
         stored rows are read by chunks of :data:`CHUNK` keys and the writes sent in bulk
         (:meth:`_upserts`); on PostgreSQL puts to distinct keys are one statement
@@ -709,8 +775,9 @@ class SQLItems(Items):
         (:data:`PG_PUT_ONE`, or a ``DELETE ... RETURNING``) in one round trip, where the
         transaction took four.
         """
-        if conn is None and self._engine == "postgres" and len(puts) == 1:
-            (ns, key), put = puts[0]
+        pairs = list(puts.items())
+        if conn is None and self._engine == "postgres" and len(pairs) == 1:
+            (ns, key), put = pairs[0]
             pg: Any = self._db  # a PgClient, whose q() prepares
             if put is None:
                 sql = f"DELETE FROM {TABLE} WHERE namespace = %s AND item_key = %s RETURNING "
@@ -721,8 +788,8 @@ class SQLItems(Items):
             return [_row(values) for values in found]
         if conn is None:
             with self._db.tx("write items") as conn:
-                return self._write(conn, puts, now)
-        return self._write(conn, puts, now)
+                return self._write(conn, pairs, now)
+        return self._write(conn, pairs, now)
 
     def _upserts(self, conn: Any, rows: list[tuple[Any, ...]]) -> None:
         """Insert or replace ``rows`` (:class:`Row` values, distinct addresses). SQLite takes them

@@ -374,22 +374,22 @@ class CtxkeepStore(BaseStore):
 
     def _put(self, puts: Mapping[Key, PutOp], now: float) -> None:
         """Save the new episodes, write the rows, then forget what they replaced."""
-        rows: dict[Key, Row] = {}
+        rows: dict[Key, Row | None] = {}  # None: a delete
         docs: dict[Key, dict[str, Any]] = {}
-        defers = self._indexed and self._defers()
+        indexes = self._indexed and not self._defers()
         for (ns, key), op in puts.items():
-            if op.value is None:
+            value = op.value
+            if value is None:
+                rows[ns, key] = None
                 continue
             if op.ttl is None:
-                rows[ns, key] = Row(ns, key, _value_text(op.value), now, now)
+                rows[ns, key] = Row(ns, key, _value_text(value), now, now)
             else:
                 ttl = float(op.ttl)
-                rows[ns, key] = Row(ns, key, _value_text(op.value), now, now, now + ttl * 60, ttl)
-            if defers:
-                continue
-            text = self._text(op.value, op.index) if self._indexed else ""
-            if text:
+                rows[ns, key] = Row(ns, key, _value_text(value), now, now, now + ttl * 60, ttl)
+            if indexes and (text := self._text(value, op.index)):
                 docs[ns, key] = self._doc((ns, key), text, now)
+        defers = self._indexed and not indexes
 
         def save() -> dict[Key, str]:
             if not docs:
@@ -398,7 +398,7 @@ class CtxkeepStore(BaseStore):
             saved = self._epi._save_episodes(docs.values(), new_sessions=True)
             ids = dict(zip(docs, saved, strict=True))
             for k, eid in ids.items():
-                rows[k] = rows[k]._replace(episode_id=eid)
+                rows[k] = rows[k]._replace(episode_id=eid)  # type: ignore[union-attr]
             return ids
 
         if defers:
@@ -406,11 +406,12 @@ class CtxkeepStore(BaseStore):
             # (:meth:`_settle`); each row points at its episode's mark until then
             with self._pending_lock:
                 for k, op in puts.items():
-                    if op.value is not None and op.index is not False:
+                    row = rows[k]
+                    if row is not None and op.index is not False:
                         mark = f"{PENDING}{next(self._marks)}"
-                        rows[k] = rows[k]._replace(episode_id=mark)
-                        self._pending[mark] = (k, op.index, rows[k].value, now)
-                replaced = self._items.write([(k, rows.get(k)) for k in puts], now)
+                        rows[k] = row._replace(episode_id=mark)
+                        self._pending[mark] = (k, op.index, row.value, now)
+                replaced = self._items.write(rows, now)
                 self._forget(replaced)
             return
         joined = self._joined()
@@ -418,12 +419,12 @@ class CtxkeepStore(BaseStore):
             # one transaction: the episodes, the rows, the forgetting (all or nothing)
             with joined("put items") as conn:
                 save()
-                replaced = self._items.write([(k, rows.get(k)) for k in puts], now, conn)
+                replaced = self._items.write(rows, now, conn)
                 self._forget(replaced)
             return
         ids = save()
         try:
-            replaced = self._items.write([(k, rows.get(k)) for k in puts], now)
+            replaced = self._items.write(rows, now)
         except BaseException:
             if ids:
                 self._epi.forget(episode_id=list(ids.values()))
