@@ -187,6 +187,14 @@ def test_returned_values_are_copies(make: Factory) -> None:
     got.value["tags"].append("changed again")
     again = store.get(("a",), "k")
     assert again is not None and again.value == {"tags": ["x"]}
+    (found,) = store.search(("a",))
+    found.value["tags"].append("changed by a searcher")
+    assert [i.value for i in store.search(("a",))] == [{"tags": ["x"]}]
+    store.batch([PutOp(("a",), "b", value)])
+    value["tags"].clear()
+    assert [i.value for i in store.batch([GetOp(("a",), "b")]) if i] == [
+        {"tags": ["x", "changed by the caller"]}
+    ]
 
 
 @pytest.mark.parametrize(
@@ -674,6 +682,16 @@ def test_a_langgraph_graph_remembers_and_recalls_through_the_store(make: Factory
             InvalidNamespaceError,
         ),
         (lambda s: s.batch([GetOp(("a",), 1)]), InvalidTypeError),  # type: ignore[arg-type]
+        # ("a",) is a namespace the store has checked: its puts' other fields still are
+        (lambda s: s.batch([PutOp(("a",), 1, {})]), InvalidTypeError),  # type: ignore[arg-type]
+        (lambda s: s.batch([PutOp(("a",), "k", {}, ttl=0)]), ConfigError),
+        (lambda s: s.put(("a",), "k", {"x": math.inf}), ConfigError),
+        # put (BaseStore.put) refuses these namespaces for a delete too; a batch's delete not
+        (lambda s: s.put((), "k", None), InvalidNamespaceError),  # type: ignore[arg-type]
+        (lambda s: s.put(("langgraph",), "k", None), InvalidNamespaceError),  # type: ignore[arg-type]
+        (lambda s: s.search(("a.b",)), InvalidNamespaceError),
+        (lambda s: s.search(("a", "")), InvalidNamespaceError),
+        (lambda s: s.search(["a"]), InvalidNamespaceError),  # type: ignore[arg-type]
         (lambda s: s.put(("a",), "k", {"s": {1, 2}}), InvalidTypeError),
         (lambda s: s.put(("a",), "k", {"x": math.nan}), ConfigError),
         (lambda s: s.put(("a",), "k", {1: "x"}), InvalidTypeError),
@@ -704,6 +722,27 @@ def test_bad_input_gets_a_typed_error_and_changes_nothing(
         assert store.list_namespaces() == [("a",)]
     finally:
         store.close()
+
+
+def test_the_namespaces_a_store_remembers_as_checked_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ctxkeep.integrations.langgraph import _store_filters
+
+    monkeypatch.setattr(_store_filters, "KNOWN_NAMESPACES", 3)
+    with CtxkeepStore("memory://", index=False) as store:
+        for i in range(10):
+            store.put(("n", f"u{i}"), "k", {"i": i})
+            store.batch([PutOp(("m", f"u{i}"), "k", {"i": i}), PutOp(("n", f"u{i}"), "j", None)])
+            assert 1 <= len(store._known) <= 3
+        assert store._known <= {("n", f"u{i}") for i in range(10)} | {
+            ("m", f"u{i}") for i in range(10)
+        }
+        with pytest.raises(InvalidNamespaceError):
+            store.put(("n", "u9.x"), "k", {})
+        store.batch([PutOp((), "gone", None)])  # a batch's delete of nothing: no namespace kept
+        assert () not in store._known and ("langgraph",) not in store._known
+        assert len(store.search(("n",), limit=100)) == 10
 
 
 def test_a_bad_op_in_a_batch_stops_the_whole_batch() -> None:

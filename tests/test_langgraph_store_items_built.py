@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("langgraph")
 from langgraph.store.base import Item, SearchItem
 
-from ctxkeep.integrations.langgraph._store_items import ITEM_SLOTS, Row, _stamp
+from ctxkeep.integrations.langgraph._store_items import ITEM_SLOTS, Row, _stamp, search_items
 
 
 def _slots(cls: type) -> set[str]:
@@ -65,3 +65,13 @@ def test_each_item_holds_a_value_of_its_own() -> None:
     a.value["n"].append(3)
     assert b.value == {"text": "window seat", "n": [1, 2]}
     assert ROW.item().value == {"text": "window seat", "n": [1, 2]}
+
+
+def test_search_items_equal_each_rows_item_each_value_its_own() -> None:
+    other = ROW._replace(namespace="bench.u2", key="k2", updated_at=1.7e9 + 9)
+    found = [(ROW, 0.5), (other, None), (ROW, None)]
+    built = search_items(found)
+    assert [type(i) for i in built] == [SearchItem] * 3
+    assert [_fields(i) for i in built] == [_fields(r.item(s, search=True)) for r, s in found]
+    built[0].value["n"].append(3)
+    assert built[2].value == {"text": "window seat", "n": [1, 2]}

@@ -87,8 +87,10 @@ def _plain_text(value: Any) -> str | None:
     :func:`_json_value` would take as it is, else None (then the checked path decides, and
     names what is wrong). ``orjson`` refuses what is not a dict, list, tuple, str, int,
     float, bool or None (subclasses included), lone surrogates and integers over 64 bits;
-    what it would write for NaN or infinity (``null``) and nesting past 200 levels (it allows
-    254) are told by the text: no ``null`` in it, fewer than 200 brackets and braces.
+    nesting past 200 levels (it allows 254) is told by the text (fewer than 200 brackets and
+    braces), and what it writes for NaN or infinity (``null``) by the text too: a value
+    whose text holds ``null`` is searched once for a float that is not finite
+    (:func:`_not_finite`), not checked and encoded again.
     """
     if _orjson is None:
         return None
@@ -96,9 +98,25 @@ def _plain_text(value: Any) -> str | None:
         out: bytes = _orjson.dumps(value, default=_refuse, option=_PLAIN)
     except TypeError:
         return None
-    if b"null" in out or (len(out) >= 400 and out.count(b"[") + out.count(b"{") >= 200):
+    if len(out) >= 400 and out.count(b"[") + out.count(b"{") >= 200:
+        return None
+    if b"null" in out and _not_finite(value):
         return None
     return out.decode("utf-8")
+
+
+def _not_finite(value: Any) -> bool:
+    """Whether ``value`` (data ``orjson`` took: exact dicts, lists, tuples, floats) holds a
+    float that is NaN or infinite.
+    """
+    kind = type(value)
+    if kind is float:
+        return not math.isfinite(value)
+    if kind is dict:
+        return any(_not_finite(v) for v in value.values())
+    if kind is list or kind is tuple:
+        return any(_not_finite(v) for v in value)
+    return False
 
 
 def _value_text(value: Any) -> str:
@@ -292,11 +310,16 @@ def matches_namespace(condition: MatchCondition, namespace: tuple[str, ...]) -> 
     return all(p in ("*", n) for p, n in zip(path, part, strict=True)) if path else True
 
 
-def _check_op(op: Any, checked: set[tuple[str, ...]] | None = None) -> None:
+KNOWN_NAMESPACES = 4096
+"""How many namespaces a store remembers as checked for a put (:func:`_check_put`); when
+full, it forgets them all and starts again (bounded, whatever the namespaces put)."""
+
+
+def _check_op(op: Any, known: set[tuple[str, ...]] | None = None) -> None:
     """Refuse a malformed operation before any operation of its batch runs (one test of the
     operation's type, then its fields: this runs for every operation of every batch, and a
-    test of each type in turn was a tenth of a ``memory://`` put). ``checked``: the
-    namespaces of the batch's puts checked so far (:func:`_seen`), which a put's joins.
+    test of each type in turn was a tenth of a ``memory://`` put). ``known``: namespaces a
+    put may write to, checked before (:func:`_check_put`).
 
     Raises:
         InvalidNamespaceError: a namespace label that is empty, not a string or holds ``.``;
@@ -304,28 +327,8 @@ def _check_op(op: Any, checked: set[tuple[str, ...]] | None = None) -> None:
         InvalidTypeError / ConfigError / InvalidFilterError: another malformed field.
 
     """
-    if isinstance(op, PutOp):
-        if checked is None or not _seen(op.namespace, checked):
-            _check_namespace(op, op.namespace)
-            if checked is not None:
-                checked.add(op.namespace)
-        _check.text("key", op.key, empty=True)
-        if op.value is None:
-            return
-        if not op.namespace:
-            raise InvalidNamespaceError("Namespace cannot be empty.")
-        if op.namespace[0] == "langgraph":
-            raise InvalidNamespaceError(
-                f'Root label for namespace cannot be "langgraph". Got: {op.namespace}'
-            )
-        if (
-            op.index is not None
-            and op.index is not False
-            and (not isinstance(op.index, list) or not all(isinstance(p, str) for p in op.index))
-        ):
-            raise InvalidTypeError(f"index must be False, None or a list of paths: {op.index!r}")
-        if op.ttl is not None:
-            _check.number("ttl", op.ttl, positive=True)
+    if type(op) is PutOp or isinstance(op, PutOp):
+        _check_put(op, known)
     elif isinstance(op, GetOp):
         _check_namespace(op, op.namespace)
         _check.text("key", op.key, empty=True)
@@ -349,17 +352,54 @@ def _check_op(op: Any, checked: set[tuple[str, ...]] | None = None) -> None:
         )
 
 
-def _seen(namespace: Any, checked: set[tuple[str, ...]]) -> bool:
-    """Whether ``namespace`` is a tuple equal to one :func:`_check_namespace` took already (a
-    batch's puts share a few namespaces: checking each label of each put's was two fifths
-    of checking a put).
+def _check_put(op: PutOp, known: set[tuple[str, ...]] | None, *, strict: bool = False) -> None:
+    """Refuse a malformed put (a delete: ``value`` None) in one pass. ``known``: the
+    namespaces a put may write to that were checked before (a tuple of valid labels, not
+    empty, not under ``langgraph``), which a namespace checked here joins (at most
+    :data:`KNOWN_NAMESPACES`); a put into one of them skips the namespace's checks (a
+    store's puts go to a few namespaces: checking each label of each put's was two fifths
+    of checking a put). ``strict``: refuse an empty or ``langgraph`` namespace for a delete
+    too (as ``BaseStore.put`` does).
+
+    Raises:
+        InvalidNamespaceError: a namespace label that is empty, not a string or holds ``.``;
+            a put to the empty namespace or under ``langgraph``.
+        InvalidTypeError / ConfigError: another malformed field.
+
     """
-    if type(namespace) is not tuple:
-        return False
+    namespace = op.namespace
     try:
-        return namespace in checked
+        seen = known is not None and type(namespace) is tuple and namespace in known
     except TypeError:  # an unhashable label: checked (and refused) as it is
-        return False
+        seen = False
+    if not seen:
+        _check_namespace(op, namespace)
+        if not namespace:
+            if strict or op.value is not None:
+                raise InvalidNamespaceError("Namespace cannot be empty.")
+        elif namespace[0] == "langgraph":
+            if strict or op.value is not None:
+                raise InvalidNamespaceError(
+                    f'Root label for namespace cannot be "langgraph". Got: {namespace}'
+                )
+        elif known is not None and all(type(label) is str for label in namespace):
+            if len(known) >= KNOWN_NAMESPACES:
+                known.clear()
+            known.add(namespace)
+    key = op.key
+    if type(key) is not str or not key.isascii():
+        _check.text("key", key, empty=True)
+    if op.value is None:
+        return
+    index = op.index
+    if (
+        index is not None
+        and index is not False
+        and (not isinstance(index, list) or not all(isinstance(p, str) for p in index))
+    ):
+        raise InvalidTypeError(f"index must be False, None or a list of paths: {index!r}")
+    if op.ttl is not None:
+        _check.number("ttl", op.ttl, positive=True)
 
 
 def _check_namespace(op: Any, namespace: Any) -> None:

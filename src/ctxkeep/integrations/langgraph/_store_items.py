@@ -165,11 +165,45 @@ class Row(NamedTuple):
 
 
 _new = object.__new__
+_new_row: Callable[[tuple[Any, ...]], Row] = functools.partial(tuple.__new__, Row)
+"""A :class:`Row` of its eight fields as one tuple, built without ``Row.__new__``'s Python
+frame (a batch builds one per put)."""
 ITEM_SLOTS = {
     Item: ("value", "key", "namespace", "created_at", "updated_at"),
     SearchItem: ("value", "key", "namespace", "created_at", "updated_at", "score"),
 }
-"""The slots :meth:`Row.item` sets of each class, which must be every slot it has."""
+"""The slots :meth:`Row.item` and :func:`search_items` set of each class, which must be every
+slot it has."""
+
+_loads: Callable[[str], Any] = loads
+try:
+    import orjson
+
+    _loads = orjson.loads  # without the wrapper's frame: one call per item
+except ImportError:  # pragma: no cover - orjson is a dependency
+    pass
+
+
+def search_items(found: Iterable[tuple[Row, float | None]]) -> list[SearchItem]:
+    """The LangGraph search items of a page's rows and scores, as :meth:`Row.item` builds them
+    (each value decoded afresh: the caller's to change), with the namespace tuple of each
+    namespace made once for the page (tuples: shared as the times are).
+    """
+    out: list[SearchItem] = []
+    names: dict[str, tuple[str, ...]] = {}
+    for row, score in found:
+        item = _new(SearchItem)
+        item.value = _loads(row[2])
+        item.key = row[1]
+        ns = names.get(row[0])
+        if ns is None:
+            ns = names[row[0]] = tuple(row[0].split("."))
+        item.namespace = ns
+        item.created_at = _stamp(row[3])
+        item.updated_at = _stamp(row[4])
+        item.score = score
+        out.append(item)
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -261,7 +295,9 @@ def merged(old: Row | None, new: Row | None, now: float) -> Row | None:
     expired item creates a new one). :data:`PG_PUT_ONE` says the same in SQL.
     """
     if new is not None and old is not None and old.live(now):
-        return new._replace(created_at=old.created_at)
+        # the fields spelt out: ``_replace`` (a dict of keywords, a map over the fields)
+        # was a tenth of a put over a stored item
+        return Row(new[0], new[1], new[2], old[3], new[4], new[5], new[6], new[7])
     return new
 
 
@@ -389,18 +425,18 @@ class MemoryItems(Items):
         """The rows whose value matches ``flt``."""
         return rows if not flt else [r for r in rows if self._matches(r, flt)]
 
-    def _drop(self, gone: Sequence[Row]) -> None:
-        """Take the stored rows ``gone`` (distinct addresses) out of the order; under the lock.
-        A run loses a few by bisection, more (:data:`BULK_ORDER` on) in one pass.
+    def _drop(self, gone: Sequence[tuple[float, Key]]) -> None:
+        """Take the entries ``gone`` (``(updated_at, address)`` of stored rows, distinct
+        addresses) out of the order; under the lock. A run loses a few by bisection, more
+        (:data:`BULK_ORDER` on) in one pass.
         """
         times, runs = self._times, self._runs
         if len(gone) == 1:
-            row = gone[0]
-            by_time: dict[float, list[Key]] = {row.updated_at: [row.address]}
+            by_time: dict[float, list[Key]] = {gone[0][0]: [gone[0][1]]}
         else:
             by_time = {}
-            for row in gone:
-                by_time.setdefault(row.updated_at, []).append(row.address)
+            for at, key in gone:
+                by_time.setdefault(at, []).append(key)
         for at, keys in by_time.items():
             i = bisect.bisect_left(times, at)
             run = runs[i]
@@ -414,23 +450,24 @@ class MemoryItems(Items):
                 out = set(keys)
                 run[:] = [key for key in run if key not in out]
 
-    def _add(self, new: Sequence[Row]) -> None:
-        """Put the stored rows ``new`` (distinct addresses, none in the order) into the order;
-        under the lock. Rows newer than every run (a put, a batch: all at one time) are one
-        run appended; a run of an earlier time takes a few by bisection, more in one sort.
+    def _add(self, new: Sequence[tuple[float, Key]]) -> None:
+        """Put the entries ``new`` (``(updated_at, address)`` of stored rows, distinct
+        addresses, none in the order) into it; under the lock. Entries newer than every run
+        (a put, a batch: all at one time) are one run appended; a run of an earlier time
+        takes a few by bisection, more in one sort.
         """
         times, runs = self._times, self._runs
         if len(new) == 1:
-            row = new[0]
-            if not times or row.updated_at > times[-1]:
-                times.append(row.updated_at)
-                runs.append([row.address])
+            at, key = new[0]
+            if not times or at > times[-1]:
+                times.append(at)
+                runs.append([key])
                 return
-            by_time: dict[float, list[Key]] = {row.updated_at: [row.address]}
+            by_time: dict[float, list[Key]] = {at: [key]}
         else:
             by_time = {}
-            for row in new:
-                by_time.setdefault(row.updated_at, []).append(row.address)
+            for at, key in new:
+                by_time.setdefault(at, []).append(key)
         for at, keys in by_time.items():
             if not times or at > times[-1]:
                 keys.sort()
@@ -539,7 +576,8 @@ class MemoryItems(Items):
         the replaced and deleted rows out, the stored ones in.
         """
         replaced: list[Row] = []
-        added: list[Row] = []
+        gone: list[tuple[float, Key]] = []
+        added: list[tuple[float, Key]] = []
         rows = self._rows
         with self._lock:
             for key, put in puts.items():
@@ -547,18 +585,19 @@ class MemoryItems(Items):
                 if old is None:
                     if put is not None:
                         rows[key] = put
-                        added.append(put)
+                        added.append((put[4], key))
                     continue
                 replaced.append(old)
-                new = merged(old, put, now)
-                if new is None:
+                gone.append((old[4], key))
+                if put is None:
                     del rows[key]
                     self._decoded.pop(key, None)
-                else:
-                    rows[key] = new
-                    added.append(new)
-            if replaced:
-                self._drop(replaced)
+                    continue
+                new = merged(old, put, now)
+                rows[key] = new  # type: ignore[assignment]  # a put: a row
+                added.append((put[4], key))
+            if gone:
+                self._drop(gone)
                 self._compact()
             if added:
                 self._add(added)
@@ -595,7 +634,7 @@ class MemoryItems(Items):
                 del self._rows[row.address]
                 self._decoded.pop(row.address, None)
             if gone:
-                self._drop(gone)
+                self._drop([(row.updated_at, row.address) for row in gone])
                 self._compact()
         return gone
 

@@ -98,13 +98,16 @@ from ctxkeep.sessions.records import loads
 
 try:
     from langgraph.store.base import (
+        NOT_PROVIDED,
         BaseStore,
         GetOp,
         IndexConfig,
         ListNamespacesOp,
+        NotProvided,
         Op,
         PutOp,
         Result,
+        SearchItem,
         SearchOp,
         TTLConfig,
         get_text_at_path,
@@ -115,6 +118,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ctxkeep.integrations.langgraph._store_filters import (
     _check_op,
+    _check_put,
     _filter,
     _index_fields,
     _ttl_config,
@@ -130,8 +134,10 @@ from ctxkeep.integrations.langgraph._store_items import (
     MemoryItems,
     Row,
     _items_at,
+    _new_row,
     _ns_text,
     _ns_tuple,
+    search_items,
 )
 
 __all__ = ["CtxkeepStore"]
@@ -245,6 +251,8 @@ class CtxkeepStore(BaseStore):
         ``index``, its value's JSON text, the time of the put."""
         self._pending_lock = threading.RLock()
         self._marks = itertools.count()
+        self._known: set[tuple[str, ...]] = set()
+        """Namespaces checked for puts (:func:`_check_put`)."""
         try:
             self._fields = _index_fields(index, self._epi.embedder.dim) if self._indexed else []
             self._items = _items_at(url)
@@ -312,19 +320,26 @@ class CtxkeepStore(BaseStore):
             StorageError: the backend failed.
 
         """
-        ops = _check.iterable("ops", ops)
-        checked: set[tuple[str, ...]] = set()  # the puts' namespaces checked
+        ops = ops if type(ops) is list else _check.iterable("ops", ops)
+        known = self._known
         for op in ops:
-            _check_op(op, checked)
+            if type(op) is PutOp:
+                _check_put(op, known)
+            else:
+                _check_op(op, known)
         now = self.clock()
         results: list[Result] = [None] * len(ops)
         refresh: dict[Key, Row] = {}
         gets = [(_ns_text(op.namespace), op.key) for op in ops if isinstance(op, GetOp)]
         stored = self._items.get(gets) if gets else {}
         puts: dict[Key, PutOp] = {}
+        names: dict[tuple[str, ...], str] = {}  # the puts' namespaces as text, each joined once
         for i, op in enumerate(ops):
-            if isinstance(op, PutOp):
-                puts[_ns_text(op.namespace), op.key] = op
+            if type(op) is PutOp or isinstance(op, PutOp):
+                name = names.get(op.namespace)
+                if name is None:
+                    name = names[op.namespace] = _ns_text(op.namespace)
+                puts[name, op.key] = op
             elif isinstance(op, GetOp):
                 row = stored.get((_ns_text(op.namespace), op.key))
                 if row is not None and row.live(now):
@@ -333,7 +348,7 @@ class CtxkeepStore(BaseStore):
                         refresh[row.address] = row
             elif isinstance(op, SearchOp):
                 found = self._search(op, now)
-                results[i] = [row.item(score, search=True) for row, score in found]
+                results[i] = search_items(found)
                 if op.refresh_ttl:
                     refresh.update((row.address, row) for row, _ in found if row.ttl is not None)
             elif isinstance(op, ListNamespacesOp):
@@ -344,6 +359,51 @@ class CtxkeepStore(BaseStore):
         if puts:
             self._put(puts, now)
         return results
+
+    def put(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        index: Literal[False] | list[str] | None = None,
+        *,
+        ttl: float | NotProvided | None = NOT_PROVIDED,
+    ) -> None:
+        """Store or update an item: ``BaseStore.put`` (the same checks, TTL default and
+        errors), the one put checked once and written without a batch's other steps.
+        """
+        if ttl is NOT_PROVIDED:
+            ttl = self.ttl_config.get("default_ttl") if self.ttl_config else None
+        op = PutOp(namespace, str(key), value, index=index, ttl=ttl)  # type: ignore[arg-type]
+        _check_put(op, self._known, strict=True)
+        self._put({(_ns_text(namespace), op.key): op}, self.clock())
+
+    def search(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        """Search for items within a namespace prefix: ``BaseStore.search`` (the same checks
+        and errors, see :meth:`batch` for the order and scores), the one search run without
+        a batch's other steps.
+        """
+        if refresh_ttl is None:
+            refresh_ttl = self.ttl_config.get("refresh_on_read", True) if self.ttl_config else True
+        op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)
+        _check_op(op)
+        now = self.clock()
+        found = self._search(op, now)
+        if refresh_ttl:
+            ttls = {row.address: now + row.ttl * 60 for row, _ in found if row.ttl is not None}
+            if ttls:
+                self._items.refresh(list(ttls.items()))
+        return search_items(found)
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """:meth:`batch` in a worker thread (the backends' drivers are synchronous)."""
@@ -383,7 +443,7 @@ class CtxkeepStore(BaseStore):
                 rows[ns, key] = None
                 continue
             if op.ttl is None:
-                rows[ns, key] = Row(ns, key, _value_text(value), now, now)
+                rows[ns, key] = _new_row((ns, key, _value_text(value), now, now, None, None, None))
             else:
                 ttl = float(op.ttl)
                 rows[ns, key] = Row(ns, key, _value_text(value), now, now, now + ttl * 60, ttl)
