@@ -352,6 +352,10 @@ def test_memory_batches_keep_the_order_whether_rebuilt_or_edited(
         assert len(rows) == 40 - 8 + 6 + 7
 
 
+SPACES = [("u", "n0"), ("u", "n1"), ("u", "n0", "x"), ("v",)]
+"""Namespaces of the random writes below: one below another, one beside."""
+
+
 @pytest.mark.parametrize("bulk", [2, 10_000], ids=["rebuilt", "row-by-row"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -372,7 +376,8 @@ def test_memory_order_is_the_sorted_rows_after_any_writes(
 ) -> None:
     """Runs of the ``memory://`` order, through puts, replacements, deletes (a few or a whole
     run, one by one or rebuilt), clocks that stay or move back and sweeps: always every row,
-    newest first, ties by namespace then key, and a scan's page is its head.
+    newest first, ties by namespace then key, and a page of every prefix (each started at
+    its bound) is the head of its rows.
     """
     old = _store_items.BULK_ORDER
     _store_items.BULK_ORDER = bulk  # not monkeypatch: a fixture is not reset between examples
@@ -382,7 +387,7 @@ def test_memory_order_is_the_sorted_rows_after_any_writes(
             for move, puts in steps:
                 now[0] += move
                 ops = {
-                    f"k{i}": PutOp(("u", f"n{i % 3}"), f"k{i}", None if gone else {"i": i}, ttl=ttl)
+                    f"k{i}": PutOp(SPACES[i % 4], f"k{i}", None if gone else {"i": i}, ttl=ttl)
                     for i, gone, ttl in puts
                 }
                 store.batch(list(ops.values()))
@@ -394,9 +399,14 @@ def test_memory_order_is_the_sorted_rows_after_any_writes(
             rows = sorted(items._rows.values(), key=lambda r: (-r.updated_at, r.namespace, r.key))
             assert [(ns, key) for _, ns, key in items.newest_first()] == [r.address for r in rows]
             live = [r for r in rows if r.live(now[0])]
-            assert [(i.namespace, i.key) for i in store.search(("u",), limit=5, offset=2)] == [
-                (tuple(r.namespace.split(".")), r.key) for r in live[2:7]
-            ]
+            for prefix in [(), ("u",), ("u", "n0"), ("u", "n1"), ("v",), ("w",)]:
+                under = [
+                    (tuple(r.namespace.split(".")), r.key)
+                    for r in live
+                    if tuple(r.namespace.split("."))[: len(prefix)] == prefix
+                ]
+                found = store.search(prefix, limit=5, offset=2)
+                assert [(i.namespace, i.key) for i in found] == under[2:7]
             assert items._empty == sum(not run for run in items._runs)
     finally:
         _store_items.BULK_ORDER = old

@@ -450,6 +450,12 @@ class CtxkeepStore(BaseStore):
             if indexes and (text := self._text(value, op.index)):
                 docs[ns, key] = self._doc((ns, key), text, now)
         defers = self._indexed and not indexes
+        if not defers and not docs and self._episodic is None:
+            # no episode to save, no transaction to join (index=False before any forgetting)
+            replaced = self._items.write(rows, now)
+            if replaced:
+                self._forget(replaced)
+            return
 
         def save() -> dict[Key, str]:
             if not docs:
