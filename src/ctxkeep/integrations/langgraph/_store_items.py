@@ -295,7 +295,14 @@ def merged(old: Row | None, new: Row | None, now: float) -> Row | None:
     at ``now``: ``new``, keeping the ``created_at`` of an ``old`` still live (a put over an
     expired item creates a new one). :data:`PG_PUT_ONE` says the same in SQL.
     """
-    if new is not None and old is not None and old.live(now):
+    if new is not None and old is not None:
+        return _over(old, new, now)
+    return new
+
+
+def _over(old: Row, new: Row, now: float) -> Row:
+    """:func:`merged` of a put ``new`` over a stored ``old``."""
+    if old.live(now):
         # the fields spelt out: ``_replace`` (a dict of keywords, a map over the fields)
         # was a tenth of a put over a stored item
         return Row(new[0], new[1], new[2], old[3], new[4], new[5], new[6], new[7])
@@ -437,19 +444,13 @@ class MemoryItems(Items):
         """The rows whose value matches ``flt``."""
         return rows if not flt else [r for r in rows if self._matches(r, flt)]
 
-    def _drop(self, gone: Sequence[tuple[float, Key]]) -> None:
-        """Take the entries ``gone`` (``(updated_at, address)`` of stored rows, distinct
-        addresses) out of the order; under the lock. A run loses a few by bisection, more
-        (:data:`BULK_ORDER` on) in one pass.
+    def _drop(self, gone: Mapping[float, list[Key]]) -> None:
+        """Take the entries ``gone`` (``updated_at`` -> the addresses of stored rows updated
+        then, distinct) out of the order; under the lock. A run loses a few by bisection,
+        more (:data:`BULK_ORDER` on) in one pass.
         """
         times, runs = self._times, self._runs
-        if len(gone) == 1:
-            by_time: dict[float, list[Key]] = {gone[0][0]: [gone[0][1]]}
-        else:
-            by_time = {}
-            for at, key in gone:
-                by_time.setdefault(at, []).append(key)
-        for at, keys in by_time.items():
+        for at, keys in gone.items():
             i = bisect.bisect_left(times, at)
             run = runs[i]
             if len(keys) >= len(run):  # every entry of the run
@@ -462,26 +463,18 @@ class MemoryItems(Items):
                 out = set(keys)
                 run[:] = [key for key in run if key not in out]
 
-    def _add(self, new: Sequence[tuple[float, Key]]) -> None:
-        """Put the entries ``new`` (``(updated_at, address)`` of stored rows, distinct
-        addresses, none in the order) into it; under the lock. Entries newer than every run
-        (a put, a batch: all at one time) are one run appended; a run of an earlier time
-        takes a few by bisection, more in one sort.
+    def _add(self, by_time: Mapping[float, list[Key]]) -> None:
+        """Put the entries ``by_time`` (``updated_at`` -> the addresses of stored rows updated
+        then, distinct, none in the order; the lists become the order's) into the order;
+        under the lock. Entries newer than every run (a put, a batch: all at one time) are
+        one run appended; a run of an earlier time takes a few by bisection, more in one
+        sort.
         """
         times, runs = self._times, self._runs
-        if len(new) == 1:
-            at, key = new[0]
-            self._bound(key[0], at)
-            if not times or at > times[-1]:
-                times.append(at)
-                runs.append([key])
-                return
-            by_time: dict[float, list[Key]] = {at: [key]}
-        else:
-            by_time = {}
-            for at, key in new:
-                by_time.setdefault(at, []).append(key)
-            for at, keys in by_time.items():
+        for at, keys in by_time.items():
+            if len(keys) == 1:
+                self._bound(keys[0][0], at)
+            else:
                 for name in {key[0] for key in keys}:
                     self._bound(name, at)
         for at, keys in by_time.items():
@@ -612,26 +605,35 @@ class MemoryItems(Items):
         the replaced and deleted rows out, the stored ones in.
         """
         replaced: list[Row] = []
-        gone: list[tuple[float, Key]] = []
-        added: list[tuple[float, Key]] = []
+        # updated_at -> addresses, each list found once a run of one time (a batch's rows
+        # share theirs): no tuple a row, so fewer collections of the garbage collector
+        gone: dict[float, list[Key]] = {}
+        added: dict[float, list[Key]] = {}
+        gone_at = added_at = math.nan  # never equal
+        gone_keys: list[Key] = []
+        added_keys: list[Key] = []
         rows = self._rows
         with self._lock:
             for key, put in puts.items():
                 old = rows.get(key)
-                if old is None:
-                    if put is not None:
-                        rows[key] = put
-                        added.append((put[4], key))
+                if old is not None:
+                    replaced.append(old)
+                    if old[4] != gone_at:
+                        gone_at = old[4]
+                        gone_keys = gone.setdefault(gone_at, [])
+                    gone_keys.append(key)
+                    if put is None:
+                        del rows[key]
+                        self._decoded.pop(key, None)
+                        continue
+                    put = _over(old, put, now)
+                elif put is None:
                     continue
-                replaced.append(old)
-                gone.append((old[4], key))
-                if put is None:
-                    del rows[key]
-                    self._decoded.pop(key, None)
-                    continue
-                new = merged(old, put, now)
-                rows[key] = new  # type: ignore[assignment]  # a put: a row
-                added.append((put[4], key))
+                rows[key] = put
+                if put[4] != added_at:
+                    added_at = put[4]
+                    added_keys = added.setdefault(added_at, [])
+                added_keys.append(key)
             if gone:
                 self._drop(gone)
                 self._compact()
@@ -670,7 +672,10 @@ class MemoryItems(Items):
                 del self._rows[row.address]
                 self._decoded.pop(row.address, None)
             if gone:
-                self._drop([(row.updated_at, row.address) for row in gone])
+                by_time: dict[float, list[Key]] = {}
+                for row in gone:
+                    by_time.setdefault(row.updated_at, []).append(row.address)
+                self._drop(by_time)
                 self._compact()
         return gone
 

@@ -437,18 +437,19 @@ class CtxkeepStore(BaseStore):
         rows: dict[Key, Row | None] = {}  # None: a delete
         docs: dict[Key, dict[str, Any]] = {}
         indexes = self._indexed and not self._defers()
-        for (ns, key), op in puts.items():
+        for address, op in puts.items():  # the addresses as they are: one tuple a put
             value = op.value
             if value is None:
-                rows[ns, key] = None
+                rows[address] = None
                 continue
+            ns, key = address
             if op.ttl is None:
-                rows[ns, key] = _new_row((ns, key, _value_text(value), now, now, None, None, None))
+                rows[address] = _new_row((ns, key, _value_text(value), now, now, None, None, None))
             else:
                 ttl = float(op.ttl)
-                rows[ns, key] = Row(ns, key, _value_text(value), now, now, now + ttl * 60, ttl)
+                rows[address] = Row(ns, key, _value_text(value), now, now, now + ttl * 60, ttl)
             if indexes and (text := self._text(value, op.index)):
-                docs[ns, key] = self._doc((ns, key), text, now)
+                docs[address] = self._doc(address, text, now)
         defers = self._indexed and not indexes
         if not defers and not docs and self._episodic is None:
             # no episode to save, no transaction to join (index=False before any forgetting)
