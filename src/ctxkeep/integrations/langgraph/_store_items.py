@@ -471,6 +471,13 @@ class MemoryItems(Items):
         sort.
         """
         times, runs = self._times, self._runs
+        if len(by_time) == 1:  # one put's row, the newest: a run of its own
+            ((at, keys),) = by_time.items()
+            if len(keys) == 1 and (not times or at > times[-1]):
+                self._bound(keys[0][0], at)
+                times.append(at)
+                runs.append(keys)
+                return
         for at, keys in by_time.items():
             if len(keys) == 1:
                 self._bound(keys[0][0], at)
