@@ -138,6 +138,34 @@ def test_non_json_metadata_is_refused_not_stringified() -> None:
         message_to_record(Message("user", "x", metadata={"s": {1, 2}}))
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"metadata": {"ok": [1]}, "extra": {"t": (1, 2)}},  # the field after a sound one
+        {"metadata": {"n": {1: "int key"}}},
+        {"content": [{"type": "text", "text": "x", "pair": (1, 2)}]},  # content parts
+        {"content": [{"type": "text", "text": "x"}], "extra": {"t": (1, 2)}},
+    ],
+)
+def test_every_field_that_json_would_change_is_refused(fields: dict[str, object]) -> None:
+    # Each field that holds something but a string is read back by itself (the content too,
+    # where it is parts: then the whole record): any one that comes back changed refuses.
+    with pytest.raises(InvalidMessageError, match="cannot be stored"):
+        message_to_record(Message("user", **{"content": "text", **fields}))
+
+
+def test_fields_json_keeps_as_they_are_are_stored() -> None:
+    m = Message(
+        "user",
+        [{"type": "text", "text": "x"}],
+        metadata={"a": [1, {"b": None}], "c": 1.5},
+        extra={"d": "e"},
+    )
+    record = message_to_record(m)
+    assert json.loads(json.dumps(record)) == record
+    assert record_to_message(json.dumps(record)) == m
+
+
 def test_sqlite_written_by_a_newer_ctxkeep_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     SQLiteBackend(path).close()

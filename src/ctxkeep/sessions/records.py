@@ -138,15 +138,20 @@ def encoded_record(m: Message) -> tuple[dict[str, Any], str]:
             f"message {m.id or ''} cannot be stored ({exc}): text must be valid Unicode "
             "and metadata/extra JSON values"
         ) from exc
-    for name in _MAY_CHANGE:
-        value = record[name]
-        if value and type(value) is not str:  # else nothing JSON could change: no need to look
-            if loads(text) != record:
-                raise InvalidMessageError(
-                    f"message {m.id or ''} cannot be stored exactly: metadata/extra hold values "
-                    "JSON does not round-trip (tuples, non-string keys); use lists and string keys"
-                )
-            break
+    # Only a field that holds something but a string can come back changed: each such one
+    # is encoded and read back by itself (metadata of a few hundred bytes beside a content of
+    # kilobytes: decoding the whole record was three times the work, 4.7 against 1.7 us for a
+    # LangChain message of 3.9 kB), or the whole record where the content is one of them.
+    suspect = [name for name in _MAY_CHANGE if (value := record[name]) and type(value) is not str]
+    if suspect and (
+        loads(text) != record
+        if suspect[0] == "content"
+        else any(loads(dumps(record[name])) != record[name] for name in suspect)
+    ):
+        raise InvalidMessageError(
+            f"message {m.id or ''} cannot be stored exactly: metadata/extra hold values "
+            "JSON does not round-trip (tuples, non-string keys); use lists and string keys"
+        )
     return record, text
 
 
