@@ -92,21 +92,55 @@ def test_a_call_cut_between_send_and_reply_never_answers_the_next_call(
     script = _script(client)
     assert script([], "first") == ["first", 7]
     conn = direct(client)._idle[-1]
-    read = conn.read_response
-    calls = 0
+    if direct(client).raw:  # read on the socket itself: its first read is cut
+        monkeypatch.setattr(conn, "_sock", _CutSocket(conn._sock))
+    else:
+        read = conn.read_response
+        calls = 0
 
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise KeyboardInterrupt  # the reply to "lost" stays unread on the socket
-        return read(*args, **kwargs)
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise KeyboardInterrupt  # the reply to "lost" stays unread on the socket
+            return read(*args, **kwargs)
 
-    monkeypatch.setattr(conn, "read_response", interrupted)
+        monkeypatch.setattr(conn, "read_response", interrupted)
     with pytest.raises(KeyboardInterrupt):
         script([], "lost")
     assert script([], "next") == ["next", 7]
     assert script([], "then") == ["then", 7]
+
+
+class _CutSocket:
+    """A connection's socket whose first read is interrupted (the reply stays unread on it)."""
+
+    def __init__(self, sock: Any) -> None:
+        self._real = sock
+        self.reads = 0
+
+    def recv(self, *args: Any) -> Any:
+        self.reads += 1
+        if self.reads == 1:
+            raise KeyboardInterrupt
+        return self._real.recv(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_replies_are_read_on_the_socket_where_hiredis_reads_them(client: Any) -> None:
+    run = direct(client)
+    assert run.raw == run.hiredis  # a plain TCP connection: hiredis reads its replies
+    script = _script(client)
+    assert script([], "a") == ["a", 7]
+    assert run("ECHO", "b") == "b"
+    assert run.transaction(("ECHO", "c"), ("ECHO", "d")) == ["c", "d"]
+    with pytest.raises(redis.ResponseError):
+        run("NOSUCHCOMMAND")
+    with pytest.raises(redis.ResponseError):
+        run.transaction(("ECHO", "e"), ("NOSUCHCOMMAND",))
+    assert run("ECHO", "f") == "f"  # the connection is still in step
 
 
 def test_a_connection_the_server_dropped_is_made_again(client: Any) -> None:
@@ -189,10 +223,9 @@ def test_a_transaction_answers_each_command_in_one_write(
     runner = direct(client)
     try:
         runner("PING")  # a held connection to watch
-        conn = runner._idle[-1]
-        send = conn.send_packed_command
+        exchange = runner._roundtrip  # each call's one write
         monkeypatch.setattr(
-            conn, "send_packed_command", lambda c, **k: (sent.append(c), send(c, **k))
+            runner, "_roundtrip", lambda c, p, n: (sent.append(p), exchange(c, p, n))[1]
         )
         fields, members = runner.transaction(
             ("HGETALL", f"{key}:h"), ("ZRANGEBYSCORE", f"{key}:z", "(1", "+inf")
@@ -203,7 +236,7 @@ def test_a_transaction_answers_each_command_in_one_write(
     assert flat == {"a": "1", "b": "2"}
     assert members == ["y", "z"]
     assert len(sent) == 1
-    assert b"".join(sent[0]).count(b"MULTI") == 1
+    assert sent[0].count(b"MULTI") == 1
 
 
 def test_an_error_in_a_transaction_raises_and_the_next_one_answers_its_own(client: Any) -> None:

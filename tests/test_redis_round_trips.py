@@ -74,6 +74,15 @@ def sent(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
         return await exchange(self, conn, packed, replies)
 
     monkeypatch.setattr(Direct, "_exchange", counting_awaited)
+    # and what it sends on a socket it reads itself, not through redis-py's connection
+    roundtrip = Direct._roundtrip
+
+    def counting_raw(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
+        if self.raw:
+            name(packed)
+        return roundtrip(self, conn, packed, replies)
+
+    monkeypatch.setattr(Direct, "_roundtrip", counting_raw)
     return names
 
 

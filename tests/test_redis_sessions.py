@@ -43,15 +43,29 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     names: list[str] = []
     send = redis.connection.AbstractConnection.send_packed_command
 
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+    def name(command: Any) -> None:
         packed = command if isinstance(command, bytes) else b"".join(command)
         # RESP arrays: "*<n>\r\n$<len>\r\n<NAME>\r\n...", one per command in the send.
         parts = packed.split(b"\r\n")
         found = [parts[i + 2].decode() for i, p in enumerate(parts[:-2]) if p.startswith(b"*")]
         names.append("+".join(n.upper() for n in found))
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        name(command)
         send(self, command, check_health)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    # the scripts' round trips, sent on the socket itself (ctxkeep._redis.Direct)
+    from ctxkeep._redis import Direct
+
+    roundtrip = Direct._roundtrip
+
+    def counting_raw(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
+        if self.raw:
+            name(packed)
+        return roundtrip(self, conn, packed, replies)
+
+    monkeypatch.setattr(Direct, "_roundtrip", counting_raw)
     return names
 
 

@@ -208,13 +208,25 @@ def test_a_paged_prompt_of_a_long_session_reads_a_few_pages(
     sent: list[str] = []
     send = redis.connection.AbstractConnection.send_packed_command
 
-    def sending(self: Any, command: Any, check_health: bool = True) -> None:
+    def name(command: Any) -> None:
         packed = command if isinstance(command, bytes) else b"".join(command)
         # RESP arrays: "*<n>\r\n$<len>\r\n<NAME>\r\n...", one per command in the send.
         parts = packed.split(b"\r\n")
         found = [parts[i + 2].decode() for i, p in enumerate(parts[:-2]) if p.startswith(b"*")]
         sent.append("+".join(n.upper() for n in found))
+
+    def sending(self: Any, command: Any, check_health: bool = True) -> None:
+        name(command)
         send(self, command, check_health)
+
+    from ctxkeep._redis import Direct
+
+    roundtrip = Direct._roundtrip
+
+    def sending_raw(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
+        if self.raw:  # sent on the socket itself (ctxkeep._redis.Direct)
+            name(packed)
+        return roundtrip(self, conn, packed, replies)
 
     parsed: list[str] = []
     parse = redis_sessions.parse_member
@@ -225,6 +237,7 @@ def test_a_paged_prompt_of_a_long_session_reads_a_few_pages(
 
     with open_memory(url, config) as cold:  # a new process: no cache of the session
         monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", sending)
+        monkeypatch.setattr(Direct, "_roundtrip", sending_raw)
         monkeypatch.setattr(redis_sessions, "parse_member", counting)
         got = cold.build_prompt_messages(sid, pruner=TokenPruner(**args))
     assert got == want
