@@ -183,3 +183,51 @@ def test_a_replacement_by_messages_given_ids_still_finds_one_held(mem: MemoryMan
     with pytest.raises(MessageIdConflictError):
         mem.replace_newest(sid, [Message("user", "other", id=first.id)], newest_id=newest.id)
     assert [m.text for m in mem.get_messages(sid)] == ["hi", "again"]
+
+
+def test_an_append_after_another_writers_is_numbered_from_the_stored_seq(url: str) -> None:
+    # The client sends each record as its member, numbered from the next seq it last saw; the
+    # script keeps that member only where the hash still has that next seq. Here the other
+    # manager appended meanwhile (pending as it was, so the compare-and-set lets the append
+    # through): every member is numbered again, and stays its score's.
+    with _open(url, session_ttl=None) as a, _open(url, session_ttl=None) as b:
+        sid = a.create_session("agent")
+        a.add_message(sid, "user", "a0")
+        b.add_message(sid, "assistant", "b0")  # b now knows next_seq 3
+        a.add_messages(sid, [Message("user", "a1"), Message("assistant", "a2")])
+        b.add_messages(
+            sid, [Message("user", "b1"), Message("assistant", "b2"), Message("user", "b3")]
+        )
+        a.add_message(sid, "assistant", "a3")  # a's guess is stale too
+        want = ["a0", "b0", "a1", "a2", "b1", "b2", "b3", "a3"]
+        assert [m.content for m in a.get_messages(sid)] == want
+        assert [m.content for m in b.get_messages(sid)] == want
+        backend = a.backend
+        raw = backend._client.zrange(backend.keys.messages(sid), 0, -1, withscores=True)
+        assert [(m.partition(":")[0], int(score)) for m, score in raw] == [
+            (str(seq), seq) for seq in range(1, 9)
+        ]
+        roles = backend._client.zrange(backend.keys.roles(sid), 0, -1)
+        assert sorted(int(r.partition(":")[2]) for r in roles) == list(range(1, 9))
+        assert a.get_session(sid).next_seq == 9
+
+
+def test_the_newest_message_a_read_saw_is_decoded_only_when_a_replace_needs_it(
+    mem: MemoryManager, sent: list[str]
+) -> None:
+    # A read of the stored rows (a chat history's, an Agents SDK session's) and a pop keep
+    # the session's newest member as its text; the next replace decodes it, still in one
+    # EVALSHA and no read.
+    sid = mem.create_session("a")
+    mem.add_messages(sid, [Message("user", "x"), Message("assistant", "y")])
+    assert [m.content for m in mem.reads.decoding(sid)] == ["x", "y"]
+    tops = mem.backend._tops
+    assert isinstance(tops._tops[sid], tuple)  # (generation, member): not decoded
+    sent.clear()
+    mem._replace(sid, [], newest_seq=2)
+    assert sent == ["EVALSHA"]
+    assert isinstance(tops._tops[sid], tuple)  # the message now newest, kept as text
+    sent.clear()
+    mem._replace(sid, [], newest_seq=1)
+    assert sent == ["EVALSHA"]
+    assert mem.get_messages(sid) == []
