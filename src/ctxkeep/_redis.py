@@ -433,26 +433,15 @@ class Direct:
             return out
         if conn._sock is None:
             conn.connect()
-        sock, reader = conn._sock, getattr(conn._parser, "_reader", None)
-        if sock is None or reader is None:
-            raise redis.ConnectionError("the connection was closed")
+        sock, reader = _socket(conn)
         answers: list[Any] = []
         try:
             sock.sendall(packed)
-            while len(answers) < replies:
-                answer = reader.gets()
-                if answer is _NOT_ENOUGH_DATA:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise redis.ConnectionError("Connection closed by server.")
-                    reader.feed(data)
-                    continue
-                if _PUSH is not None and isinstance(answer, _PUSH):
-                    conn._parser.handle_push_response(answer)  # as its own read does
-                    continue
-                if isinstance(answer, redis.ConnectionError):  # a protocol error
-                    raise answer
-                answers.append(answer)
+            while _take_replies(conn, reader, answers, replies):
+                data = sock.recv(65536)
+                if not data:
+                    raise redis.ConnectionError("Connection closed by server.")
+                reader.feed(data)
         except TimeoutError as exc:  # socket.timeout
             raise redis.TimeoutError(f"Timeout on the socket: {exc}") from exc
         except OSError as exc:
@@ -472,9 +461,7 @@ class Direct:
         """
         if conn._sock is None:  # disconnected after a call was cut short: connect off the loop
             await asyncio.to_thread(conn.connect)
-        sock, reader = conn._sock, getattr(conn._parser, "_reader", None)
-        if sock is None or reader is None:
-            raise redis.ConnectionError("the connection was closed")
+        sock, reader = _socket(conn)
         timeout = conn.socket_timeout
         answers: list[Any] = []
         sock.setblocking(False)
@@ -485,24 +472,15 @@ class Direct:
                     view = view[sock.send(view) :]
                 except BlockingIOError:
                     await _ready(sock, timeout, writing=True)
-            while len(answers) < replies:
-                answer = reader.gets()
-                if answer is _NOT_ENOUGH_DATA:
-                    try:
-                        data = sock.recv(65536)
-                    except BlockingIOError:
-                        await _ready(sock, timeout, writing=False)
-                        continue
-                    if not data:
-                        raise redis.ConnectionError("Connection closed by server.")
-                    reader.feed(data)
+            while _take_replies(conn, reader, answers, replies):
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    await _ready(sock, timeout, writing=False)
                     continue
-                if _PUSH is not None and isinstance(answer, _PUSH):
-                    conn._parser.handle_push_response(answer)  # as its sync read does
-                    continue
-                if isinstance(answer, redis.ConnectionError):  # a protocol error
-                    raise answer
-                answers.append(answer)
+                if not data:
+                    raise redis.ConnectionError("Connection closed by server.")
+                reader.feed(data)
         except OSError as exc:
             raise redis.ConnectionError(f"Error on the socket: {exc}") from exc
         finally:
@@ -545,6 +523,41 @@ class Direct:
             self._idle.append(conn)
         else:
             self.pool.release(conn)
+
+
+def _socket(conn: Any) -> tuple[Any, Any]:
+    """The socket of a connected ``conn`` and its hiredis reader (:attr:`Direct.raw`).
+
+    Raises:
+        redis.ConnectionError: the connection was closed.
+
+    """
+    sock, reader = conn._sock, getattr(conn._parser, "_reader", None)
+    if sock is None or reader is None:
+        raise redis.ConnectionError("the connection was closed")
+    return sock, reader
+
+
+def _take_replies(conn: Any, reader: Any, answers: list[Any], replies: int) -> bool:
+    """Move the replies ``reader`` holds into ``answers`` until it has ``replies`` of them,
+    as redis-py's own read does (a push notification handed to the parser, an error reply
+    kept as the parser made it); True while more data must be read from the socket first.
+
+    Raises:
+        redis.ConnectionError: a reply that is not RESP (a protocol error).
+
+    """
+    while len(answers) < replies:
+        answer = reader.gets()
+        if answer is _NOT_ENOUGH_DATA:
+            return True
+        if _PUSH is not None and isinstance(answer, _PUSH):
+            conn._parser.handle_push_response(answer)
+            continue
+        if isinstance(answer, redis.ConnectionError):  # a protocol error
+            raise answer
+        answers.append(answer)
+    return False
 
 
 async def _ready(sock: Any, timeout: float | None, *, writing: bool) -> None:
