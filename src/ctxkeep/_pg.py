@@ -176,6 +176,8 @@ class SharedPool:
         self.liveness = liveness = _Liveness()
         self.paths: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
         """Each connection's ``search_path`` as last set (absent: the server's default)."""
+        self.settings: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+        """Each connection's other session settings as :meth:`set` last set them."""
         self.pool: ConnectionPool[Any] = ConnectionPool(
             address,
             min_size=min(min_size, max_size),
@@ -210,6 +212,18 @@ class SharedPool:
         else:
             conn.execute("SELECT set_config('search_path', %s, false)", (path,))
         paths[conn] = path
+
+    def set(self, conn: Any, name: str, value: int) -> None:
+        """Give ``conn`` the session setting ``name`` (a numeric one, e.g. pgvector's
+        ``hnsw.ef_search``) ``value`` unless it has it: set once a connection, as its
+        ``search_path``, where a ``SET LOCAL`` would take a transaction around each use.
+        """
+        held = self.settings.setdefault(conn, {})
+        if held.get(name) == value:
+            return
+        held.pop(name, None)  # unknown until the SET is done
+        conn.execute(f"SET {name} = {int(value)}")
+        held[name] = value
 
 
 _POOLS: dict[str, SharedPool] = {}
@@ -368,6 +382,20 @@ class PgClient:
                 shared.liveness.returned(conn)
                 if conn.broken or conn.closed:
                     shared.paths.pop(conn, None)
+                    shared.settings.pop(conn, None)
+
+    def set(self, conn: Any, name: str, value: int) -> None:
+        """Give ``conn`` (one of :meth:`connection`'s) the session setting ``name``
+        ``value`` unless it has it (:meth:`SharedPool.set`).
+
+        Raises:
+            StorageError: the client is closed.
+
+        """
+        shared = self._shared
+        if shared is None:
+            raise StorageError(f"PostgreSQL at {self.where}: {self.name} is closed")
+        shared.set(conn, name, value)
 
     @contextmanager
     def tx(

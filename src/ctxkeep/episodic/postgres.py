@@ -29,7 +29,6 @@ from __future__ import annotations
 import struct
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -224,23 +223,6 @@ _TSQUERY = "(SELECT to_tsquery('simple', %s))"
 (an InitPlan) is evaluated once where a function of a parameter is evaluated for every row
 in a prepared statement's generic plan, which PostgreSQL may choose after five runs: there a
 ``ts_rank`` of each candidate parsed the query again (the search 7 -> 11-15 ms, loaded)."""
-
-_EF_SEARCH: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-"""Each pooled connection's ``hnsw.ef_search`` as a search last set it (absent: unknown)."""
-
-
-def _use_ef_search(conn: Any, ef: int) -> None:
-    """Give ``conn`` (autocommit, in no transaction) the session's ``hnsw.ef_search`` ``ef``
-    unless it has it, as the pool's ``search_path`` is kept (``SharedPool.use``): a ``SET
-    LOCAL`` took a transaction around every search (BEGIN, SET, the statement, COMMIT), a
-    connection that searches with one setting pays one ``SET`` in its life. Every HNSW query
-    of ctxkeep goes through here, so none runs with a value it did not ask for.
-    """
-    if _EF_SEARCH.get(conn) == ef:
-        return
-    _EF_SEARCH.pop(conn, None)
-    conn.execute(f"SET hnsw.ef_search = {int(ef)}")
-    _EF_SEARCH[conn] = ef
 
 
 class PostgresDialect(Dialect):
@@ -446,13 +428,15 @@ class PostgresEpisodicStore(SQLStore):
     @contextmanager
     def _searching(self, q: np.ndarray | None, n: int) -> Iterator[Any]:
         """A pooled connection for a search whose dense side asks the HNSW index for ``n``
-        candidates: its ``hnsw.ef_search`` at least ``n`` (:func:`_use_ef_search`).
+        candidates: its ``hnsw.ef_search`` at least ``n``, set once a connection
+        (:meth:`~ctxkeep._pg.PgClient.set`): a ``SET LOCAL`` took a transaction around every
+        search (BEGIN, SET, the statement, COMMIT).
         """
         with self._db.errors("search"), self._db.connection() as conn:
             conn.adapters.register_dumper(_Floats, _FloatsDumper)
             if q is not None:
                 # pgvector refuses an ef_search above 1000 (asking for more than 50 hits)
-                _use_ef_search(conn, min(1000, max(self.ef_search, n)))
+                self._db.set(conn, "hnsw.ef_search", min(1000, max(self.ef_search, n)))
             yield conn
 
     def _ranked(
