@@ -1,8 +1,57 @@
-"""Append scenarios the round-trip tests of the server backends share (not collected)."""
+"""Append scenarios the round-trip tests of the server backends share, and the count of the
+round trips to Redis (not collected)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from ctxkeep import MemoryManager
+
+
+def redis_sends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every command sent to Redis from now on, one entry per send (a pipeline's
+    commands, sent together, are one entry joined by ``+``): the round trips. Counted where
+    they leave: redis-py's connection, and ctxkeep's own sends on its sockets
+    (:class:`ctxkeep._redis.Direct`: awaited in the event loop, or read on the socket itself).
+    """
+    import redis
+
+    from ctxkeep._redis import Direct
+
+    names: list[str] = []
+
+    def name(command: Any) -> None:
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        # RESP arrays: "*<n>\r\n$<len>\r\n<NAME>\r\n...", one per command in the send.
+        parts = packed.split(b"\r\n")
+        found = [parts[i + 2].decode() for i, p in enumerate(parts[:-2]) if p.startswith(b"*")]
+        names.append("+".join(n.upper() for n in found))
+
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        name(command)
+        send(self, command, check_health)
+
+    exchange = Direct._exchange
+
+    async def counting_awaited(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
+        name(packed)
+        return await exchange(self, conn, packed, replies)
+
+    roundtrip = Direct._roundtrip
+
+    def counting_raw(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
+        if self.raw:  # else it sends through redis-py's connection, counted there
+            name(packed)
+        return roundtrip(self, conn, packed, replies)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    monkeypatch.setattr(Direct, "_exchange", counting_awaited)
+    monkeypatch.setattr(Direct, "_roundtrip", counting_raw)
+    return names
 
 
 def known_session_round_trips(mem: MemoryManager, sent: list[str]) -> list[str]:

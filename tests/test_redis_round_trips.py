@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from _round_trips import redis_sends
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
@@ -36,9 +37,8 @@ def url(redis_url: str, redis_prefix_factory: Callable[[], str]) -> str:
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
-    """The name of every command redis-py sends from now on, one entry per send (a pipeline's
-    commands, sent together, are one entry joined by ``+``): the round trips. The backend's
-    scripts are in the server's cache first (a script's first run on a server costs a
+    """The round trips from now on (:func:`_round_trips.redis_sends`), the backend's
+    scripts in the server's cache first (a script's first run on a server costs a
     ``SCRIPT LOAD`` more, once).
     """
     from ctxkeep.sessions import redis as backend
@@ -50,40 +50,7 @@ def sent(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
                 client.script_load(getattr(backend, name))
     finally:
         client.close()
-    names: list[str] = []
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def name(command: Any) -> None:
-        packed = command if isinstance(command, bytes) else b"".join(command)
-        parts = packed.split(b"\r\n")
-        found = [parts[i + 2].decode() for i, p in enumerate(parts[:-2]) if p.startswith(b"*")]
-        names.append("+".join(n.upper() for n in found))
-
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
-        name(command)
-        send(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
-    # what the Agents SDK session awaits in the event loop is sent there, not by redis-py
-    from ctxkeep._redis import Direct
-
-    exchange = Direct._exchange
-
-    async def counting_awaited(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
-        name(packed)
-        return await exchange(self, conn, packed, replies)
-
-    monkeypatch.setattr(Direct, "_exchange", counting_awaited)
-    # and what it sends on a socket it reads itself, not through redis-py's connection
-    roundtrip = Direct._roundtrip
-
-    def counting_raw(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
-        if self.raw:
-            name(packed)
-        return roundtrip(self, conn, packed, replies)
-
-    monkeypatch.setattr(Direct, "_roundtrip", counting_raw)
-    return names
+    return redis_sends(monkeypatch)
 
 
 def _config(**limits: Any) -> MemoryConfig:

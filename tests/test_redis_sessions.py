@@ -14,6 +14,7 @@ from _round_trips import (
     a_session_made_again_is_checked_as_it_now_is,
     appends_in_turn_keep_every_seq,
     known_session_round_trips,
+    redis_sends,
     tool_unit_round_trips,
 )
 from conftest_services import redis_prefix_factory, redis_url
@@ -37,36 +38,8 @@ def url(redis_url: str, redis_prefix_factory: Callable[[], str]) -> str:
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of every command redis-py sends from now on, one entry per send (a pipeline's
-    commands, sent together, are one entry joined by ``+``): the round trips.
-    """
-    names: list[str] = []
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def name(command: Any) -> None:
-        packed = command if isinstance(command, bytes) else b"".join(command)
-        # RESP arrays: "*<n>\r\n$<len>\r\n<NAME>\r\n...", one per command in the send.
-        parts = packed.split(b"\r\n")
-        found = [parts[i + 2].decode() for i, p in enumerate(parts[:-2]) if p.startswith(b"*")]
-        names.append("+".join(n.upper() for n in found))
-
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
-        name(command)
-        send(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
-    # the scripts' round trips, sent on the socket itself (ctxkeep._redis.Direct)
-    from ctxkeep._redis import Direct
-
-    roundtrip = Direct._roundtrip
-
-    def counting_raw(self: Any, conn: Any, packed: bytes, replies: int) -> Any:
-        if self.raw:
-            name(packed)
-        return roundtrip(self, conn, packed, replies)
-
-    monkeypatch.setattr(Direct, "_roundtrip", counting_raw)
-    return names
+    """The round trips from now on (:func:`_round_trips.redis_sends`)."""
+    return redis_sends(monkeypatch)
 
 
 def _open(url: str, **limits: Any) -> MemoryManager:
