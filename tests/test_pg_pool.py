@@ -459,7 +459,12 @@ def test_serve_with_workers_keeps_to_workers_times_its_pool_size(db: str, tmp_pa
                     assert [m["content"] for m in answer.json()["messages"]][-1] == f"{tenant} 2"
 
             with ThreadPoolExecutor(8) as pool:
-                list(pool.map(work, [t for t in keys for _ in range(2)]))
+                try:
+                    list(pool.map(work, [t for t in keys for _ in range(2)]))
+                except AssertionError as exc:
+                    err.flush()
+                    log = (tmp_path / "serve.log").read_text()[-4000:]
+                    raise AssertionError(f"{exc}\nthe server's log ends:\n{log}") from exc
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
@@ -500,3 +505,33 @@ with open_memory({url!r}) as mem:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1"]
+
+
+def test_servers_creating_one_tenants_schema_at_once_all_succeed(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers that open one new tenant at the same moment both create its schema (CI's
+    ``--workers 2`` run lost a request to ``CREATE SCHEMA IF NOT EXISTS`` racing itself: the
+    second creator fails on the catalogue's unique index unless setup is serialized).
+    """
+    from ctxkeep.server.keys import open_key_registry
+
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "8")
+    registry = open_key_registry(db)
+
+    def create(n: int, round_: int, start: threading.Barrier) -> str:
+        start.wait()
+        if n % 2:
+            return registry.extension_schema("pg_trgm", f"ext_{round_}")
+        registry.create_schema(f"tenant_{round_}")
+        return f"tenant_{round_}"
+
+    try:
+        for round_ in range(10):
+            start = threading.Barrier(6)
+            with ThreadPoolExecutor(6) as pool:
+                made = list(pool.map(create, range(6), [round_] * 6, [start] * 6))
+            assert set(made[0::2]) == {f"tenant_{round_}"}
+            assert set(made[1::2]) == {"ext_0"}  # the extension lives in one schema
+    finally:
+        registry.close()

@@ -461,11 +461,21 @@ class PgClient:
         name = str(rows[0][0])
         return '"' + name.replace('"', '""') + '"'
 
+    @contextmanager
+    def setup(self, doing: str) -> Iterator[Any]:
+        """A connection inside one transaction that holds the schema-setup lock: DDL that
+        another process may run at the same moment goes in here. ``CREATE ... IF NOT EXISTS``
+        alone is not safe against that: two servers creating one schema at once can both
+        pass the check, and the second fails on the catalogue's unique index.
+        """
+        with self.tx(doing) as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            yield conn
+
     def _migrate(self, key: str, migrations: Sequence[str]) -> None:
         if self._version(key) == len(migrations):
             return  # current: write nothing (a read-only database opens too)
-        with self.tx("schema setup") as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        with self.setup("schema setup") as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS ctxkeep_meta "
                 "(key TEXT PRIMARY KEY, value TEXT NOT NULL)"

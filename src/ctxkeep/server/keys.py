@@ -335,7 +335,7 @@ class PostgresKeyRegistry(KeyRegistry):
 
     def create_schema(self, schema: str) -> None:
         """Create a tenant's schema if it does not exist (``schema`` is a checked name)."""
-        with self.db.tx("create a tenant schema") as conn:
+        with self.db.setup("create a tenant schema") as conn:
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
 
     def extension_schema(self, extension: str, default: str) -> str:
@@ -347,7 +347,7 @@ class PostgresKeyRegistry(KeyRegistry):
             "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
             "WHERE e.extname = %s"
         )
-        with self.db.tx(f"set up the {extension} extension") as conn:
+        with self.db.setup(f"set up the {extension} extension") as conn:
             row = conn.execute(find, (extension,)).fetchone()
             if row is not None:
                 return str(row[0])
