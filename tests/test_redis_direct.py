@@ -266,6 +266,65 @@ def test_a_transaction_on_a_dropped_connection_is_tried_on_a_new_one(client: Any
         client.delete(key)
 
 
+# -- commands pipelined after a script ----------------------------------------------------------
+
+
+def test_a_pipeline_answers_each_command_in_one_write_and_keeps_error_replies(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = f"ctxkeep-test:{uuid.uuid4().hex}"
+    client.zadd(key, {"x": 1, "y": 2})
+    sent: list[Any] = []
+    runner = direct(client)
+    try:
+        runner("PING")  # a held connection to watch
+        exchange = runner._roundtrip
+        monkeypatch.setattr(
+            runner, "_roundtrip", lambda c, p, n: (sent.append(p), exchange(c, p, n))[1]
+        )
+        top, wrong, echo = runner.pipeline(("ZRANGE", key, -1, -1), ("HGETALL", key), ("ECHO", "e"))
+    finally:
+        client.delete(key)
+    assert top == ["y"] and echo == "e"
+    assert isinstance(wrong, redis.ResponseError)  # not raised: the others stand
+    assert len(sent) == 1 and b"MULTI" not in sent[0]
+    assert runner("ECHO", "f") == "f"  # every reply was read: the connection is in step
+
+
+def test_a_script_followed_by_a_read_loads_itself_and_answers_both(client: Any) -> None:
+    key = f"ctxkeep-test:{uuid.uuid4().hex}"
+    script = _script(client, "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2]) return 1")
+    try:  # the first run meets NOSCRIPT (the read after it answers all the same)
+        assert script.followed([key], ["1", "a"], ("ZRANGE", key, -1, -1)) == [1, ["a"]]
+        assert script.followed([key], ["2", "b"], ("ZRANGE", key, -1, -1)) == [1, ["b"]]
+        failing = _script(client, "return redis.error_reply('NOPE no')")
+        with pytest.raises(redis.ResponseError, match="NOPE"):
+            failing.followed([key], [], ("ZRANGE", key, -1, -1))
+        assert client.zrange(key, 0, -1) == ["a", "b"]
+    finally:
+        client.delete(key)
+
+
+def test_a_pipeline_on_a_dropped_connection_or_a_single_connection_client_answers(
+    client: Any, redis_url: str
+) -> None:
+    key = f"ctxkeep-test:{uuid.uuid4().hex}"
+    client.set(key, "v")
+    runner = direct(client)
+    single = redis.Redis.from_url(redis_url, decode_responses=True, single_connection_client=True)
+    try:
+        runner("PING")
+        conn = runner._idle[-1]
+        conn.send_command("CLIENT", "ID")
+        assert client.client_kill_filter(_id=conn.read_response()) == 1
+        assert runner.pipeline(("GET", key), ("STRLEN", key)) == ["v", 1]
+        answers = Direct(single).pipeline(("GET", key), ("HGETALL", key))
+        assert answers[0] == "v" and isinstance(answers[1], redis.ResponseError)
+    finally:
+        client.delete(key)
+        single.close()
+
+
 def test_threads_calling_at_once_each_get_their_own_answers(client: Any) -> None:
     script = _script(client)
     client.script_load(script.source)

@@ -288,6 +288,29 @@ def test_an_awaited_transaction_on_a_dropped_connection_is_tried_on_a_new_one(
         client.delete(key)
 
 
+def test_an_awaited_pipeline_answers_each_command_in_the_loop(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = f"ctxkeep-test:{uuid.uuid4().hex}"
+    client.zadd(key, {"x": 1, "y": 2})
+    script = _script(client, "return redis.call('ZCARD', KEYS[1])")
+    runner = direct(client)
+    runner("PING")
+    _no_threads(monkeypatch)
+
+    async def main() -> list[Any]:
+        answers = await runner.apipeline(("ZRANGE", key, -1, -1), ("HGETALL", key))
+        # sync code run by the bridge awaits its pipelines in the loop too
+        return [answers, await _bridge.run(script.followed, [key], [], ("ZRANGE", key, 0, 0))]
+
+    try:
+        (top, wrong), followed = asyncio.run(main())
+    finally:
+        client.delete(key)
+    assert top == ["y"] and isinstance(wrong, redis.ResponseError)
+    assert followed == [2, ["x"]]
+
+
 def test_loops_in_threads_and_tasks_at_once_each_get_their_own_answers(client: Any) -> None:
     script = _script(client)
     client.script_load(script.source)

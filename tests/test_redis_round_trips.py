@@ -1,7 +1,8 @@
 """The adapters' operations on the Redis backend, one round trip each (issue 26): an append, a
 pop, a newest-N read and a whole read of the Agents SDK session and the LangChain history are
-each one ``EVALSHA`` once the process knows the session; a pop that finds the session changed
-by another process is checked again on the session as it is, and takes the right item.
+each one ``EVALSHA`` once the process knows the session (a pop's followed by a ``ZRANGE`` of the
+message it leaves newest, in the same write); a pop that finds the session changed by another
+process is checked again on the session as it is, and takes the right item.
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ def test_an_agents_sdk_add_is_one_evalsha(agents_session: Any, sent: list[str]) 
     assert sent == ["EVALSHA"]
 
 
+POP = "EVALSHA+ZRANGE"
+"""A pop: the replace script, then a read of the message it leaves newest (the next pop's
+guess), sent as one write."""
+
+
 def test_agents_sdk_pops_are_one_evalsha_each_and_take_the_newest_items(
     agents_session: Any, sent: list[str]
 ) -> None:
@@ -107,14 +113,14 @@ def test_agents_sdk_pops_are_one_evalsha_each_and_take_the_newest_items(
     for _ in range(3):
         sent.clear()
         popped.append(run(agents_session.pop_item()))
-        assert sent == ["EVALSHA"]
+        assert sent == [POP]
     assert popped == [_item(29), _item(28), _item(27)]
     sent.clear()
     run(agents_session.add_items([_item(27)]))  # the state after a pop is known
     assert sent == ["EVALSHA"]
     sent.clear()
     assert run(agents_session.pop_item()) == _item(27)
-    assert sent == ["EVALSHA"]
+    assert sent == [POP]
     assert run(agents_session.get_items()) == [_item(i) for i in range(27)]
 
 
@@ -124,7 +130,7 @@ def test_a_pop_after_this_sessions_own_add_is_one_evalsha_without_a_read(
     # only written, never read (the Runner's use): the newest message is the one it wrote
     sent.clear()
     assert run(agents_session.pop_item()) == _item(29)
-    assert sent == ["EVALSHA"]
+    assert sent == [POP]
     run(
         agents_session.add_items(
             [
@@ -136,7 +142,7 @@ def test_a_pop_after_this_sessions_own_add_is_one_evalsha_without_a_read(
     sent.clear()  # a message of two items: the pop replaces it by the first, then takes that
     assert run(agents_session.pop_item())["call_id"] == "c2"
     assert run(agents_session.pop_item())["call_id"] == "c1"
-    assert sent == ["EVALSHA", "EVALSHA"]
+    assert sent == ["EVALSHA", POP]  # a replacement (nothing to read after it), then a pop
     assert run(agents_session.get_items()) == [_item(i) for i in range(29)]
 
 
@@ -183,7 +189,7 @@ def test_a_new_agents_sdk_session_pops_after_one_read(
     try:
         sent.clear()
         assert run(other.pop_item()) == _item(29)
-        assert sent == ["EVALSHA", "EVALSHA"]  # the newest message, then the replace
+        assert sent == ["EVALSHA", POP]  # the newest message, then the pop
     finally:
         other.close()
 
@@ -234,7 +240,7 @@ def test_a_replace_keeps_the_pending_calls_as_the_session_holds_them(
     result = mem.add_message(sid, "tool", "12:00", tool_call_id="c1")
     sent.clear()
     mem.replace_newest(sid, [], newest_id=result.id)  # the call waits again
-    assert sent == ["EVALSHA"]
+    assert sent == [POP]
     assert mem.get_session(sid).pending == ("c1",)
     fresh = mem.replace_newest(sid, [], newest_id=mem.get_messages(sid, limit=1)[0].id or "")
     assert fresh == [] and mem.get_session(sid).pending == ()

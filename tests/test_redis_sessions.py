@@ -190,7 +190,7 @@ def test_the_newest_message_a_read_saw_is_decoded_only_when_a_replace_needs_it(
 ) -> None:
     # A read of the stored rows (a chat history's, an Agents SDK session's) and a pop keep
     # the session's newest member as its text; the next replace decodes it, still in one
-    # EVALSHA and no read.
+    # round trip (the script, and the read of the member a pop leaves newest) and no read.
     sid = mem.create_session("a")
     mem.add_messages(sid, [Message("user", "x"), Message("assistant", "y")])
     assert [m.content for m in mem.reads.decoding(sid)] == ["x", "y"]
@@ -198,9 +198,10 @@ def test_the_newest_message_a_read_saw_is_decoded_only_when_a_replace_needs_it(
     assert isinstance(tops._tops[sid], tuple)  # (generation, member): not decoded
     sent.clear()
     mem._replace(sid, [], newest_seq=2)
-    assert sent == ["EVALSHA"]
+    assert sent == ["EVALSHA+ZRANGE"]
     assert isinstance(tops._tops[sid], tuple)  # the message now newest, kept as text
     sent.clear()
     mem._replace(sid, [], newest_seq=1)
-    assert sent == ["EVALSHA"]
+    assert sent == ["EVALSHA+ZRANGE"]
+    assert sid not in tops._tops  # none left
     assert mem.get_messages(sid) == []

@@ -359,6 +359,38 @@ class Direct:
             return _answers(replies[-1])
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def pipeline(self, *commands: Sequence[EncodableT]) -> list[Any]:
+        """Run ``commands`` sent as one write and read back together: one round trip, not a
+        transaction (another client's commands may run between them). Their answers in
+        order, as the connection's parser gives them, an error reply as the exception it made
+        (not raised: the others stand). A dropped connection runs them again through a
+        redis-py pipeline, as :meth:`__call__` does one command.
+        """
+        if self.awaits and _bridge.bridged():
+            return _bridge.wait(self.apipeline(*commands))
+        if self.client.connection is not None:  # a single-connection client: its own lock
+            return self._pipelined(commands)
+        conn = self._take()
+        done = False
+        try:
+            packed = b"".join(self._pack(c) for c in commands)
+            answers = self._roundtrip(conn, packed, len(commands))
+            done = True  # every reply read: the connection is clean
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            return self._pipelined(commands)
+        finally:
+            if not done:
+                conn.disconnect()
+            self._give(conn)
+        return answers
+
+    def _pipelined(self, commands: Sequence[Sequence[EncodableT]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return cast("list[Any]", pipe.execute(raise_on_error=False))
+
     async def acall(self, *command: EncodableT) -> Any:
         """``self(*command)`` awaited in the running event loop (see the class docstring):
         its answer as ``__call__`` gives it; an error reply raises as there; a dropped
@@ -383,6 +415,14 @@ class Direct:
             if isinstance(reply, redis.ResponseError):
                 raise reply
         return _answers(replies[-1])
+
+    async def apipeline(self, *commands: Sequence[EncodableT]) -> list[Any]:
+        """:meth:`pipeline` awaited in the running event loop (see the class docstring): the
+        same answers; a dropped connection sends the commands once more on a new one.
+        """
+        if not self.awaits:
+            return await asyncio.to_thread(self.pipeline, *commands)
+        return await self._aexchange(b"".join(self._pack(c) for c in commands), len(commands))
 
     async def _aexchange(self, packed: bytes, replies: int) -> list[Any]:
         """:meth:`_exchange` on a held connection (or a new one); a dropped connection or a
@@ -638,6 +678,26 @@ class LuaScript:
         except redis.exceptions.NoScriptError:
             self._run("SCRIPT", "LOAD", self.source)  # through Direct: awaited where it is
             return self._run("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def followed(
+        self, keys: Sequence[str], args: Sequence[EncodableT], *after: Sequence[EncodableT]
+    ) -> list[Any]:
+        """Run the script, then the commands ``after`` sent in the same write
+        (:meth:`Direct.pipeline`: one round trip, not atomic with the script); the script's
+        answer, then theirs (an error reply of theirs as the exception, not raised).
+
+        Raises:
+            redis.ResponseError: the script's error reply.
+
+        """
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
+        answers = self._run.pipeline(command, *after)
+        if isinstance(answers[0], redis.exceptions.NoScriptError):
+            self._run("SCRIPT", "LOAD", self.source)
+            answers = self._run.pipeline(command, *after)
+        if isinstance(answers[0], redis.ResponseError):
+            raise answers[0]
+        return answers
 
 
 # -- the client ---------------------------------------------------------------------------------
