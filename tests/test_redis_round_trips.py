@@ -215,6 +215,28 @@ def test_a_pop_after_another_process_changed_the_session_takes_the_newest_item(
         other.close()
 
 
+def test_a_pop_whose_newest_message_another_process_took_back_takes_the_one_now_newest(
+    url: str, config: MemoryConfig, agents_session: Any, sent: list[str]
+) -> None:
+    # nothing above the seq it holds and nothing at it: the script's removal finds none,
+    # changes nothing and refuses the pop, which is then done on the session as it is
+    from ctxkeep.integrations.openai_agents import CtxkeepSession
+
+    run(agents_session.get_items())
+    other = CtxkeepSession("conv", url, config=config)
+    try:
+        assert run(other.pop_item()) == _item(29)
+        sent.clear()
+        assert run(agents_session.pop_item()) == _item(28)
+        # refused on the items held; the newest message read, then the pop done on it
+        assert sent == [POP, "EVALSHA", POP]
+        assert run(other.get_items()) == [_item(i) for i in range(28)]
+    finally:
+        other.close()
+    info = agents_session.memory.get_session("conv")
+    assert (info.message_count, info.next_seq) == (28, 31)
+
+
 # -- the manager's replace -------------------------------------------------------------------
 
 
