@@ -388,8 +388,8 @@ class Direct:
     def _pipelined(self, commands: Sequence[Sequence[EncodableT]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for command in commands:
-            pipe.execute_command(*command)
-        return cast("list[Any]", pipe.execute(raise_on_error=False))
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        return pipe.execute(raise_on_error=False)
 
     async def acall(self, *command: EncodableT) -> Any:
         """``self(*command)`` awaited in the running event loop (see the class docstring):
