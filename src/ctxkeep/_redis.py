@@ -253,13 +253,14 @@ class Direct:
     single-connection client) takes a connection from the pool for each call and gives it
     back, still packed by hiredis.
 
-    Awaited. :meth:`acall` and :meth:`atransaction` are the same round trips waited on in
-    the running event loop: the same packing, the same held connections (their socket
-    non-blocking for the call; the event loop waits for it to be readable), the reply read
-    by the connection's own hiredis reader, the same outcomes. A new connection is made in
-    a thread (its connect and handshake block), a dropped one is tried once more on a new
-    one. Code run by :func:`ctxkeep._bridge.run` reaches them through ``__call__`` and
-    :meth:`transaction` themselves, so one body of sync code serves both. It needs what
+    Awaited. :meth:`acall`, :meth:`atransaction` and :meth:`apipeline` are the same round
+    trips waited on in the running event loop: the same packing, the same held connections
+    (their socket non-blocking for the call; the event loop waits for it to be readable), the
+    reply read by the connection's own hiredis reader, the same outcomes. A new connection is
+    made in a thread (its connect and handshake block), a dropped one is tried once more on a
+    new one. Code run by :func:`ctxkeep._bridge.run` reaches them through ``__call__``,
+    :meth:`transaction` and :meth:`pipeline` themselves, so one body of sync code serves
+    both. It needs what
     holding needs, hiredis's parser, and a plain TCP or Unix socket (:attr:`awaits`;
     otherwise they run the sync call in a thread).
     """
