@@ -75,8 +75,8 @@ def stored(store: EpisodicMemoryStore) -> dict[str, list[tuple[int, str, str]]]:
         )
     else:
         sql = (
-            "SELECT session_id, pos, record, body::text, 0 FROM ctxkeep_episodes "
-            "ORDER BY session_id, pos"
+            "SELECT e.session_id, e.pos, e.record, t.body::text, 0 FROM ctxkeep_episodes e "
+            "JOIN ctxkeep_episode_text t USING (row) ORDER BY e.session_id, e.pos"
         )
     out: dict[str, list[tuple[int, str, str]]] = {}
     for sid, pos, record, body, doclen in store._db.q("read", sql):  # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
-"""Episodic PostgreSQL: the full-text index's pending list is held small (every search reads
-all of it: 244 pages after a load of 10,000 episodes made a search 16 ms, not 4-7)."""
+"""Episodic PostgreSQL: the window documents in a table of their own, whose full-text index
+keeps a small pending list (every search reads all of it: 244 pages after a load of 10,000
+episodes made a search 16 ms, not 4-7)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep.episodic import open_episodic
-from ctxkeep.episodic.postgres import GIN_PENDING_LIST_KB, PostgresEpisodicStore
+from ctxkeep.episodic.filters import EpisodeFilter
+from ctxkeep.episodic.postgres import GIN_PENDING_LIST_KB, TEXT_TABLE, PostgresEpisodicStore
 
 __all__ = ["postgres_schema_factory", "postgres_url"]  # fixtures, re-exported for pytest
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.postgres
 def _options(store: PostgresEpisodicStore) -> list[str]:
     rows = store.db.q(
         "read the index options",
-        "SELECT reloptions FROM pg_class WHERE oid = 'ctxkeep_episodes_body'::regclass",
+        f"SELECT reloptions FROM pg_class WHERE oid = '{TEXT_TABLE}_body'::regclass",
     )
     return list(rows[0][0] or [])
 
@@ -39,7 +41,7 @@ def test_the_full_text_index_keeps_a_small_pending_list(
         )
         matching = store.db.q(
             "count the matches",
-            "SELECT count(*) FROM ctxkeep_episodes WHERE body @@ to_tsquery('simple', 'penguin')",
+            f"SELECT count(*) FROM {TEXT_TABLE} WHERE body @@ to_tsquery('simple', 'penguin')",
         )
         assert matching[0][0] == 300
         assert [h.episode.summary for h in store.search("fact 7 penguins", 1)] == [
@@ -55,16 +57,38 @@ def test_a_database_of_the_previous_schema_is_upgraded(
     url = postgres_schema_factory()
     store = open_episodic(url, "hash")
     assert isinstance(store, PostgresEpisodicStore)
-    store.save_episode("s", "", "kept across the upgrade")
+    store.save_episodes(
+        [{"session_id": w, "task_goal": "", "summary": f"kept {w}"} for w in ("walrus", "seal")]
+    )
     with store.db.tx("go back to version 2") as conn:
-        conn.execute("ALTER INDEX ctxkeep_episodes_body RESET (gin_pending_list_limit)")
+        # the documents in the episodes' table, their index's pending list the default
+        conn.execute(
+            "ALTER TABLE ctxkeep_episodes ADD COLUMN body TSVECTOR NOT NULL DEFAULT ''::tsvector"
+        )
+        conn.execute(
+            f"UPDATE ctxkeep_episodes e SET body = t.body FROM {TEXT_TABLE} t WHERE t.row = e.row"
+        )
+        conn.execute(f"DROP TABLE {TEXT_TABLE}")
+        conn.execute("CREATE INDEX ctxkeep_episodes_body ON ctxkeep_episodes USING gin (body)")
         conn.execute("UPDATE ctxkeep_meta SET value = '2' WHERE key = 'episodic'")
     store.close()
     again = open_episodic(url, "hash")
     try:
         assert isinstance(again, PostgresEpisodicStore)
         assert f"gin_pending_list_limit={GIN_PENDING_LIST_KB}" in _options(again)
-        assert again.search_relevant_context("upgrade", 1) == ["kept across the upgrade"]
+        columns = again.db.q(
+            "read the columns",
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'ctxkeep_episodes'::regclass "
+            "AND attnum > 0 AND NOT attisdropped",
+        )
+        assert "body" not in {c for (c,) in columns}
+        # each window document moved with its row: the lexical side finds each episode
+        rows = again._rows(EpisodeFilter())
+        for w in ("walrus", "seal"):
+            assert int((again._lexical([w], rows) > 0).sum()) == 1
+        again.save_episode("new", "", "narwhal saved after the upgrade")
+        assert again.search_relevant_context("walrus", 1) == ["kept walrus"]
+        assert again.search_relevant_context("narwhal", 1) == ["narwhal saved after the upgrade"]
     finally:
         again.close()
 
@@ -91,7 +115,7 @@ def test_lexical_candidates_come_from_the_informative_terms(
         # no statistics yet: every term finds candidates
         assert store._informative(["penguin", "walrus"]) == ["penguin", "walrus"]
         with store.db.tx("analyse") as conn:
-            conn.execute("ANALYZE ctxkeep_episodes")
+            conn.execute(f"ANALYZE {TEXT_TABLE}")
         store._stats = None  # read them again now
         assert store._informative(["penguin", "walrus"]) == ["walrus"]
         assert store._informative(["penguin"]) == ["penguin"]

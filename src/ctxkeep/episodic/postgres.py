@@ -4,11 +4,11 @@
   by an older ctxkeep: :data:`VECTOR_TYPES`) with an HNSW index (cosine); a search asks it for the
   nearest candidates, within the filters.
 * Lexical: each episode's window document (its stemmed tokens ``self_weight`` times plus
-  its session neighbours', as in every ctxkeep store) in a ``tsvector`` column with a GIN
-  index, ranked by ``ts_rank`` (PostgreSQL's own ranking, not BM25: scores differ slightly
-  from the SQLite and memory stores). Candidates come from the informative query terms (the
-  rule of every store, with document frequencies from PostgreSQL's statistics); every term
-  scores them.
+  its session neighbours', as in every ctxkeep store) as a ``tsvector`` in a table of its
+  own (:data:`TEXT_TABLE`) with a GIN index, ranked by ``ts_rank`` (PostgreSQL's own
+  ranking, not BM25: scores differ slightly from the SQLite and memory stores). Candidates
+  come from the informative query terms (the rule of every store, with document frequencies
+  from PostgreSQL's statistics); every term scores them.
 * Candidates from both, with their session neighbours, are then fused exactly as everywhere
   else (:class:`~ctxkeep.episodic.base.EpisodicMemoryStore`). A config that fuses the two
   scores alone (no session knobs, no recency: ``CtxkeepStore``'s) is ranked in PostgreSQL
@@ -87,7 +87,25 @@ def _migrations(dim: int) -> list[str]:
         "ALTER INDEX ctxkeep_episodes_body "
         f"SET (gin_pending_list_limit = {GIN_PENDING_LIST_KB}); "
         "SELECT gin_clean_pending_list('ctxkeep_episodes_body')",
+        # Version 4: the window documents in a narrow table of their own (TEXT_TABLE)
+        f"""CREATE TABLE {TEXT_TABLE} (row BIGINT PRIMARY KEY, body TSVECTOR NOT NULL);
+        INSERT INTO {TEXT_TABLE} SELECT row, body FROM ctxkeep_episodes ORDER BY row;
+        CREATE INDEX {TEXT_TABLE}_body ON {TEXT_TABLE} USING gin (body)
+            WITH (gin_pending_list_limit = {GIN_PENDING_LIST_KB});
+        DROP INDEX ctxkeep_episodes_body;
+        ALTER TABLE ctxkeep_episodes DROP COLUMN body""",
     ]
+
+
+TEXT_TABLE = "ctxkeep_episode_text"
+"""The table of each episode's window document (``row``: its ``ctxkeep_episodes`` row;
+``body``: the document's ``tsvector``, under the GIN index), as SQLite keeps it in a
+full-text table beside the episodes. Beside the vectors and records (1.3 kB an episode: 6
+rows a page), ranking the lexical candidates read a heap page for each: at 10,000 items of
+``bench/peers.py`` a query's two informative terms matched 1,223 episodes on 1,175 pages
+(EXPLAIN ANALYZE: 2.4 ms for the lexical candidates); from this table (about 40 rows a
+page), 0.7-0.9 ms. An episode's row here is written and deleted with its row there, in the
+same statement."""
 
 
 GIN_PENDING_LIST_KB = 64
@@ -172,7 +190,7 @@ _TERM_STATS_SQL = (
     "SELECT c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs "
     "FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace "
     "LEFT JOIN pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname "
-    "AND s.attname = 'body' WHERE c.oid = 'ctxkeep_episodes'::regclass"
+    f"AND s.attname = 'body' WHERE c.oid = '{TEXT_TABLE}'::regclass"
 )
 
 
@@ -208,6 +226,11 @@ read by psycopg is the nearest double to its printed digits, here its exact valu
 trip: ranked in Python it was the candidates' scores (200-400 rows), then the hits' records.
 ``scored`` is materialized: inlined, each score was computed again wherever the z-scores
 name it (four times a candidate)."""
+
+_TEXT_RANK = f"(SELECT ts_rank(t.body, {{query}}) FROM {TEXT_TABLE} t WHERE t.row = e.row)"
+"""The ``ts_rank`` of an episode (``e``) for a ``tsquery`` (``query``): its window document
+looked up by its row, a subquery (a join let the generic plan of a search hash the whole
+table of documents, 262 pages at 10,000 episodes, to score 100 candidates)."""
 
 RANKED_SHARE = 0.25
 """The share of the candidates a side (``n``: 200 for up to 10 hits, 20 a hit beyond) that a
@@ -337,8 +360,8 @@ class PostgresEpisodicStore(SQLStore):
 
     def _write_windows(self, conn: Any, docs: Sequence[tuple[int, str, int]]) -> None:
         conn.execute(
-            "UPDATE ctxkeep_episodes e SET body = to_tsvector('simple', d.doc) "
-            "FROM unnest(%s::bigint[], %s::text[]) AS d(row, doc) WHERE e.row = d.row",
+            f"UPDATE {TEXT_TABLE} t SET body = to_tsvector('simple', d.doc) "
+            "FROM unnest(%s::bigint[], %s::text[]) AS d(row, doc) WHERE t.row = d.row",
             ([row for row, _, _ in docs], [doc for _, doc, _ in docs]),
         )
 
@@ -354,17 +377,23 @@ class PostgresEpisodicStore(SQLStore):
         # when it opens, and the process's one pool may have opened it before this module
         # was imported (a session store's first)
         conn.adapters.register_dumper(_Floats, _FloatsDumper)
+        # the episodes and their window documents (TEXT_TABLE) in one statement, each
+        # document joined to its episode's new row by the episode's id
         conn.execute(
-            f"INSERT INTO ctxkeep_episodes ({COLUMNS}, body, embedding) "
-            f"SELECT {COLUMNS}, to_tsvector('simple', doc), "
-            f"(%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::{self._vtype} FROM unnest("
+            "WITH t AS MATERIALIZED (SELECT * FROM unnest("
             "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::float8[], "
             "%b::int8[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY "
-            f"AS t({COLUMNS}, doc, ord) ORDER BY ord",
+            f"AS t({COLUMNS}, doc, ord)), "
+            f"e AS (INSERT INTO ctxkeep_episodes ({COLUMNS}, embedding) "
+            f"SELECT {COLUMNS}, "
+            f"(%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::{self._vtype} FROM t "
+            "ORDER BY ord RETURNING row, episode_id) "
+            f"INSERT INTO {TEXT_TABLE} (row, body) SELECT e.row, to_tsvector('simple', t.doc) "
+            "FROM e JOIN t USING (episode_id) ORDER BY e.row",
             (
-                _Floats(np.stack([r.vector for r in rows])),
                 *arrays,
                 [r.doc for r in rows],
+                _Floats(np.stack([r.vector for r in rows])),
             ),
             prepare=True,  # its text is the same every time: parsed once a connection
         )
@@ -415,12 +444,16 @@ class PostgresEpisodicStore(SQLStore):
             args += [*params, _Floats(q[None])]
         if terms:
             finding = " | ".join(self._informative(terms))
+            # the documents alone (TEXT_TABLE), joined to the episodes for a filter only
+            source, lex_where, lex_params = TEXT_TABLE, where, params
+            if where != self.dialect.true:
+                source = f"{TEXT_TABLE} t JOIN ctxkeep_episodes e USING (row)"
+                lex_where, lex_params = f.where(self.dialect, lambda col: f"e.{col}")
             parts.append(
-                f"(SELECT row FROM ctxkeep_episodes WHERE {where} "
-                f"AND body @@ {_TSQUERY} "
+                f"(SELECT row FROM {source} WHERE {lex_where} AND body @@ {_TSQUERY} "
                 f"ORDER BY ts_rank(body, {_TSQUERY}) DESC LIMIT {int(n)})"
             )
-            args += [*params, finding, finding]
+            args += [*lex_params, finding, finding]
         if not parts:
             return None
         return " UNION ".join(parts), args
@@ -457,7 +490,7 @@ class PostgresEpisodicStore(SQLStore):
         sql, args = found
         lexical = "0::float8"
         if terms and cfg.lexical_weight:
-            lexical = f"ts_rank(e.body, {_TSQUERY})::float8"
+            lexical = _TEXT_RANK.format(query=_TSQUERY) + "::float8"
             args.append(" | ".join(dict.fromkeys(terms)))
         dense = "0::float8"
         if q is not None:
@@ -500,7 +533,7 @@ class PostgresEpisodicStore(SQLStore):
             sql += "cand AS (SELECT row FROM found) "
         sql += "SELECT e.row, e.session_id, e.pos, e.created_at"
         if terms:
-            sql += f", ts_rank(e.body, {_TSQUERY})"
+            sql += ", " + _TEXT_RANK.format(query=_TSQUERY)
             args.append(" | ".join(dict.fromkeys(terms)))
         if q is not None:
             sql += f", 1 - (e.embedding <=> {self._query_vector})"
@@ -567,7 +600,7 @@ class PostgresEpisodicStore(SQLStore):
         query = " | ".join(dict.fromkeys(terms))
         found = self._q(
             "rank text",
-            "SELECT row, ts_rank(body, to_tsquery('simple', %s)) FROM ctxkeep_episodes "
+            f"SELECT row, ts_rank(body, to_tsquery('simple', %s)) FROM {TEXT_TABLE} "
             "WHERE row = ANY(%s)",
             (query, rows.tolist()),
         )
@@ -625,7 +658,9 @@ class PostgresEpisodicStore(SQLStore):
         with self._tx("forget episodes") as conn:
             sessions: dict[str, int] = {}
             for sid, pos in conn.execute(
-                "DELETE FROM ctxkeep_episodes WHERE row = ANY(%s) RETURNING session_id, pos",
+                "WITH gone AS (DELETE FROM ctxkeep_episodes WHERE row = ANY(%s) "
+                f"RETURNING row, session_id, pos), text AS (DELETE FROM {TEXT_TABLE} "
+                "WHERE row IN (SELECT row FROM gone)) SELECT session_id, pos FROM gone",
                 (rows.tolist(),),
             ).fetchall():
                 sessions[sid] = min(sessions.get(sid, pos), pos)
