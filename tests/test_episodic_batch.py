@@ -82,8 +82,7 @@ def stored(store: EpisodicMemoryStore) -> dict[str, list[tuple[int, str, str]]]:
     for sid, pos, record, body, doclen in store._db.q("read", sql):  # type: ignore[attr-defined]
         if store.name == "sqlite":
             assert doclen == len(body.split())
-        summary = Episode(**{k: v for k, v in _loads(record).items() if k != "v"}).summary
-        out.setdefault(sid, []).append((pos, summary, body))
+        out.setdefault(sid, []).append((pos, _loads(record)["summary"], body))
     return out
 
 

@@ -70,6 +70,14 @@ def test_a_database_of_the_previous_schema_is_upgraded(
         )
         conn.execute(f"DROP TABLE {TEXT_TABLE}")
         conn.execute("CREATE INDEX ctxkeep_episodes_body ON ctxkeep_episodes USING gin (body)")
+        # every content key unique and NOT NULL
+        conn.execute("DROP INDEX ctxkeep_episodes_content_key")
+        conn.execute("ALTER TABLE ctxkeep_episodes ALTER COLUMN content_key SET NOT NULL")
+        conn.execute("ALTER TABLE ctxkeep_episodes ALTER COLUMN tokens SET NOT NULL")
+        conn.execute(
+            "ALTER TABLE ctxkeep_episodes "
+            "ADD CONSTRAINT ctxkeep_episodes_content_key_key UNIQUE (content_key)"
+        )
         conn.execute("UPDATE ctxkeep_meta SET value = '2' WHERE key = 'episodic'")
     store.close()
     again = open_episodic(url, "hash")
@@ -82,6 +90,16 @@ def test_a_database_of_the_previous_schema_is_upgraded(
             "AND attnum > 0 AND NOT attisdropped",
         )
         assert "body" not in {c for (c,) in columns}
+        index = again.db.q(
+            "read the keys' index",
+            "SELECT pg_get_indexdef('ctxkeep_episodes_content_key'::regclass)",
+        )
+        assert index[0][0].endswith("(content_key) WHERE (content_key IS NOT NULL)")
+        # the stored episodes keep their keys: a save of one is a duplicate
+        assert (
+            again.save_episode("walrus", "", "kept walrus")
+            == again.search("kept walrus", 1)[0].episode.episode_id
+        )
         # each window document moved with its row: the lexical side finds each episode
         rows = again._rows(EpisodeFilter())
         for w in ("walrus", "seal"):

@@ -32,7 +32,7 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -75,7 +75,7 @@ class Episode:
     @property
     def text(self) -> str:
         """The text that is indexed and recalled."""
-        return f"{self.task_goal}\n{self.summary}" if self.task_goal else self.summary
+        return episode_text(self.task_goal, self.summary)
 
 
 DEFAULT_MIN_SCORE = 0.0
@@ -311,8 +311,15 @@ def copy_episode(e: Episode) -> Episode:
 _EPISODE_FIELDS = tuple(f.name for f in dataclasses.fields(Episode))
 
 
-def episode_record(e: Episode) -> str:
-    """The stored JSON of an episode: ``v``, then its fields in their order.
+def episode_text(task_goal: str, summary: str) -> str:
+    """The text of an episode of ``task_goal`` and ``summary`` (:attr:`Episode.text`)."""
+    return f"{task_goal}\n{summary}" if task_goal else summary
+
+
+def episode_record(e: Episode, omit: Collection[str] = ()) -> str:
+    """The stored JSON of an episode: ``v``, then its fields in their order but those in
+    ``omit`` (a store keeps them in columns of their own: :func:`episode_from_record` takes
+    them back).
 
     Built field by field, not with ``dataclasses.asdict``: that deep-copies the metadata only
     for it to be serialised, a quarter of a batch save of 10,000 episodes on SQLite.
@@ -321,12 +328,14 @@ def episode_record(e: Episode) -> str:
 
     record: dict[str, Any] = {"v": EPISODE_VERSION}
     for name in _EPISODE_FIELDS:
-        record[name] = getattr(e, name)
+        if name not in omit:
+            record[name] = getattr(e, name)
     return dumps(record)
 
 
-def episode_from_record(text: str | bytes) -> Episode:
-    """The episode a stored JSON describes.
+def episode_from_record(text: str | bytes, **fields: Any) -> Episode:
+    """The episode a stored JSON describes, with ``fields`` (the fields a store keeps in
+    columns, left out of the JSON: :func:`episode_record`'s ``omit``) over its own.
 
     Raises:
         SchemaVersionError: a record newer than this ctxkeep.
@@ -341,6 +350,8 @@ def episode_from_record(text: str | bytes) -> Episode:
         raise SchemaVersionError(
             f"episode record version {v} is newer than this ctxkeep reads ({EPISODE_VERSION})"
         )
+    if fields:
+        d.update(fields)
     return Episode(**d)
 
 

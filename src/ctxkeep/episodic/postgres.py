@@ -43,14 +43,13 @@ from ctxkeep.episodic.base import (
     Hit,
     NewEpisodes,
     RetrievalConfig,
-    episode_from_record,
     informative_terms,
     neighbour_positions,
     session_neighbour_rows,
 )
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.episodic.filters import Dialect, EpisodeFilter
-from ctxkeep.episodic.sql import COLUMNS, NewRow, SQLStore
+from ctxkeep.episodic.sql import COLUMNS, FIELD_COLUMNS, NewRow, SQLStore
 from ctxkeep.errors import ConfigError
 from ctxkeep.sessions.records import dumps, loads
 
@@ -94,6 +93,13 @@ def _migrations(dim: int) -> list[str]:
             WITH (gin_pending_list_limit = {GIN_PENDING_LIST_KB});
         DROP INDEX ctxkeep_episodes_body;
         ALTER TABLE ctxkeep_episodes DROP COLUMN body""",
+        # Version 5: no content key nor tokens for the episodes of new sessions
+        # (lean_new_sessions)
+        """ALTER TABLE ctxkeep_episodes ALTER COLUMN content_key DROP NOT NULL;
+        ALTER TABLE ctxkeep_episodes ALTER COLUMN tokens DROP NOT NULL;
+        ALTER TABLE ctxkeep_episodes DROP CONSTRAINT ctxkeep_episodes_content_key_key;
+        CREATE UNIQUE INDEX ctxkeep_episodes_content_key ON ctxkeep_episodes (content_key)
+            WHERE content_key IS NOT NULL""",
     ]
 
 
@@ -214,7 +220,8 @@ _FUSED = (
     "fused AS (SELECT row, lex, dense, "
     f"%s::float8 * {_z_sql('lex')} + %s::float8 * {_z_sql('dense')} AS total "
     "FROM scored ORDER BY total DESC, row LIMIT {top_k}) "
-    "SELECT f.total, f.lex, f.dense, e.record FROM fused f JOIN ctxkeep_episodes e USING (row) "
+    f"SELECT f.total, f.lex, f.dense, e.record, {', '.join('e.' + c for c in FIELD_COLUMNS)} "
+    "FROM fused f JOIN ctxkeep_episodes e USING (row) "
     "ORDER BY f.total DESC, f.row"
 )
 """A search ranked in PostgreSQL (:meth:`PostgresEpisodicStore._ranked`): the candidates
@@ -270,6 +277,16 @@ class PostgresEpisodicStore(SQLStore):
     dialect = PostgresDialect()
     _db: PgClient
     chunk = 100_000
+    record_columns = FIELD_COLUMNS
+    """Each row's record leaves out the fields that are columns (about 190 of its 370 bytes
+    at ``bench/peers.py``'s items)."""
+    lean_new_sessions = True
+    """The episodes of new sessions keep no content key (NULL, out of the keys' partial
+    unique index) nor tokens (NULL). At ``bench/peers.py``'s items an episode's row was
+    1,178 bytes (6 rows a page) with its key (65 bytes), its tokens (53) and the fields the
+    record repeats (:attr:`record_columns`); without them about 860 (9 rows a page; the heap
+    of 10,000 items 13.7 -> 9.1 MB), and the keys' unique index (1.25 MB) holds none of
+    them."""
 
     def __init__(
         self,
@@ -370,7 +387,7 @@ class PostgresEpisodicStore(SQLStore):
         # it after would write every row twice, and its HNSW entry twice)
         if not rows:
             return
-        values = [r.values() for r in rows]
+        values = [r.values(self.record_columns) for r in rows]
         arrays = [[v[i] for v in values] for i in range(len(values[0]))]
         dim = self.embedder.dim
         # on the connection, not psycopg's global map: a pooled connection copies that map
@@ -503,8 +520,8 @@ class PostgresEpisodicStore(SQLStore):
             # but for the filters
             rows = conn.execute(sql, args, prepare=True).fetchall()
         return [
-            Hit(episode_from_record(record), float(total), float(lex), float(cos))
-            for total, lex, cos, record in rows
+            Hit(self._episode(values), float(total), float(lex), float(cos))
+            for total, lex, cos, *values in rows
         ]
 
     def _scope(

@@ -14,7 +14,7 @@ engine writes parameters, lists and metadata comparisons), its engine client
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +27,11 @@ from ctxkeep.episodic.base import (
     NewEpisodes,
     episode_from_record,
     episode_record,
+    episode_text,
 )
 from ctxkeep.episodic.filters import Dialect, EpisodeFilter
+from ctxkeep.episodic.text import tokenize
+from ctxkeep.sessions.records import loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +42,13 @@ class NewRow:
     """Its row number (for the stores that do not number rows themselves)."""
     episode: Episode
     """The episode."""
-    key: str
-    """Its content key."""
+    key: str | None
+    """Its content key; None where the store keeps none (:attr:`SQLStore.lean_new_sessions`)."""
     pos: int
     """Its position in its session."""
-    tokens: str
-    """Its own tokens, space-separated."""
+    tokens: str | None
+    """Its own tokens, space-separated; None where the store keeps none
+    (:attr:`SQLStore.lean_new_sessions`)."""
     vector: np.ndarray
     """Its vector."""
     doc: str
@@ -52,17 +56,34 @@ class NewRow:
     doclen: int
     """The document's length in tokens."""
 
-    def values(self) -> tuple[Any, ...]:
-        """The :data:`COLUMNS` values."""
+    def values(self, omit: Collection[str] = ()) -> tuple[Any, ...]:
+        """The :data:`COLUMNS` values, the record without the fields in ``omit``
+        (:attr:`SQLStore.record_columns`).
+        """
         e = self.episode
         return (
             *(e.episode_id, self.key, e.session_id, e.task_id, e.agent_id, e.created_at),
-            *(self.pos, episode_record(e), self.tokens),
+            *(self.pos, episode_record(e, omit), self.tokens),
         )
 
 
 COLUMNS = "episode_id, content_key, session_id, task_id, agent_id, created_at, pos, record, tokens"
 """The columns every store writes alike (see :meth:`SQLStore._append`)."""
+
+FIELD_COLUMNS = ("episode_id", "session_id", "task_id", "agent_id", "created_at")
+"""The episode's fields that are columns of their own (of :data:`COLUMNS`), with the same
+values."""
+
+
+def _own_tokens(tokens: str | None, record: str | None) -> list[str]:
+    """An episode's own tokens: its ``tokens`` column's, or, where the store kept none
+    (:attr:`SQLStore.lean_new_sessions`), those of the text of its JSON ``record``.
+    """
+    if tokens is not None:
+        return tokens.split()
+    assert record is not None  # read wherever the tokens are NULL
+    d = loads(record)
+    return tokenize(episode_text(d["task_goal"], d["summary"]))
 
 
 class SQLStore(EpisodicMemoryStore):
@@ -74,6 +95,17 @@ class SQLStore(EpisodicMemoryStore):
     """The most values one statement binds in a list."""
     _db: Database
     """The engine client (``SQLiteClient``, ``PgClient``); set by each store."""
+    record_columns: tuple[str, ...] = ()
+    """The fields of :data:`FIELD_COLUMNS` a store leaves out of each row's JSON record (read
+    back from their columns): none on SQLite, all on PostgreSQL."""
+    lean_new_sessions = False
+    """Whether the episodes of a batch of new sessions (``new_sessions``: ``CtxkeepStore``'s,
+    each item's episode in a session of its own) are kept without their content keys and own
+    tokens (NULL: the store's columns allow it; PostgreSQL's). Only a later save to the same
+    session could be a duplicate of one of them (it is not found one), and the tokens serve
+    only to rewrite the windows of a session that changes (they are then taken from the
+    episode's text, :func:`_own_tokens`): no key in the row nor in the keys' unique index,
+    no tokens in the row."""
 
     def _sql(self, text: str) -> str:
         """``text`` written with ``?`` placeholders, in the engine's placeholders."""
@@ -133,12 +165,15 @@ class SQLStore(EpisodicMemoryStore):
         return np.asarray([r[0] for r in rows], np.int64)
 
     def _episodes(self, rows: np.ndarray) -> list[Episode]:
-        found = dict(
-            self._select_in(
-                "read episodes", "SELECT row, record FROM ctxkeep_episodes", "row", rows.tolist()
-            )
-        )
-        return [episode_from_record(found[int(r)]) for r in rows]
+        fields = self.record_columns
+        select = f"SELECT row, record{''.join(', ' + c for c in fields)} FROM ctxkeep_episodes"
+        found = {r[0]: r[1:] for r in self._select_in("read episodes", select, "row", rows)}
+        return [self._episode(found[int(r)]) for r in rows]
+
+    def _episode(self, values: Sequence[Any]) -> Episode:
+        """The episode of a row's ``record`` and :attr:`record_columns` (in that order)."""
+        record, *columns = values
+        return episode_from_record(record, **dict(zip(self.record_columns, columns, strict=True)))
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -159,26 +194,29 @@ class SQLStore(EpisodicMemoryStore):
             out.append((" ".join(t for t, c in counts.items() for _ in range(c)), counts.total()))
         return out
 
-    def _tails(self, conn: Any, sessions: Sequence[str]) -> dict[str, list[tuple[int, int, str]]]:
+    def _tails(
+        self, conn: Any, sessions: Sequence[str]
+    ) -> dict[str, list[tuple[int, int, list[str]]]]:
         """For each of ``sessions`` that holds episodes, ``(pos, row, tokens)`` of its last
         ones, enough to rewrite the windows an append changes (:meth:`_window_range`), by
         position: one statement per :attr:`chunk` sessions, the end of each found in its
         ``(session_id, pos)`` index.
         """
         back = max(self.config.window, 2) + self.config.window - 1  # from the end's pos
-        out: dict[str, list[tuple[int, int, str]]] = {}
+        out: dict[str, list[tuple[int, int, list[str]]]] = {}
         for s in range(0, len(sessions), self.chunk):
             cond, params = self.dialect.one_of("e.session_id", tuple(sessions[s : s + self.chunk]))
             found = conn.execute(
                 self._sql(
-                    "SELECT e.session_id, e.pos, e.row, e.tokens FROM ctxkeep_episodes e "
+                    "SELECT e.session_id, e.pos, e.row, e.tokens, "
+                    "CASE WHEN e.tokens IS NULL THEN e.record END FROM ctxkeep_episodes e "
                     f"WHERE {cond} AND e.pos >= (SELECT max(m.pos) FROM ctxkeep_episodes m "
                     "WHERE m.session_id = e.session_id) - ?"
                 ),
                 (*params, back),
             ).fetchall()
-            for sid, pos, row, tokens in found:
-                out.setdefault(sid, []).append((pos, row, tokens))
+            for sid, pos, row, tokens, record in found:
+                out.setdefault(sid, []).append((pos, row, _own_tokens(tokens, record)))
         for tail in out.values():
             tail.sort()
         return out
@@ -201,7 +239,7 @@ class SQLStore(EpisodicMemoryStore):
         for sid, start in starts.items():
             _, lo = self._window_range(start)
             old = [t for t in tails.get(sid, ()) if t[0] >= lo]
-            runs[sid] = [tokens.split() for _, _, tokens in old]
+            runs[sid] = [tokens for _, _, tokens in old]
             run_at[sid] = old[0][0] if old else start
         new: list[tuple[Episode, str, np.ndarray, list[str], int, int]] = []
         ends = dict(starts)
@@ -221,13 +259,14 @@ class SQLStore(EpisodicMemoryStore):
                     rewrite.append((old_rows[p], doc, length))
                 else:
                     docs[sid, p] = (doc, length)
+        lean = self.lean_new_sessions and batch.new_sessions
         rows = [
             NewRow(
                 row=row,
                 episode=e,
-                key=k,
+                key=None if lean else k,
                 pos=pos,
-                tokens=" ".join(toks),
+                tokens=None if lean else " ".join(toks),
                 vector=v,
                 doc=docs[e.session_id, pos][0],
                 doclen=docs[e.session_id, pos][1],
@@ -247,24 +286,25 @@ class SQLStore(EpisodicMemoryStore):
         of their own 30,000 statements; a session left empty costs nothing more).
         """
         ids = list(sessions)
-        left: dict[str, list[tuple[int, int, str]]] = {}
+        left: dict[str, list[tuple[int, int, list[str]]]] = {}
         for s in range(0, len(ids), self.chunk):
             cond, params = self.dialect.one_of("session_id", tuple(ids[s : s + self.chunk]))
             found = conn.execute(
                 self._sql(
-                    f"SELECT session_id, pos, row, tokens FROM ctxkeep_episodes WHERE {cond}"
+                    "SELECT session_id, pos, row, tokens, CASE WHEN tokens IS NULL THEN record "
+                    f"END FROM ctxkeep_episodes WHERE {cond}"
                 ),
                 tuple(params),
             ).fetchall()
-            for sid, pos, row, tokens in found:
-                left.setdefault(sid, []).append((pos, row, tokens))
+            for sid, pos, row, tokens, record in found:
+                left.setdefault(sid, []).append((pos, row, _own_tokens(tokens, record)))
         renumber: list[tuple[int, int]] = []
         docs: list[tuple[int, str, int]] = []
         for sid, rest in left.items():
             rest.sort()
             renumber += [(p, row) for p, (pos, row, _) in enumerate(rest) if p != pos]
             first = self.window_from(sessions[sid])
-            windows = self._windows([tokens.split() for _, _, tokens in rest], first)
+            windows = self._windows([tokens for _, _, tokens in rest], first)
             docs += [(rest[p][1], doc, n) for p, (doc, n) in enumerate(windows, first)]
         if renumber:
             executemany(
