@@ -3,7 +3,11 @@
 An append moves the session row's counters and reads it back in one ``UPDATE ... RETURNING``
 (no separate read of the row), and looks the batch's ids up only where the caller gave ids
 (ids the manager made for the append cannot be stored). A second update runs only where the
-pending calls change. Whatever the statements, a refused append changes nothing.
+pending calls change. Where the backend knows the session's state (it made the session or
+wrote it last), the append is one compare-and-set ``UPDATE`` (counters, pending calls and
+access time at once) and the insert; a row in another state (another writer came first) takes
+the path above in the same transaction. Whatever the statements, a refused append changes
+nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import pytest
 
 from ctxkeep import open_memory
-from ctxkeep.errors import OrphanToolResultError
+from ctxkeep.errors import MissingToolResultError, OrphanToolResultError
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import MemoryManager
 from ctxkeep.sessions.records import SessionInfo
@@ -46,6 +50,13 @@ def _info(mem: MemoryManager, sid: str) -> SessionInfo:
     return info
 
 
+def _rows(mem: MemoryManager, sid: str) -> list[tuple[int, Any]]:
+    """The session's messages as stored: (seq, content)."""
+    snap = mem.backend.read(sid)
+    assert snap is not None
+    return [(seq, record["content"]) for seq, record in snap[1]]
+
+
 def _verbs(statements: list[str]) -> list[str]:
     return [s.split()[0].upper() for s in statements]
 
@@ -57,10 +68,63 @@ def test_an_append_of_messages_without_ids_reads_nothing_apart(mem: MemoryManage
         mem.add_messages(sid, [Message("assistant", "hello"), Message("user", "again")])
     verbs = _verbs(statements)  # (an INSERT per message: executemany)
     assert verbs == ["BEGIN", "UPDATE", "INSERT", "INSERT", "COMMIT"]
-    assert "RETURNING" in statements[1]
+    assert "next_seq = 2 AND revision = 0" in statements[1]  # the state known, compared
     assert [m.content for m in mem.get_messages(sid)] == ["hi", "hello", "again"]
     info = _info(mem, sid)
     assert (info.message_count, info.next_seq) == (3, 4)
+
+
+def test_an_append_of_a_session_another_process_wrote_reads_its_row_back(
+    mem: MemoryManager, tmp_path: Path
+) -> None:
+    sid = mem.create_session("a")
+    mem.add_message(sid, "user", "hi")
+    with open_memory(f"sqlite:///{tmp_path}/s.db") as other:
+        other.add_message(sid, "assistant", "from elsewhere")
+    with traced(mem) as statements:
+        mem.add_message(sid, "user", "again")
+    # the compare-and-set finds another state: the row read back in the same transaction
+    assert _verbs(statements) == ["BEGIN", "UPDATE", "UPDATE", "INSERT", "COMMIT"]
+    assert "RETURNING" in statements[2]
+    assert _rows(mem, sid) == [(1, "hi"), (2, "from elsewhere"), (3, "again")]
+    with traced(mem) as statements:  # known again: one update
+        mem.add_message(sid, "assistant", "ok")
+    assert _verbs(statements) == ["BEGIN", "UPDATE", "INSERT", "COMMIT"]
+    info = _info(mem, sid)
+    assert (info.message_count, info.next_seq) == (4, 5)
+
+
+def test_a_known_state_is_no_reason_to_refuse_or_to_store(
+    mem: MemoryManager, tmp_path: Path
+) -> None:
+    """The check runs on the state known, but the row decides: a call answered elsewhere
+    lets a message in; a call made elsewhere keeps one out.
+    """
+    sid = mem.create_session("a")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    mem.add_messages(sid, [Message("assistant", None, tool_calls=[call])])
+    with open_memory(f"sqlite:///{tmp_path}/s.db") as other:
+        other.add_messages(sid, [Message("tool", "ok", tool_call_id="c1")])
+        mem.add_message(sid, "user", "next")  # c1 waits in the state known, not in the row
+        assert _info(mem, sid).pending == ()
+        call2 = {**call, "id": "c2"}
+        other.add_messages(sid, [Message("assistant", None, tool_calls=[call2])])
+    with pytest.raises(MissingToolResultError):
+        mem.add_message(sid, "user", "too early")  # nothing waits in the state known
+    assert _info(mem, sid).pending == ("c2",)
+    assert [m.content for m in mem.get_messages(sid)][-2:] == ["next", None]
+
+
+def test_a_session_made_again_elsewhere_is_not_written_as_the_one_known(
+    mem: MemoryManager, tmp_path: Path
+) -> None:
+    sid = mem.create_session("a", session_id="conv")
+    mem.add_message(sid, "user", "hi")
+    with open_memory(f"sqlite:///{tmp_path}/s.db") as other:
+        other.delete_session(sid)
+        other.create_session("a", session_id=sid)
+    mem.add_message(sid, "user", "again")
+    assert _rows(mem, sid) == [(1, "again")]
 
 
 def test_an_append_of_given_ids_looks_them_up_and_a_retry_stores_once(
@@ -82,8 +146,8 @@ def test_a_tool_call_updates_the_pending_calls(mem: MemoryManager) -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     with traced(mem) as statements:
         mem.add_messages(sid, [Message("assistant", None, tool_calls=[call])])
-    assert _verbs(statements) == ["BEGIN", "UPDATE", "INSERT", "UPDATE", "COMMIT"]
-    assert "pending" in statements[3]
+    assert _verbs(statements) == ["BEGIN", "UPDATE", "INSERT", "COMMIT"]
+    assert "pending = '[\"c1\"]'" in statements[1]  # in the compare-and-set
     assert _info(mem, sid).pending == ("c1",)
     mem.add_messages(sid, [Message("tool", "ok", tool_call_id="c1")])
     assert _info(mem, sid).pending == ()
@@ -133,3 +197,4 @@ def test_an_agents_sdk_pop_after_its_own_add_reads_no_newest_message_first(
         assert session._pop_item() == calls[1]
     assert _verbs(statements).count("BEGIN") == 1 and "SELECT" not in _verbs(statements)
     assert asyncio.run(session.get_items()) == [*items[:-1], calls[0]]
+

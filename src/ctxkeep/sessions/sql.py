@@ -86,6 +86,13 @@ NEWER_SQL = (
 itself (parameters: the seq, the session id): the row's columns, then each message's seq and
 record (``NULL`` for both when there is none)."""
 
+INSERT_SQL = (
+    "INSERT INTO ctxkeep_messages (session_id, seq, record, role, message_id) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+"""An append's insert of its messages (parameters per message: the session id, the seq, the
+record's JSON, the role and the id)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Dialect:
@@ -433,57 +440,59 @@ class SQLBackend(Backend):
         pending calls or the access time change (a check that raises rolls all back).
         """
         texts = batch.encoded()
-        n, taken = len(texts), int(batch.replacing)
         with self.db.tx("append") as conn:
-            # The counters move first: the row's state before the append is the one read
-            # back less the deltas (one statement where a read and an update were two).
-            row = conn.execute(
+            return self._append_in(conn, session_id, batch, texts)[0]
+
+    def _append_in(
+        self, conn: Any, session_id: str, batch: Append, texts: list[str]
+    ) -> tuple[list[int], SessionInfo, tuple[str, ...], bool]:
+        """:meth:`append` inside ``conn``'s write transaction; the seqs given, the session
+        as the check saw it (after the newest message was taken, when replacing), the
+        pending calls after the append and whether ``accessed_at`` moved to ``batch.now``.
+        """
+        n, taken = len(texts), int(batch.replacing)
+        # The counters move first: the row's state before the append is the one read
+        # back less the deltas (one statement where a read and an update were two).
+        row = conn.execute(
+            self._sql(
+                "UPDATE ctxkeep_sessions SET next_seq = next_seq + ?, "
+                "message_count = message_count + ?, revision = revision + ? "
+                f"WHERE session_id = ? RETURNING {COLUMNS}"
+            ),
+            (n, n - taken, taken, session_id),
+        ).fetchone()
+        if row is None:
+            raise SessionNotFoundError(f"no session {session_id!r}")
+        info = row_to_info(row, less_seq=n, less_count=n - taken, less_revision=taken)
+        stored_pending = info.pending  # (the UPDATE leaves pending as it was)
+        if batch.replacing:
+            info = self._take_newest(conn, info, batch)
+        if not batch.fresh_ids:  # (ids made for this append cannot be stored)
+            settle_ids(session_id, batch.records, self._rows_with_ids(conn, session_id, batch))
+        pending = batch.check(info)
+        seqs = list(range(info.next_seq, info.next_seq + n))
+        if texts:  # (a pop: nothing takes the newest message's place)
+            executemany(
+                conn,
+                self._sql(INSERT_SQL),
+                [
+                    (session_id, s, t, r["role"], r.get("id"))
+                    for s, t, r in zip(seqs, texts, batch.records, strict=True)
+                ],
+            )
+        # accessed_at only where it moves past the touch resolution: else the statement
+        # leaves its index alone (SQLite rewrites an index whose column is SET at all).
+        touch = batch.touches(info.accessed_at)
+        if touch or pending != stored_pending:
+            conn.execute(
                 self._sql(
-                    "UPDATE ctxkeep_sessions SET next_seq = next_seq + ?, "
-                    "message_count = message_count + ?, revision = revision + ? "
-                    f"WHERE session_id = ? RETURNING {COLUMNS}"
+                    "UPDATE ctxkeep_sessions SET pending = ?"
+                    + (f", accessed_at = {self.dialect.greatest}(accessed_at, ?)" if touch else "")
+                    + " WHERE session_id = ?"
                 ),
-                (n, n - taken, taken, session_id),
-            ).fetchone()
-            if row is None:
-                raise SessionNotFoundError(f"no session {session_id!r}")
-            info = row_to_info(row, less_seq=n, less_count=n - taken, less_revision=taken)
-            stored_pending = info.pending  # (the UPDATE leaves pending as it was)
-            if batch.replacing:
-                info = self._take_newest(conn, info, batch)
-            if not batch.fresh_ids:  # (ids made for this append cannot be stored)
-                settle_ids(session_id, batch.records, self._rows_with_ids(conn, session_id, batch))
-            pending = batch.check(info)
-            seqs = list(range(info.next_seq, info.next_seq + n))
-            if texts:  # (a pop: nothing takes the newest message's place)
-                executemany(
-                    conn,
-                    self._sql(
-                        "INSERT INTO ctxkeep_messages (session_id, seq, record, role, message_id) "
-                        "VALUES (?, ?, ?, ?, ?)"
-                    ),
-                    [
-                        (session_id, s, t, r["role"], r.get("id"))
-                        for s, t, r in zip(seqs, texts, batch.records, strict=True)
-                    ],
-                )
-            # accessed_at only where it moves past the touch resolution: else the statement
-            # leaves its index alone (SQLite rewrites an index whose column is SET at all).
-            touch = batch.touches(info.accessed_at)
-            if touch or pending != stored_pending:
-                conn.execute(
-                    self._sql(
-                        "UPDATE ctxkeep_sessions SET pending = ?"
-                        + (
-                            f", accessed_at = {self.dialect.greatest}(accessed_at, ?)"
-                            if touch
-                            else ""
-                        )
-                        + " WHERE session_id = ?"
-                    ),
-                    (dumps(list(pending)), *((batch.now,) if touch else ()), session_id),
-                )
-            return seqs
+                (dumps(list(pending)), *((batch.now,) if touch else ()), session_id),
+            )
+        return seqs, info, pending, touch
 
     def _rows_with_ids(self, conn: Any, session_id: str, batch: Append) -> list[Row]:
         """The session's messages under the batch's ids, inside ``conn``'s transaction (by

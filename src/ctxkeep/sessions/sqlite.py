@@ -14,6 +14,14 @@ fsyncs every commit, surviving power loss too, at about a fifth of the append ra
 work (a read's access-time update is skipped, said once in the log), writes raise
 StorageError. The file must be at the newest schema version already.
 
+An append of new messages that this process knows the session's state for (it made the
+session, or wrote it last) is a compare-and-set inside that transaction
+(:meth:`SQLiteBackend.append`): the tool-call check runs on the state known, and one ``UPDATE``
+moves the counters, the pending calls and the access time only if the row is still in that
+state; then the insert. A row in another state (another writer came first) takes the shared
+path in the same transaction: the row read back by the counters' update, the check run on
+it, a second update where pending or the access time change.
+
 The schema version is the ``sessions`` row of ``ctxkeep_meta``; :data:`MIGRATIONS` are applied
 in order, and a file written by a newer ctxkeep is refused. Files of the first release kept
 their version in ``PRAGMA user_version``; it is adopted.
@@ -24,10 +32,13 @@ from __future__ import annotations
 import sqlite3
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from ctxkeep._sqlite import SQLiteClient
-from ctxkeep.errors import ConfigError
-from ctxkeep.sessions.sql import SQLITE, SQLBackend, migrations
+from ctxkeep.errors import ConfigError, SessionNotFoundError
+from ctxkeep.sessions.backend import EvictReason, KnownStates
+from ctxkeep.sessions.records import Append, SessionInfo, dumps
+from ctxkeep.sessions.sql import INSERT_SQL, SQLITE, SQLBackend, migrations
 
 MIGRATIONS = migrations(SQLITE)
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -73,7 +84,136 @@ class SQLiteBackend(SQLBackend):
         )
         self.path = self.db.path
         self.synchronous = self.db.synchronous
+        self._known = KnownStates()
+
+    def create(self, info: SessionInfo, ttl: float | None) -> None:
+        """Insert the session row; its state is known from then on."""
+        super().create(info, ttl)
+        self._known.put(info)
+
+    def append(self, session_id: str, batch: Append) -> list[int]:
+        """One write transaction: a compare-and-set on the state known of the session where
+        there is one (new messages, under ids made for them), else the shared path (see the
+        module docstring). The session's state after it is known from then on.
+        """
+        texts = batch.encoded()
+        base = self._known.get(session_id)
+        with self.db.tx("append") as conn:
+            done = None
+            if base is not None and batch.fresh_ids and not batch.replacing:
+                done = self._cas_append(conn, session_id, batch, texts, base)
+            if done is None:
+                try:
+                    seqs, info, pending, touch = self._append_in(conn, session_id, batch, texts)
+                except SessionNotFoundError:
+                    self._known.forget(session_id)
+                    raise
+                done = seqs, _moved(info, len(texts), pending, batch.now if touch else None)
+        self._known.put(done[1])
+        return done[0]
+
+    def _cas_append(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        batch: Append,
+        texts: list[str],
+        base: SessionInfo,
+    ) -> tuple[list[int], SessionInfo] | None:
+        """Inside ``conn``'s write transaction: the batch checked on ``base`` and stored if
+        the row is still in that state (its generation, next seq, revision and pending calls;
+        an access time no earlier, which the check passes with as well): one ``UPDATE`` and
+        the insert. The seqs and the state after; None where the row is in another state or
+        the check refused ``base`` (nothing written: the shared path decides on the row).
+        """
+        try:
+            pending = batch.check(base)
+        except Exception:  # a guess refused it: the shared path checks the row itself
+            return None
+        n = len(texts)
+        touch = batch.touches(base.accessed_at)
+        sets = "next_seq = next_seq + ?, message_count = message_count + ?"
+        set_params: list[Any] = [n, n]
+        where = (
+            "session_id = ? AND generation = ? AND next_seq = ? AND revision = ? "
+            "AND pending = ? AND accessed_at >= ?"
+        )
+        where_params: list[Any] = [
+            session_id,
+            base.generation,
+            base.next_seq,
+            base.revision,
+            dumps(list(base.pending)),
+            base.accessed_at,
+        ]
+        if pending != base.pending:
+            sets += ", pending = ?"
+            set_params.append(dumps(list(pending)))
+        if touch:
+            # As in the shared path, only past the touch resolution (else the accessed_at
+            # index is left alone); a row touched since ``base`` is in another state.
+            sets += ", accessed_at = max(accessed_at, ?)"
+            set_params.append(batch.now)
+            where += " AND ? - accessed_at >= ?"
+            where_params += [batch.now, batch.touch_after]
+        params = set_params + where_params
+        cur = conn.execute(f"UPDATE ctxkeep_sessions SET {sets} WHERE {where}", params)
+        if cur.rowcount != 1:
+            return None
+        seqs = list(range(base.next_seq, base.next_seq + n))
+        rows = [
+            (session_id, s, t, r["role"], r.get("id"))
+            for s, t, r in zip(seqs, texts, batch.records, strict=True)
+        ]
+        if n == 1:
+            conn.execute(INSERT_SQL, rows[0])
+        else:
+            conn.executemany(INSERT_SQL, rows)
+        return seqs, _moved(base, n, pending, batch.now if touch else None)
+
+    def info(
+        self, session_id: str, *, touch: float | None, ttl: float | None
+    ) -> SessionInfo | None:
+        """Read (and touch) a session row; its state is known from then on."""
+        found = super().info(session_id, touch=touch, ttl=ttl)
+        if found is not None:
+            self._known.put(found)
+        return found
+
+    def pop_newest(self, session_id: str, generation: str) -> tuple[int, dict[str, Any]] | None:
+        """Delete the newest row and update the session, in one write transaction."""
+        self._known.forget(session_id)
+        return super().pop_newest(session_id, generation)
+
+    def delete(
+        self,
+        session_id: str,
+        generation: str | None = None,
+        *,
+        archive: EvictReason | None = None,
+    ) -> bool:
+        """Delete the session and its messages in one transaction."""
+        self._known.forget(session_id)
+        return super().delete(session_id, generation, archive=archive)
 
     def snapshot(self, doing: str) -> AbstractContextManager[sqlite3.Connection]:
         """A deferred transaction: its first read fixes the WAL snapshot it sees."""
         return self.client.tx(doing, immediate=False)
+
+
+def _moved(
+    info: SessionInfo, n: int, pending: tuple[str, ...], touched: float | None
+) -> SessionInfo:
+    """The session of ``info`` after an append of ``n`` messages left ``pending`` waiting
+    (and moved ``accessed_at`` to ``touched``, if given), built without the dataclass's
+    checks (a copy of a valid one, a few values moved).
+    """
+    state = dict(info.__dict__)
+    state["next_seq"] = info.next_seq + n
+    state["message_count"] = info.message_count + n
+    state["pending"] = pending
+    if touched is not None and touched > info.accessed_at:
+        state["accessed_at"] = touched
+    moved = object.__new__(SessionInfo)
+    object.__setattr__(moved, "__dict__", state)
+    return moved
