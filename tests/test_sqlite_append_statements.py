@@ -21,6 +21,7 @@ import pytest
 
 from ctxkeep import open_memory
 from ctxkeep.errors import MissingToolResultError, OrphanToolResultError
+from ctxkeep.integrations._items import owned_from_responses
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import MemoryManager
 from ctxkeep.sessions.records import SessionInfo
@@ -198,3 +199,44 @@ def test_an_agents_sdk_pop_after_its_own_add_reads_no_newest_message_first(
     assert _verbs(statements).count("BEGIN") == 1 and "SELECT" not in _verbs(statements)
     assert asyncio.run(session.get_items()) == [*items[:-1], calls[0]]
 
+
+def test_a_call_added_while_its_run_waits_joins_it_in_one_transaction(
+    mem: MemoryManager,
+) -> None:
+    """The Runner adds a run's calls one at a time: each continues the newest message,
+    which this session wrote (or holds), in one write with no refused append before it.
+    """
+    pytest.importorskip("agents")
+    import asyncio
+
+    from ctxkeep.integrations.openai_agents import CtxkeepSession
+
+    session = CtxkeepSession("conv", memory=mem)
+    calls = [
+        {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"}
+        for i in range(3)
+    ]
+    asyncio.run(session.add_items([{"role": "user", "content": "go"}, calls[0]]))
+    for call in calls[1:]:
+        with traced(mem) as statements:
+            session._add([dict(call)], owned_from_responses([dict(call)]))
+        verbs = _verbs(statements)
+        assert verbs.count("BEGIN") == 1 and "ROLLBACK" not in verbs, statements
+        assert "SELECT" not in verbs, statements
+    assert asyncio.run(session.get_items()) == [{"role": "user", "content": "go"}, *calls]
+    # held now: the next call joins through the items held, as one write again
+    more = {**calls[0], "call_id": "c3"}
+    with traced(mem) as statements:
+        session._add([dict(more)], owned_from_responses([dict(more)]))
+    assert _verbs(statements).count("BEGIN") == 1 and "ROLLBACK" not in _verbs(statements)
+    # a message while the calls wait is refused, and changes nothing
+    with pytest.raises(MissingToolResultError):
+        asyncio.run(session.add_items([{"role": "user", "content": "too early"}]))
+    assert asyncio.run(session.get_items()) == [{"role": "user", "content": "go"}, *calls, more]
+    outputs = [
+        {"type": "function_call_output", "call_id": c["call_id"], "output": "ok"}
+        for c in [*calls, more]
+    ]
+    asyncio.run(session.add_items(outputs))
+    asyncio.run(session.add_items([{"role": "user", "content": "thanks"}]))
+    assert len(asyncio.run(session.get_items())) == 10

@@ -68,6 +68,10 @@ _MESSAGE_KEYS = ("role", "content")
 _CALL_KEYS = ("call_id", "name", "arguments")
 _OUTPUT_KEYS = ("call_id", "output")
 
+_RUN_OPEN = Message("assistant")
+"""The place of an open run of calls' message, replaced by the message when the run closes
+(one made for each run was some 4 us of a one-call conversion, made and dropped)."""
+
 _Dup: TypeAlias = Callable[[Any], Any]
 """How to_responses takes a value from a message: ``copy.deepcopy``, or as it is."""
 
@@ -143,7 +147,7 @@ class _Reader:
                 self.calls.append(call)
             else:
                 self._close_run()
-                self.out.append(Message("assistant"))  # replaced when the run closes
+                self.out.append(_RUN_OPEN)  # replaced when the run closes
                 self.entries.append([*self.pending, entry])
                 self.calls = [call]
                 self.run_open = True

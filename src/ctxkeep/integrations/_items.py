@@ -111,15 +111,49 @@ class ConvertedItems:
             SessionNotFoundError: the session is gone.
 
         """
+        return self.rewrite(_without_last, replace)
+
+    def newest_has_calls(self) -> bool:
+        """Whether the newest message in hand (the newest held, or, where nothing is held,
+        the one this instance wrote last) stands for ``function_call`` items.
+        """
+        with self._lock:
+            held = self._held
+            if held is not None and held.seqs:
+                items = orjson.loads(b"[" + b",".join(held.items[-1]) + b"]")
+                return any(item.get("type") == "function_call" for item in items)
+            return self._newest is not None and bool(self._newest[2].tool_calls)
+
+    def rewrite(
+        self,
+        edit: Callable[[list[Any]], tuple[list[Any], Any] | None],
+        replace: Callable[[int, str, list[Any]], tuple[list[Message], list[int]]],
+    ) -> tuple[bool, Any]:
+        """Replace the newest message held (or the one this instance wrote last, where
+        nothing is held) in one write: ``edit(items)`` gives the items to stand in its
+        place and a result, or None to leave it be; ``replace(seq, generation, new_items)``
+        writes them as :meth:`pop` says. Then what is held follows the write.
+
+        Returns:
+            ``(True, result)``; ``(False, None)`` when no newest message is in hand, ``edit``
+            left it, or it is no longer the session's newest (the caller reads as usual).
+
+        Raises:
+            SessionNotFoundError: the session is gone.
+
+        """
         with self._lock:
             held = self._held
             if held is None or not held.seqs:
-                return self._pop_newest(replace)
+                return self._rewrite_newest(edit, replace)
             seq, items = held.seqs[-1], held.items[-1]
-            decoded = orjson.loads(b"[" + b",".join(items) + b"]")
+            edited = edit(orjson.loads(b"[" + b",".join(items) + b"]"))
+            if edited is None:
+                return False, None
+            new_items, result = edited
             self._newest = None
             try:
-                stored, seqs = replace(seq, held.generation, decoded[:-1])
+                stored, seqs = replace(seq, held.generation, new_items)
             except SessionChangedError:
                 self._held = None
                 return False, None
@@ -131,31 +165,35 @@ class ConvertedItems:
             held.revision += 1
             del held.seqs[-1], held.items[-1]
             self._extend(held, seqs, stored)
-            return True, decoded[-1] if decoded else None
+            return True, result
 
-    def _pop_newest(
+    def _rewrite_newest(
         self,
+        edit: Callable[[list[Any]], tuple[list[Any], Any] | None],
         replace: Callable[[int, str, list[Any]], tuple[list[Message], list[int]]],
     ) -> tuple[bool, Any]:
-        """:meth:`pop` of the newest message this instance wrote (:attr:`_newest`), where
+        """:meth:`rewrite` of the newest message this instance wrote (:attr:`_newest`), where
         nothing is held; ``(False, None)`` without one, or where the session's newest message
-        is no longer it (the caller reads and pops as usual).
+        is no longer it (the caller reads as usual).
         """
-        newest, self._newest = self._newest, None
+        newest = self._newest
         if newest is None:
             return False, None
         generation, seq, message = newest
         # Converted sharing the message's values: it is dropped here, the rest are copied
-        # by the replacement's conversion, and the item taken back is the caller's alone.
-        rest = self.convert(message)
-        last = rest.pop() if rest else None
+        # by the replacement's conversion, and the result is the caller's alone.
+        edited = edit(self.convert(message))
+        if edited is None:
+            return False, None
+        new_items, result = edited
+        self._newest = None
         try:
-            stored, seqs = replace(seq, generation, rest)
+            stored, seqs = replace(seq, generation, new_items)
         except SessionChangedError:
             return False, None
         if stored:
             self._newest = (generation, seqs[-1], stored[-1])
-        return True, last
+        return True, result
 
     def replaced(self, info: SessionInfo, seq: int, stored: list[Message], seqs: list[int]) -> None:
         """After this process replaced the session's newest message, at ``seq`` (compared
@@ -243,6 +281,11 @@ class ConvertedItems:
         return held
 
 
+def _without_last(items: list[Any]) -> tuple[list[Any], Any]:
+    """A pop's edit: the items but the last, and the last (None when there are none)."""
+    return items[:-1], items[-1] if items else None
+
+
 # -- Responses items to messages, once ------------------------------------------------------
 
 _DEFAULTS: dict[str, Any] = {
@@ -293,13 +336,16 @@ def owned_from_responses(items: Iterable[Any]) -> list[Message]:
     that gives the messages up to the store (``owned=True``): the items are copied once and
     each message is checked once, not copied and checked again for its metadata.
     """
-    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+    if type(items) is not list and (
+        isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable)
+    ):
         raise InvalidMessageError(
             f"expected a list of Responses input items, got {describe(items)}"
         )
     reader = _OwnedReader()
     for i, item in enumerate(items):
-        if not isinstance(item, Mapping) or not all(isinstance(k, str) for k in item):
+        # (a dict, the common case, without the ABC check; its keys in one loop)
+        if (type(item) is not dict and not isinstance(item, Mapping)) or not _str_keys(item):
             raise InvalidMessageError(
                 f"a Responses input item must be an object with string keys, got {describe(item)}",
                 index=i,
@@ -310,6 +356,14 @@ def owned_from_responses(items: Iterable[Any]) -> list[Message]:
             copied = copy.deepcopy(dict(item))
         reader.add(copied, i)
     return reader.finish()
+
+
+def _str_keys(item: Mapping[Any, Any]) -> bool:
+    """Whether every key of ``item`` is a string (plain ones tested by C loops alone)."""
+    return _STR.issuperset(map(type, item)) or all(isinstance(k, str) for k in item)
+
+
+_STR = frozenset({str})
 
 
 def _json_copy(item: Mapping[str, Any]) -> dict[str, Any]:

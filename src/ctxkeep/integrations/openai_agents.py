@@ -273,6 +273,17 @@ class CtxkeepSession:
         message (calls wait that it does not answer) is joined with it.
         """
         with self._lock:
+            if messages[0].role != "tool" and self._items.newest_has_calls():
+                # The newest message in hand stands for calls, which all wait (nothing came
+                # after it): a batch that does not answer one continues it. Joined in one
+                # write, its seq and generation compared inside it (no append refused first,
+                # no read); a newest message that is no longer the session's takes the path
+                # below.
+                joined, _ = self._items.rewrite(
+                    lambda newest: (newest + items, None), self._replace_held
+                )
+                if joined:
+                    return
             try:
                 # The messages were converted for this call alone: stored as they are.
                 self.memory._add_creating(
