@@ -240,3 +240,35 @@ def test_a_call_added_while_its_run_waits_joins_it_in_one_transaction(
     asyncio.run(session.add_items(outputs))
     asyncio.run(session.add_items([{"role": "user", "content": "thanks"}]))
     assert len(asyncio.run(session.get_items())) == 10
+
+
+def test_a_pop_of_a_known_session_is_one_delete_and_one_update(
+    mem: MemoryManager, tmp_path: Path
+) -> None:
+    """A take-back on the state known: the newest message deleted and read back, then one
+    compare-and-set update (the pending calls it leaves included); on a state moved on
+    elsewhere, rolled back and decided on the row.
+    """
+    pytest.importorskip("agents")
+    import asyncio
+
+    from ctxkeep.integrations.openai_agents import CtxkeepSession
+
+    session = CtxkeepSession("conv", memory=mem)
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    asyncio.run(session.add_items([{"role": "user", "content": "go"}, call, output]))
+    with traced(mem) as statements:
+        assert session._pop_item() == output  # c1 waits again
+    assert _verbs(statements) == ["BEGIN", "DELETE", "UPDATE", "COMMIT"], statements
+    assert "RETURNING" not in statements[2] and "pending = '[\"c1\"]'" in statements[2]
+    assert _info(mem, "conv").pending == ("c1",)
+    with open_memory(f"sqlite:///{tmp_path}/s.db") as other:
+        other.add_messages("conv", [Message("tool", "elsewhere", tool_call_id="c1")])
+    with traced(mem) as statements:
+        popped = session._pop_item()  # the newest is another process's now
+    assert "ROLLBACK" in _verbs(statements)
+    assert popped == {"type": "function_call_output", "call_id": "c1", "output": "elsewhere"}
+    assert asyncio.run(session.get_items()) == [{"role": "user", "content": "go"}, call]
+    assert _info(mem, "conv").pending == ("c1",)
+    assert _info(mem, "conv").message_count == 2

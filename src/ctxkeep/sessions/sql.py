@@ -93,6 +93,12 @@ INSERT_SQL = (
 """An append's insert of its messages (parameters per message: the session id, the seq, the
 record's JSON, the role and the id)."""
 
+TAKE_NEWEST_SQL = (
+    "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = "
+    "(SELECT max(seq) FROM ctxkeep_messages WHERE session_id = ?) RETURNING seq, record"
+)
+"""Take the session's newest message and read it back (parameters: the session id twice)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Dialect:
@@ -520,12 +526,7 @@ class SQLBackend(Backend):
         # Taken and read back in one statement; one that is not the batch's to replace is
         # put back by the transaction's rollback (the SessionChangedError ends it).
         newest = conn.execute(
-            self._sql(
-                "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = "
-                "(SELECT max(seq) FROM ctxkeep_messages WHERE session_id = ?) "
-                "RETURNING seq, record"
-            ),
-            (info.session_id, info.session_id),
+            self._sql(TAKE_NEWEST_SQL), (info.session_id, info.session_id)
         ).fetchone()
         if newest is None:
             raise SessionChangedError(info.session_id)

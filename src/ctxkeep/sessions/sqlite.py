@@ -37,8 +37,14 @@ from typing import Any
 from ctxkeep._sqlite import SQLiteClient
 from ctxkeep.errors import ConfigError, SessionNotFoundError
 from ctxkeep.sessions.backend import EvictReason, KnownStates
-from ctxkeep.sessions.records import Append, SessionInfo, dumps
-from ctxkeep.sessions.sql import INSERT_SQL, SQLITE, SQLBackend, migrations
+from ctxkeep.sessions.records import (
+    Append,
+    SessionInfo,
+    dumps,
+    load_record,
+    pending_after_pop,
+)
+from ctxkeep.sessions.sql import INSERT_SQL, SQLITE, TAKE_NEWEST_SQL, SQLBackend, migrations
 
 MIGRATIONS = migrations(SQLITE)
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -93,24 +99,34 @@ class SQLiteBackend(SQLBackend):
 
     def append(self, session_id: str, batch: Append) -> list[int]:
         """One write transaction: a compare-and-set on the state known of the session where
-        there is one (new messages, under ids made for them), else the shared path (see the
+        there is one (messages under ids made for them), else the shared path (see the
         module docstring). The session's state after it is known from then on.
         """
         texts = batch.encoded()
         base = self._known.get(session_id)
-        with self.db.tx("append") as conn:
-            done = None
-            if base is not None and batch.fresh_ids and not batch.replacing:
-                done = self._cas_append(conn, session_id, batch, texts, base)
-            if done is None:
-                try:
-                    seqs, info, pending, touch = self._append_in(conn, session_id, batch, texts)
-                except SessionNotFoundError:
-                    self._known.forget(session_id)
-                    raise
-                done = seqs, _moved(info, len(texts), pending, batch.now if touch else None)
+        try:
+            with self.db.tx("append") as conn:
+                done = None
+                if base is not None and batch.fresh_ids:
+                    done = self._cas_append(conn, session_id, batch, texts, base)
+                if done is None:
+                    done = self._shared_append(conn, session_id, batch, texts)
+        except _Stale:  # rolled back: the shared path decides on the row itself
+            with self.db.tx("append") as conn:
+                done = self._shared_append(conn, session_id, batch, texts)
         self._known.put(done[1])
         return done[0]
+
+    def _shared_append(
+        self, conn: sqlite3.Connection, session_id: str, batch: Append, texts: list[str]
+    ) -> tuple[list[int], SessionInfo]:
+        """The shared path inside ``conn``'s transaction; the seqs and the state after."""
+        try:
+            seqs, info, pending, touch = self._append_in(conn, session_id, batch, texts)
+        except SessionNotFoundError:
+            self._known.forget(session_id)
+            raise
+        return seqs, _moved(info, len(texts), pending, batch.now if touch else None)
 
     def _cas_append(
         self,
@@ -123,17 +139,35 @@ class SQLiteBackend(SQLBackend):
         """Inside ``conn``'s write transaction: the batch checked on ``base`` and stored if
         the row is still in that state (its generation, next seq, revision and pending calls;
         an access time no earlier, which the check passes with as well): one ``UPDATE`` and
-        the insert. The seqs and the state after; None where the row is in another state or
-        the check refused ``base`` (nothing written: the shared path decides on the row).
+        the insert. The seqs and the state after; None where nothing was written (the row
+        is in another state, or the check refused ``base``): the shared path decides on the
+        row in the same transaction.
+
+        A replacement takes the newest message first (``DELETE ... RETURNING``: the pending
+        calls after it follow from the record, so the ``UPDATE`` sets them too); where the
+        row then proves to be in another state, or the message or the check refuses,
+        :class:`_Stale` rolls the transaction back.
         """
-        try:
-            pending = batch.check(base)
-        except Exception:  # a guess refused it: the shared path checks the row itself
-            return None
         n = len(texts)
+        info = base
+        if batch.replacing:
+            newest = conn.execute(TAKE_NEWEST_SQL, (session_id, session_id)).fetchone()
+            if newest is None:
+                raise _Stale
+            record = load_record(session_id, *newest)
+            if not batch.takes(newest[0], record):
+                raise _Stale
+            info = _moved(base, 0, pending_after_pop(base.pending, record), None, taken=1)
+        try:
+            pending = batch.check(info)
+        except Exception:  # a guess refused it: the shared path checks the row itself
+            if batch.replacing:
+                raise _Stale from None
+            return None
         touch = batch.touches(base.accessed_at)
-        sets = "next_seq = next_seq + ?, message_count = message_count + ?"
-        set_params: list[Any] = [n, n]
+        taken = int(batch.replacing)
+        sets = "next_seq = next_seq + ?, message_count = message_count + ?, revision = revision + ?"
+        set_params: list[Any] = [n, n - taken, taken]
         where = (
             "session_id = ? AND generation = ? AND next_seq = ? AND revision = ? "
             "AND pending = ? AND accessed_at >= ?"
@@ -159,6 +193,8 @@ class SQLiteBackend(SQLBackend):
         params = set_params + where_params
         cur = conn.execute(f"UPDATE ctxkeep_sessions SET {sets} WHERE {where}", params)
         if cur.rowcount != 1:
+            if batch.replacing:
+                raise _Stale
             return None
         seqs = list(range(base.next_seq, base.next_seq + n))
         rows = [
@@ -167,9 +203,9 @@ class SQLiteBackend(SQLBackend):
         ]
         if n == 1:
             conn.execute(INSERT_SQL, rows[0])
-        else:
+        elif n:
             conn.executemany(INSERT_SQL, rows)
-        return seqs, _moved(base, n, pending, batch.now if touch else None)
+        return seqs, _moved(info, n, pending, batch.now if touch else None)
 
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None
@@ -201,16 +237,28 @@ class SQLiteBackend(SQLBackend):
         return self.client.tx(doing, immediate=False)
 
 
+class _Stale(Exception):
+    """A compare-and-set append wrote before it found the row in another state than the one
+    known (or its check refused that state): its transaction is rolled back.
+    """
+
+
 def _moved(
-    info: SessionInfo, n: int, pending: tuple[str, ...], touched: float | None
+    info: SessionInfo,
+    n: int,
+    pending: tuple[str, ...],
+    touched: float | None,
+    *,
+    taken: int = 0,
 ) -> SessionInfo:
-    """The session of ``info`` after an append of ``n`` messages left ``pending`` waiting
-    (and moved ``accessed_at`` to ``touched``, if given), built without the dataclass's
-    checks (a copy of a valid one, a few values moved).
+    """The session of ``info`` after ``taken`` messages were taken back and ``n`` appended,
+    leaving ``pending`` waiting (and ``accessed_at`` moved to ``touched``, if given), built
+    without the dataclass's checks (a copy of a valid one, a few values moved).
     """
     state = dict(info.__dict__)
     state["next_seq"] = info.next_seq + n
-    state["message_count"] = info.message_count + n
+    state["message_count"] = info.message_count + n - taken
+    state["revision"] = info.revision + taken
     state["pending"] = pending
     if touched is not None and touched > info.accessed_at:
         state["accessed_at"] = touched
