@@ -23,9 +23,9 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 from urllib.parse import quote
 
 from ctxkeep.errors import ConfigError, SchemaVersionError, StorageError
@@ -156,23 +156,19 @@ class SQLiteClient:
         try:
             yield
         except sqlite3.Error as exc:
-            raise StorageError(f"SQLite {self.path}: {doing}: {exc}") from exc
+            raise self.error(doing, exc) from exc
 
-    @contextmanager
-    def tx(self, doing: str, *, immediate: bool = True) -> Iterator[sqlite3.Connection]:
+    def tx(
+        self, doing: str, *, immediate: bool = True
+    ) -> AbstractContextManager[sqlite3.Connection]:
         """This thread's connection inside one transaction: committed when the block ends,
         rolled back if it raises (the exception propagates; ``sqlite3`` errors translated).
         """
-        conn = self.conn()
-        with self.errors(doing):
-            conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
-            try:
-                yield conn
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+        return _Tx(self, doing, immediate)
+
+    def error(self, doing: str, exc: sqlite3.Error) -> StorageError:
+        """The StorageError ``exc`` becomes (as :meth:`errors` raises it)."""
+        return StorageError(f"SQLite {self.path}: {doing}: {exc}")
 
     def q(self, doing: str, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run one statement outside a transaction; its rows."""
@@ -262,6 +258,43 @@ class SQLiteClient:
                 f"this one reads up to {self.version}); upgrade ctxkeep"
             )
         return version
+
+
+class _Tx:
+    """:meth:`SQLiteClient.tx`'s transaction (a class, not a generator: a generator's context
+    manager costs a few us a transaction, of some 50 us of Python an append makes).
+    """
+
+    __slots__ = ("_client", "_conn", "_doing", "_immediate")
+
+    def __init__(self, client: SQLiteClient, doing: str, immediate: bool) -> None:
+        self._client = client
+        self._doing = doing
+        self._immediate = immediate
+
+    def __enter__(self) -> sqlite3.Connection:
+        conn = self._conn = self._client.conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE" if self._immediate else "BEGIN")
+        except sqlite3.Error as exc:
+            raise self._client.error(self._doing, exc) from exc
+        return conn
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> Literal[False]:
+        conn = self._conn
+        try:
+            if kind is None:
+                conn.execute("COMMIT")
+                return False
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error as err:
+            raise self._client.error(self._doing, err) from err
+        if isinstance(exc, sqlite3.Error):
+            raise self._client.error(self._doing, exc) from exc
+        return False  # the block's exception propagates
 
 
 def table_exists(conn: sqlite3.Connection, name: str) -> bool:
