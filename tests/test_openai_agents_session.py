@@ -518,9 +518,14 @@ def test_a_warm_reader_sees_every_other_writers_change(
     rng = random.Random(7)
     try:
         for step in range(120):
-            op = rng.choice(["add", "add", "unit", "pop", "reader-pop", "clear", "read-limit"])
+            op = rng.choice(
+                ["add", "add", "unit", "pop", "reader-add", "reader-pop", "clear", "read-limit"]
+            )
             if op == "add":
                 run(writer.add_items([user(f"u{step}")]))
+            elif op == "reader-add":  # on the state the reader last saw, the writer's add since
+                run(writer.add_items([user(f"u{step}")]))
+                run(reader.add_items([user(f"v{step}")]))
             elif op == "unit":
                 run(
                     writer.add_items(

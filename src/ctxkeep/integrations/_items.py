@@ -217,16 +217,22 @@ class ConvertedItems:
 
     def appended(self, info: SessionInfo, seqs: list[int], messages: list[Message]) -> None:
         """After this process's append (:data:`~ctxkeep.sessions.base.OnAppend`): where the
-        append found the session as held (generation, revision, next seq), what is held
-        takes the new messages; else the next read reads them.
+        append found the session as held (generation, revision, next seq) and its messages
+        came right after the newest held, what is held takes them; else the next read reads
+        them. ``info`` is the state the append was checked on, which may be the one this
+        process last saw: on PostgreSQL and Redis an append whose check holds on it is
+        stored whatever others appended since, under the seqs after theirs, so the seqs
+        given are what shows another writer's messages in between.
         """
         with self._lock:
             self._remember(info, seqs, messages)
             held = self._held
-            if held is not None and (held.generation, held.revision, held.next_seq) == (
-                info.generation,
-                info.revision,
-                info.next_seq,
+            if (
+                held is not None
+                and seqs
+                and seqs[0] == held.next_seq
+                and (held.generation, held.revision, held.next_seq)
+                == (info.generation, info.revision, info.next_seq)
             ):
                 self._extend(held, seqs, messages)
 
