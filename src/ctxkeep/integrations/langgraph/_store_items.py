@@ -611,6 +611,10 @@ class MemoryItems(Items):
         """Store the merged rows, then move them in the order (:meth:`_drop`, :meth:`_add`):
         the replaced and deleted rows out, the stored ones in.
         """
+        if len(puts) == 1:
+            ((key, put),) = puts.items()
+            if put is not None and self._append(key, put):
+                return []
         replaced: list[Row] = []
         # updated_at -> addresses, each list found once a run of one time (a batch's rows
         # share theirs): no tuple a row, so fewer collections of the garbage collector
@@ -647,6 +651,22 @@ class MemoryItems(Items):
             if added:
                 self._add(added)
         return replaced
+
+    def _append(self, key: Key, row: Row) -> bool:
+        """Store ``row`` as the item at ``key`` if there is none and its time is newer than
+        every row's (a put of a new key: most puts), in a run of its own; whether it was
+        (else nothing is done). The loop of :meth:`write`, with its maps of times to
+        addresses, was a third of such a put.
+        """
+        with self._lock:
+            rows, times, at = self._rows, self._times, row[4]
+            if key in rows or (times and at <= times[-1]):
+                return False
+            rows[key] = row
+            self._bound(key[0], at)
+            times.append(at)
+            self._runs.append([key])
+        return True
 
     def settle(self, ids: Sequence[tuple[Key, str, str | None]]) -> list[str]:
         """Point each row still holding a mark at its episode (``(address, mark, episode
