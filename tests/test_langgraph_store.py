@@ -705,6 +705,15 @@ def test_a_langgraph_graph_remembers_and_recalls_through_the_store(make: Factory
         (lambda s: s.search(("a",), filter=["x"]), InvalidFilterError),
         (lambda s: s.search(("a",), limit=-1), ConfigError),
         (lambda s: s.search(("a",), query=3), InvalidTypeError),
+        # the fields search takes as they are (ASCII text, plain ints in range), and the rest
+        (lambda s: s.search(("a",), limit=True), InvalidTypeError),
+        (lambda s: s.search(("a",), limit=2.0), InvalidTypeError),  # type: ignore[arg-type]
+        (lambda s: s.search(("a",), offset=-1), ConfigError),
+        (lambda s: s.search(("a",), offset=2**63), ConfigError),
+        (lambda s: s.search(("a",), query=b"x"), InvalidTypeError),  # type: ignore[arg-type]
+        (lambda s: s.search(("a",), query="\ud800"), ConfigError),
+        (lambda s: s.batch([SearchOp(("a",), limit=-1)]), ConfigError),
+        (lambda s: s.batch([SearchOp(("a",), query=3)]), InvalidTypeError),  # type: ignore[arg-type]
         (lambda s: s.list_namespaces(max_depth=0), ConfigError),
         (lambda s: s.list_namespaces(prefix=("a.b",)), InvalidNamespaceError),
         (lambda s: s.batch(["get a"]), InvalidTypeError),

@@ -75,3 +75,22 @@ def test_search_items_equal_each_rows_item_each_value_its_own() -> None:
     assert [_fields(i) for i in built] == [_fields(r.item(s, search=True)) for r, s in found]
     built[0].value["n"].append(3)
     assert built[2].value == {"text": "window seat", "n": [1, 2]}
+
+
+def test_the_datetimes_kept_are_each_times_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import UTC, datetime
+
+    from ctxkeep.integrations.langgraph import _store_items
+
+    monkeypatch.setattr(_store_items, "STAMPS", 3)
+    monkeypatch.setattr(_store_items, "_STAMPS", {})
+    for i in range(10):
+        at = 1.7e9 + i + 0.25
+        assert _stamp(at) == datetime.fromtimestamp(at, UTC) and _stamp(at) is _stamp(at)
+        assert 1 <= len(_store_items._STAMPS) <= 3
+    rows = [ROW._replace(created_at=1.7e9 + i, updated_at=1.7e9 + i + 0.5) for i in range(10)]
+    built = search_items([(row, None) for row in rows])
+    assert [(i.created_at, i.updated_at) for i in built] == [
+        (datetime.fromtimestamp(r.created_at, UTC), datetime.fromtimestamp(r.updated_at, UTC))
+        for r in rows
+    ]

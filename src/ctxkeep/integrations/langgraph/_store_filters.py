@@ -335,11 +335,7 @@ def _check_op(op: Any, known: set[tuple[str, ...]] | None = None) -> None:
         _check_namespace(op, op.namespace)
         _check.text("key", op.key, empty=True)
     elif isinstance(op, SearchOp):
-        _check_namespace(op, op.namespace_prefix)
-        _filter(op.filter)
-        _check.optional_text("query", op.query, empty=True)
-        _check.integer("limit", op.limit, minimum=0)
-        _check.integer("offset", op.offset, minimum=0)
+        _check_search(op)
     elif isinstance(op, ListNamespacesOp):
         validate_op_namespace(op)
         for cond in op.match_conditions or ():
@@ -352,6 +348,28 @@ def _check_op(op: Any, known: set[tuple[str, ...]] | None = None) -> None:
         raise InvalidTypeError(
             f"unknown store operation {op!r:.60}; use GetOp, PutOp, SearchOp or ListNamespacesOp"
         )
+
+
+def _check_search(op: SearchOp) -> dict[str, Any] | None:
+    """Refuse a malformed search (:func:`_check_op` of a :class:`SearchOp`); returns its
+    filter as :func:`_filter` gives it. A query of ASCII text and a limit and offset that are
+    plain ints in range are taken as they are, without the checks' calls (a third of
+    checking a search).
+
+    Raises:
+        InvalidNamespaceError: a namespace label that is empty, not a string or holds ``.``.
+        InvalidTypeError / ConfigError / InvalidFilterError: another malformed field.
+
+    """
+    _check_namespace(op, op.namespace_prefix)
+    flt = _filter(op.filter)
+    query = op.query
+    if query is not None and (type(query) is not str or not query.isascii()):
+        _check.text("query", query, empty=True)
+    for name, number in (("limit", op.limit), ("offset", op.offset)):
+        if type(number) is not int or not 0 <= number <= _check.INT64_MAX:
+            _check.integer(name, number, minimum=0)
+    return flt
 
 
 def _check_put(op: PutOp, known: set[tuple[str, ...]] | None, *, strict: bool = False) -> None:
