@@ -422,3 +422,23 @@ def test_a_prefix_takes_its_namespace_and_those_below_it_only(store: CtxkeepStor
     assert found == {("u",), ("u", "x"), ("u", "x", "é")}
     found = {i.namespace for i in store.search(("u", "x"), limit=100)}
     assert found == {("u", "x"), ("u", "x", "é")}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["u", "u.x", "v"]), st.text(max_size=3), st.integers()),
+        unique_by=lambda e: e[:2],
+    ),
+    st.booleans(),
+)
+def test_entries_sort_by_address_whether_one_namespace_or_several(
+    entries: list[tuple[str, str, int]], one: bool
+) -> None:
+    """``_sort_addressed`` (by key alone when every entry has one namespace) gives the order
+    ``sorted`` gives: by namespace, then key, in code points."""
+    if one:
+        entries = list({key: ("u", key, n) for _, key, n in entries}.values())
+    got = list(entries)
+    _store_items._sort_addressed(got)
+    assert got == sorted(entries)

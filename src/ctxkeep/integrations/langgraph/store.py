@@ -331,15 +331,17 @@ class CtxkeepStore(BaseStore):
         """
         ops = ops if type(ops) is list else _check.iterable("ops", ops)
         known = self._known
+        gets: list[Key] = []
         for op in ops:
             if type(op) is PutOp:
                 _check_put(op, known)
             else:
                 _check_op(op, known)
+                if isinstance(op, GetOp):
+                    gets.append((_ns_text(op.namespace), op.key))
         now = self.clock()
         results: list[Result] = [None] * len(ops)
         refresh: dict[Key, Row] = {}
-        gets = [(_ns_text(op.namespace), op.key) for op in ops if isinstance(op, GetOp)]
         stored = self._items.get(gets) if gets else {}
         puts: dict[Key, PutOp] = {}
         names: dict[tuple[str, ...], str] = {}  # the puts' namespaces as text, each joined once
