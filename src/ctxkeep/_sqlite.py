@@ -35,7 +35,13 @@ Migration: TypeAlias = "str | Callable[[sqlite3.Connection], None]"
 
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 
-META_TABLE = "CREATE TABLE IF NOT EXISTS ctxkeep_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+META_TABLE = (
+    "CREATE TABLE IF NOT EXISTS ctxkeep_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) "
+    "WITHOUT ROWID"
+)
+"""The versions table. Its rows kept in the primary key's b-tree (``WITHOUT ROWID``): one page
+of the file, where a rowid table took two (its rows, and their keys again in the key's index).
+A file written before keeps its rowid table, the same columns read and written alike."""
 
 
 def statements(sql: str) -> list[str]:
