@@ -302,6 +302,8 @@ def _ns_tuple(text: str) -> tuple[str, ...]:
     return tuple(text.split("."))
 
 
+_NEVER = -math.inf
+"""Earlier than every time."""
 _NAMESPACE = operator.itemgetter(0)
 _KEY = operator.itemgetter(1)
 
@@ -547,7 +549,7 @@ class MemoryItems(Items):
             )
         newest = self._newest
         for name in names:
-            if newest.get(name, -math.inf) >= at:  # a prefix's bound is at least its names'
+            if newest.get(name, _NEVER) >= at:  # a prefix's bound is at least its names'
                 break
             newest[name] = at
 
