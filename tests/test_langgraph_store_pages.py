@@ -145,6 +145,25 @@ def test_a_batch_over_more_keys_than_a_chunk_keeps_each_created_at(
     assert {k for k, i in found.items() if i.updated_at.timestamp() == 2e9} == set(keys[:20])
 
 
+def test_a_sqlite_batch_takes_as_many_rows_an_insert_as_the_parameter_limit_allows(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    with CtxkeepStore(f"sqlite:///{tmp_path}/s.db", index=False) as store:
+        items = store._items
+        assert isinstance(items, _store_items.SQLItems)
+        conn = items._db.conn()  # type: ignore[attr-defined]
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 20)  # two rows an insert
+        seen: list[str] = []
+        conn.set_trace_callback(seen.append)
+        store.batch([PutOp(("c",), f"k{i}", {"i": i}) for i in range(5)])
+        conn.set_trace_callback(None)
+        inserts = [sql for sql in seen if sql.startswith("INSERT")]
+        assert [sql.count("), (") + 1 for sql in inserts] == [2, 2, 1]
+        assert [i.value for i in store.search(("c",), limit=10)] == [{"i": i} for i in range(5)]
+
+
 @pytest.mark.parametrize("store", KINDS, indirect=True)
 def test_gets_over_more_keys_than_a_chunk_find_each_once(
     store: CtxkeepStore, monkeypatch: pytest.MonkeyPatch
