@@ -385,7 +385,7 @@ class CtxkeepStore(BaseStore):
         """
         if ttl is NOT_PROVIDED:
             ttl = self.ttl_config.get("default_ttl") if self.ttl_config else None
-        op = _new_put((namespace, str(key), value, index, ttl))
+        op = _new_put((namespace, key if type(key) is str else str(key), value, index, ttl))
         _check_put(op, self._known, strict=True)
         self._put({(".".join(namespace), op.key): op}, self.clock())
 
