@@ -75,6 +75,7 @@ import concurrent.futures
 import functools
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -92,7 +93,6 @@ from ctxkeep.episodic import (
 from ctxkeep.episodic import (
     IndexConfig as VectorIndexConfig,
 )
-from ctxkeep.episodic.base import new_episode_id
 from ctxkeep.episodic.embedders import Embedder
 from ctxkeep.errors import ConfigError, InvalidTypeError, MissingDependencyError
 from ctxkeep.sessions.records import loads
@@ -770,13 +770,13 @@ class CtxkeepStore(BaseStore):
 
 
 def _session_id() -> str:
-    """A new session for one item's episode: ``langgraph-store/`` and an id made as an
-    episode's (:func:`~ctxkeep.episodic.base.new_episode_id`: the time, then random bits).
-    Unique, and in the order made, so the episodes' index of sessions grows at its end:
-    random ids (32 random hex digits before) split its pages all over it, about two thirds
-    full (PostgreSQL, 10,000 items: 1.04 -> 0.79 MB).
+    """A new session for one item's episode: ``langgraph-store/``, the time in nanoseconds,
+    then 64 random bits (32 hex digits). Unique, and in the order made, so the episodes'
+    index of sessions grows at its end: random ids (32 random hex digits before) split its
+    pages all over it, about two thirds full (PostgreSQL, 10,000 items: 1.04 -> 0.79 MB).
+    Nothing names these sessions by a prefix (episode ids stay random for that).
     """
-    return f"{AGENT}/{new_episode_id()}"
+    return f"{AGENT}/{time.time_ns():016x}{os.urandom(8).hex()}"
 
 
 def _url_of(episodic: EpisodicMemoryStore) -> str:
