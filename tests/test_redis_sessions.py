@@ -89,19 +89,18 @@ def test_an_append_to_a_session_made_again_elsewhere_is_checked_on_the_new_one(u
 
 def test_the_state_an_append_leaves_is_what_dataclasses_replace_makes() -> None:
     # The append's answer becomes the remembered state by a copy of the base's attributes
-    # (sessions.redis._written), not SessionInfo's __init__: the same object while that
+    # (sessions.records.info_with), not SessionInfo's __init__: the same object while that
     # __init__ only stores its arguments.
     import dataclasses
 
-    from ctxkeep.sessions.records import SessionInfo
-    from ctxkeep.sessions.redis import _written
+    from ctxkeep.sessions.records import SessionInfo, info_with
 
     base = SessionInfo(
         session_id="s", agent_id="a", created_at=1.0, accessed_at=2.0, pending=("c1",),
         next_seq=4, message_count=3, generation="g", first_seq=1, metadata={"k": 1},
     )  # fmt: skip
     changes = {"pending": (), "accessed_at": 5.0, "next_seq": 6, "message_count": 5}
-    made = _written(base, changes)
+    made = info_with(base, changes)
     assert made == dataclasses.replace(base, **changes)
     assert type(made) is SessionInfo
     assert made.__dict__ == dataclasses.replace(base, **changes).__dict__

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxkeep._pg import REPEATABLE_READ, PgClient
 from ctxkeep.errors import StorageError
-from ctxkeep.sessions.base import EvictReason, KnownStates, Written, cas_append
+from ctxkeep.sessions.base import KnownStates, Written, cas_append
 from ctxkeep.sessions.records import Append, SessionInfo, dumps
 from ctxkeep.sessions.sql import COLUMNS, POSTGRES, SQLBackend, migrations, row_to_info
 
@@ -179,17 +179,6 @@ class PostgresBackend(SQLBackend):
         # the locked transaction decides, after the other one committed.
         self._known.forget(session_id)
         return super().append(session_id, batch)
-
-    def delete(
-        self,
-        session_id: str,
-        generation: str | None = None,
-        *,
-        archive: EvictReason | None = None,
-    ) -> bool:
-        """Delete the session and its messages in one transaction."""
-        self._known.forget(session_id)
-        return super().delete(session_id, generation, archive=archive)
 
     @contextmanager
     def snapshot(self, doing: str) -> Iterator[psycopg.Connection[Any]]:

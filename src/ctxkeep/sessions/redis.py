@@ -145,6 +145,7 @@ from ctxkeep.sessions.records import (
     corrupt_session,
     dumps,
     dumps_record,
+    info_with,
     load_record,
     loads,
     new_generation,
@@ -309,20 +310,6 @@ def role_of(record: dict[str, Any]) -> str:
 def role_member(role: str, seq: int) -> str:
     """The ``roles:`` member of the message ``seq`` with ``role``."""
     return f"{role}:{seq:0{SEQ_DIGITS}d}"
-
-
-def _written(base: SessionInfo, changes: dict[str, Any]) -> SessionInfo:
-    """``dataclasses.replace(base, **changes)`` for the state an append or a replace leaves
-    (and the one a replace checks), made as a copy of ``base``'s attributes: ``replace`` runs
-    the frozen dataclass's ``__init__``, twelve ``object.__setattr__`` calls after checking
-    its arguments, about 10 us of an append's client time, for a class whose ``__init__``
-    only stores them.
-    """
-    out = object.__new__(SessionInfo)
-    state = base.__dict__.copy()
-    state.update(changes)
-    object.__setattr__(out, "__dict__", state)
-    return out
 
 
 def _pending_json(pending: tuple[str, ...]) -> str:
@@ -1131,7 +1118,7 @@ class RedisBackend(Backend):
                 fields = dict(zip(flat[::2], flat[1::2], strict=True))
                 return session_from_fields(session_id, fields)
             first: int = out[1]
-            after = _written(
+            after = info_with(
                 base,
                 {
                     "pending": pending,
@@ -1173,7 +1160,7 @@ class RedisBackend(Backend):
             try:
                 if top is None or not batch.takes(top.seq, top.record):
                     raise SessionChangedError(session_id)
-                info = _written(
+                info = info_with(
                     base,
                     {
                         "message_count": max(base.message_count - 1, 0),
@@ -1224,7 +1211,7 @@ class RedisBackend(Backend):
                 f"Redis ids index of session {session_id!r} disagrees with its messages"
             )
         first: int = out[1]
-        after = _written(
+        after = info_with(
             info,
             {
                 "pending": pending,

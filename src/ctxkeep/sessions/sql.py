@@ -40,7 +40,16 @@ from typing import Any
 from ctxkeep._db import Database, executemany, placeholders
 from ctxkeep.errors import SessionChangedError, SessionExistsError, SessionNotFoundError
 from ctxkeep.messages import Message
-from ctxkeep.sessions.base import Backend, Evicted, EvictReason, Row, Snapshot, Stored, Tail
+from ctxkeep.sessions.base import (
+    Backend,
+    Evicted,
+    EvictReason,
+    KnownStates,
+    Row,
+    Snapshot,
+    Stored,
+    Tail,
+)
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
@@ -366,12 +375,15 @@ def row_to_info(
 
 
 class SQLBackend(Backend):
-    """Sessions in SQL tables; see the module docstring. Subclasses set :attr:`db` and
-    :attr:`dialect` and implement :meth:`snapshot`.
+    """Sessions in SQL tables; see the module docstring. Subclasses set :attr:`db`,
+    :attr:`dialect` and :attr:`_known` and implement :meth:`snapshot`.
     """
 
     db: Database
     dialect: Dialect
+    _known: KnownStates
+    """The state of each session this process last saw, what its compare-and-set appends
+    check on; :meth:`delete` forgets a session's."""
     supports_folds = True
 
     def _sql(self, text: str) -> str:
@@ -786,6 +798,7 @@ class SQLBackend(Backend):
         """Delete the session and its messages (archived first, with ``archive``) in one
         transaction.
         """
+        self._known.forget(session_id)
         with self.db.tx("delete a session") as conn:
             where = "session_id = ?" + (" AND generation = ?" if generation is not None else "")
             params = (session_id,) if generation is None else (session_id, generation)

@@ -36,11 +36,12 @@ from typing import Any
 
 from ctxkeep._sqlite import SQLiteClient
 from ctxkeep.errors import ConfigError, SessionNotFoundError
-from ctxkeep.sessions.backend import EvictReason, KnownStates
+from ctxkeep.sessions.backend import KnownStates
 from ctxkeep.sessions.records import (
     Append,
     SessionInfo,
     dumps,
+    info_with,
     load_record,
     pending_after_pop,
 )
@@ -221,17 +222,6 @@ class SQLiteBackend(SQLBackend):
         self._known.forget(session_id)
         return super().pop_newest(session_id, generation)
 
-    def delete(
-        self,
-        session_id: str,
-        generation: str | None = None,
-        *,
-        archive: EvictReason | None = None,
-    ) -> bool:
-        """Delete the session and its messages in one transaction."""
-        self._known.forget(session_id)
-        return super().delete(session_id, generation, archive=archive)
-
     def snapshot(self, doing: str) -> AbstractContextManager[sqlite3.Connection]:
         """A deferred transaction: its first read fixes the WAL snapshot it sees."""
         return self.client.tx(doing, immediate=False)
@@ -252,16 +242,14 @@ def _moved(
     taken: int = 0,
 ) -> SessionInfo:
     """The session of ``info`` after ``taken`` messages were taken back and ``n`` appended,
-    leaving ``pending`` waiting (and ``accessed_at`` moved to ``touched``, if given), built
-    without the dataclass's checks (a copy of a valid one, a few values moved).
+    leaving ``pending`` waiting (and ``accessed_at`` moved to ``touched``, if given).
     """
-    state = dict(info.__dict__)
-    state["next_seq"] = info.next_seq + n
-    state["message_count"] = info.message_count + n - taken
-    state["revision"] = info.revision + taken
-    state["pending"] = pending
+    changes: dict[str, Any] = {
+        "next_seq": info.next_seq + n,
+        "message_count": info.message_count + n - taken,
+        "revision": info.revision + taken,
+        "pending": pending,
+    }
     if touched is not None and touched > info.accessed_at:
-        state["accessed_at"] = touched
-    moved = object.__new__(SessionInfo)
-    object.__setattr__(moved, "__dict__", state)
-    return moved
+        changes["accessed_at"] = touched
+    return info_with(info, changes)
