@@ -21,7 +21,7 @@ from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep.messages import Message
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
-from ctxkeep.sessions.redis import role_member
+from ctxkeep.sessions.redis import RedisBackend, role_member
 
 redis = pytest.importorskip(
     "redis", reason="redis-py is not installed: pip install 'ctxkeep[redis]'"
@@ -208,3 +208,33 @@ def test_the_newest_message_a_read_saw_is_decoded_only_when_a_replace_needs_it(
     assert sent == ["EVALSHA+ZRANGE"]
     assert sid not in tops._tops  # none left
     assert mem.get_messages(sid) == []
+
+
+def test_the_roles_index_holds_each_message_held_after_pops_and_replaces(
+    mem: MemoryManager,
+) -> None:
+    # A pop takes the newest message's entry off the roles index by name (the client sends
+    # it whole): an entry left behind would not show in a read (the index, a size too big,
+    # is rebuilt on the next paged read), so the index is checked itself, entry by entry.
+    sid = mem.create_session("a")
+    roles = ["system", "user", "assistant", "user", "assistant", "user"]
+    mem.add_messages(sid, [Message(role, f"m{i}") for i, role in enumerate(roles)])
+    backend = mem.backend
+    assert isinstance(backend, RedisBackend)
+
+    def index() -> list[str]:
+        return sorted(backend._client.zrange(backend.keys.roles(sid), 0, -1))
+
+    assert mem.pop_message(sid) is not None  # the user message at seq 6
+    assert mem.pop_message(sid) is not None  # the assistant message at seq 5
+    assert index() == sorted(role_member(r, s) for s, r in enumerate(roles[:4], 1))
+    newest = mem.get_messages(sid)[-1]
+    mem.replace_newest(sid, [Message("assistant", "r")], newest_id=newest.id)
+    mem.add_message(sid, "user", "u")
+    assert index() == sorted(
+        [
+            *(role_member(r, s) for s, r in enumerate(roles[:3], 1)),
+            role_member("assistant", 7),
+            role_member("user", 8),
+        ]
+    )

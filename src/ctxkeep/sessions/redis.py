@@ -580,10 +580,14 @@ return {'ok', first, accessed, total}
 # (a ZCOUNT less: 5,600 instructions of a pop).
 # KEYS: session hash, messages zset, roles index, ids hash, accessed index, expires index.
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now, deadline in
-#       Unix ms ("" for no TTL), base generation, the newest message's seq, its role (as the
-#       roles index has it), its id ("" for none), touch_after (seconds), '1' where every id
-#       was made for this write (as in the append) else '', then the records (JSON), oldest
-#       first, then their roles, then their ids, in the same order.
+#       Unix ms ("" for no TTL), base generation, the newest message's seq, its roles index
+#       entry ("{role}:{seq, 20 digits}"), its id ("" for none), touch_after (seconds), '1'
+#       where every id was made for this write (as in the append) else '', then the records
+#       (JSON), oldest first, then their roles, then their ids, in the same order.
+# The hash's fields are written only where they change (a pop leaves next_seq, and most often
+# pending, as they were), and the newest message's index entry comes whole from the client:
+# 195,000 -> 189,000 server instructions a pop of a 3.9 kB message, with the ZRANGE after it
+# (callgrind, Redis 7.0, 150 pops, three runs of each).
 # The message a pop leaves newest (the next pop's guess) is not read here: a member read in a
 # script is made a Lua string, which Redis's Lua hashes byte by byte (its luaS_newlstr hashes
 # with a step of 1): about 12 instructions a byte (cachegrind: 48,000 for a 3.9 kB string,
@@ -624,7 +628,7 @@ if #held > 0 then return {'found', held} end
 if redis.call('ZREMRANGEBYSCORE', KEYS[2], ARGV[8], ARGV[8]) == 0 then
   return stale()  -- (a pop: its count is the check that the seq holds a message)
 end
-redis.call('ZREM', KEYS[3], ARGV[9] .. ':' .. string.rep('0', 20 - #ARGV[8]) .. ARGV[8])
+redis.call('ZREM', KEYS[3], ARGV[9])
 if ARGV[10] ~= '' and redis.call('HGET', KEYS[4], ARGV[10]) == ARGV[8] then
   redis.call('HDEL', KEYS[4], ARGV[10])
 end
@@ -649,8 +653,16 @@ for i = 1, n do
   end
 end
 local revision = tonumber(h[6] or '0') + 1
-local fields = {'next_seq', string.format('%d', first + n), 'message_count',
-  string.format('%d', count), 'pending', ARGV[4], 'revision', string.format('%d', revision)}
+local fields = {'message_count', string.format('%d', count), 'revision',
+  string.format('%d', revision)}
+if n > 0 then  -- (a pop leaves next_seq as it is)
+  fields[#fields + 1] = 'next_seq'
+  fields[#fields + 1] = string.format('%d', first + n)
+end
+if h[3] ~= ARGV[4] then
+  fields[#fields + 1] = 'pending'
+  fields[#fields + 1] = ARGV[4]
+end
 local accessed = access(fields, h[4], ARGV[11], tonumber(h[2]) <= 1, named)
 redis.call('HSET', KEYS[1], unpack(fields))
 return {'ok', first, accessed, count, revision}
@@ -1200,7 +1212,7 @@ class RedisBackend(Backend):
                 deadline,
                 base.generation,
                 str(top.seq),
-                role_of(top.record),
+                role_member(role_of(top.record), top.seq),
                 top.record.get("id") or "",
                 touch_after,
                 fresh,
