@@ -8,6 +8,7 @@ builds, and that the engine's order is Python's (code points, not the locale).
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +163,30 @@ def test_a_sqlite_batch_takes_as_many_rows_an_insert_as_the_parameter_limit_allo
         inserts = [sql for sql in seen if sql.startswith("INSERT")]
         assert [sql.count("), (") + 1 for sql in inserts] == [2, 2, 1]
         assert [i.value for i in store.search(("c",), limit=10)] == [{"i": i} for i in range(5)]
+
+
+@pytest.mark.parametrize("store", KINDS, indirect=True)
+def test_the_rows_a_batch_writes_are_plain_tuples_the_collector_stops_tracking(
+    store: CtxkeepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a named tuple stays tracked for ever: a batch's rows then counted towards a full
+    # collection of every object of the process
+    written: list[Any] = []
+    write = store._items.write
+
+    def spy(puts: Any, now: float, conn: Any = None) -> list[Any]:
+        written.extend(row for row in puts.values() if row is not None)
+        return write(puts, now, conn)
+
+    monkeypatch.setattr(store._items, "write", spy)
+    store.batch([PutOp(("c",), f"k{i}", {"text": f"fact {i}"}, ttl=i or None) for i in range(6)])
+    store.batch([PutOp(("c",), f"k{i}", {"text": f"fact {i}!"}) for i in range(3)])
+    gc.collect()
+    assert len(written) == 9
+    assert not any(gc.is_tracked(row) for row in written)
+    assert [i.value["text"] for i in store.search(("c",), limit=3)] == [
+        f"fact {i}!" for i in range(3)
+    ]
 
 
 @pytest.mark.parametrize("store", KINDS, indirect=True)

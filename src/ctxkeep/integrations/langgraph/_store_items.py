@@ -168,10 +168,27 @@ class Row(NamedTuple):
         return item
 
 
+Fields = tuple[str, str, str, float, float, float | None, float | None, str | None]
+"""A row's eight fields as a plain tuple, as a put makes them: what :meth:`Items.write` takes
+(SQL sends them as they are; ``memory://`` keeps a :class:`Row` of them). Not a row itself:
+CPython's collector stops tracking a plain tuple of strings and numbers at its first
+collection, but never a tuple subclass, so each row a batch made stayed tracked and was
+moved to the oldest generation, and those of a batch of 10,000 puts to SQLite (freed after
+it) counted towards the next full collection of the process's every object, which a batch
+of puts thus brought about (bench/peers.py at 10,000 items: two in four of ctxkeep's SQLite
+batches, about 450 ms each; none in SqliteStore's)."""
+
 _new = object.__new__
 _new_row: Callable[[tuple[Any, ...]], Row] = functools.partial(tuple.__new__, Row)
 """A :class:`Row` of its eight fields as one tuple, built without ``Row.__new__``'s Python
-frame (a batch builds one per put)."""
+frame (``memory://`` keeps one per item)."""
+
+
+def with_episode(fields: Fields, episode_id: str | None) -> Fields:
+    """``fields`` with another episode id."""
+    return (*fields[:7], episode_id)
+
+
 ITEM_SLOTS = {
     Item: ("value", "key", "namespace", "created_at", "updated_at"),
     SearchItem: ("value", "key", "namespace", "created_at", "updated_at", "score"),
@@ -325,7 +342,7 @@ def _sort_addressed(entries: list[Any]) -> None:
 # -- the item tables: a few primitives per backend ------------------------------------------------
 
 
-def merged(old: Row | None, new: Row | None, now: float) -> Row | None:
+def merged(old: Row | None, new: Fields | None, now: float) -> Fields | None:
     """What a put of ``new`` (``None``: a delete) over the stored ``old`` (or ``None``) stores
     at ``now``: ``new``, keeping the ``created_at`` of an ``old`` still live (a put over an
     expired item creates a new one). :data:`PG_PUT_ONE` says the same in SQL.
@@ -335,12 +352,12 @@ def merged(old: Row | None, new: Row | None, now: float) -> Row | None:
     return new
 
 
-def _over(old: Row, new: Row, now: float) -> Row:
+def _over(old: Row, new: Fields, now: float) -> Fields:
     """:func:`merged` of a put ``new`` over a stored ``old``."""
     if old.live(now):
         # the fields spelt out: ``_replace`` (a dict of keywords, a map over the fields)
         # was a tenth of a put over a stored item
-        return Row(new[0], new[1], new[2], old[3], new[4], new[5], new[6], new[7])
+        return (new[0], new[1], new[2], old[3], new[4], new[5], new[6], new[7])
     return new
 
 
@@ -405,7 +422,7 @@ class Items(ABC):
         """Per namespace: its text, how many of its rows never expire, the latest expiry."""
 
     @abstractmethod
-    def write(self, puts: Mapping[Key, Row | None], now: float, conn: Any = None) -> list[Row]:
+    def write(self, puts: Mapping[Key, Fields | None], now: float, conn: Any = None) -> list[Row]:
         """In one transaction, store :func:`merged` ``(stored, put, now)`` for each address's
         put (``None``: delete); returns the stored rows that were replaced or deleted.
         ``conn``: a connection inside a transaction the caller holds (:meth:`joins` said
@@ -642,7 +659,7 @@ class MemoryItems(Items):
                 out[row.namespace] = (forever, latest)
         return [(ns, forever, latest) for ns, (forever, latest) in out.items()]
 
-    def write(self, puts: Mapping[Key, Row | None], now: float, conn: Any = None) -> list[Row]:
+    def write(self, puts: Mapping[Key, Fields | None], now: float, conn: Any = None) -> list[Row]:
         """Store the merged rows, then move them in the order (:meth:`_drop`, :meth:`_add`):
         the replaced and deleted rows out, the stored ones in.
         """
@@ -675,7 +692,7 @@ class MemoryItems(Items):
                     put = _over(old, put, now)
                 elif put is None:
                     continue
-                rows[key] = put
+                rows[key] = _new_row(put)
                 if put[4] != added_at:
                     added_at = put[4]
                     added_keys = added.setdefault(added_at, [])
@@ -687,7 +704,7 @@ class MemoryItems(Items):
                 self._add(added)
         return replaced
 
-    def _append(self, key: Key, row: Row) -> bool:
+    def _append(self, key: Key, row: Fields) -> bool:
         """Store ``row`` as the item at ``key`` if there is none and its time is newer than
         every row's (a put of a new key: most puts), in a run of its own; whether it was
         (else nothing is done). The loop of :meth:`write`, with its maps of times to
@@ -697,7 +714,7 @@ class MemoryItems(Items):
             rows, times, at = self._rows, self._times, row[4]
             if key in rows or (times and at <= times[-1]):
                 return False
-            rows[key] = row
+            rows[key] = _new_row(row)
             self._bound(key[0], at)
             times.append(at)
             self._runs.append([key])
@@ -920,7 +937,7 @@ class SQLItems(Items):
             and getattr(db, "search_path", None) == getattr(self._db, "search_path", None)
         )
 
-    def write(self, puts: Mapping[Key, Row | None], now: float, conn: Any = None) -> list[Row]:
+    def write(self, puts: Mapping[Key, Fields | None], now: float, conn: Any = None) -> list[Row]:
         """Store the merged rows in one transaction (``conn``'s, if given). On SQLite the
         stored rows are read by chunks of :data:`CHUNK` keys and the writes sent in bulk
         (:meth:`_upserts`); on PostgreSQL puts to distinct keys are one statement
@@ -966,7 +983,7 @@ class SQLItems(Items):
             sql = head + ", ".join([one] * len(chunk)) + tail
             conn.execute(sql, list(itertools.chain.from_iterable(chunk)))
 
-    def _write(self, conn: Any, puts: Sequence[tuple[Key, Row | None]], now: float) -> list[Row]:
+    def _write(self, conn: Any, puts: Sequence[tuple[Key, Fields | None]], now: float) -> list[Row]:
         if self._engine == "postgres" and len({key for key, _ in puts}) == len(puts):
             return self._pg_write(conn, puts, now)
         delete = self._sql(f"DELETE FROM {TABLE} WHERE namespace = ? AND item_key = ?")
@@ -996,7 +1013,9 @@ class SQLItems(Items):
             conn.execute(f"ANALYZE {TABLE}")
         return replaced
 
-    def _pg_write(self, conn: Any, puts: Sequence[tuple[Key, Row | None]], now: float) -> list[Row]:
+    def _pg_write(
+        self, conn: Any, puts: Sequence[tuple[Key, Fields | None]], now: float
+    ) -> list[Row]:
         """:meth:`_write` on PostgreSQL of puts to distinct addresses: one statement
         (:data:`PG_PUT_ONE` for one put, else :data:`PG_PUT_MANY`).
         """

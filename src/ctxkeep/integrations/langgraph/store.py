@@ -131,15 +131,16 @@ from ctxkeep.integrations.langgraph._store_filters import (
 from ctxkeep.integrations.langgraph._store_items import MIGRATIONS as MIGRATIONS
 from ctxkeep.integrations.langgraph._store_items import TABLE as TABLE
 from ctxkeep.integrations.langgraph._store_items import (
+    Fields,
     Filter,
     Key,
     MemoryItems,
     Row,
     _items_at,
-    _new_row,
     _ns_text,
     _ns_tuple,
     search_items,
+    with_episode,
 )
 
 __all__ = ["CtxkeepStore"]
@@ -445,7 +446,7 @@ class CtxkeepStore(BaseStore):
 
     def _put(self, puts: Mapping[Key, PutOp], now: float) -> None:
         """Save the new episodes, write the rows, then forget what they replaced."""
-        rows: dict[Key, Row | None] = {}  # None: a delete
+        rows: dict[Key, Fields | None] = {}  # None: a delete; plain tuples (see Fields)
         docs: dict[Key, dict[str, Any]] = {}
         indexes = self._indexed and not self._defers()
         for address, op in puts.items():  # the addresses as they are: one tuple a put
@@ -455,10 +456,10 @@ class CtxkeepStore(BaseStore):
                 continue
             ns, key = address
             if op.ttl is None:
-                rows[address] = _new_row((ns, key, _value_text(value), now, now, None, None, None))
+                rows[address] = (ns, key, _value_text(value), now, now, None, None, None)
             else:
                 ttl = float(op.ttl)
-                rows[address] = Row(ns, key, _value_text(value), now, now, now + ttl * 60, ttl)
+                rows[address] = (ns, key, _value_text(value), now, now, now + ttl * 60, ttl, None)
             if indexes and (text := self._text(value, op.index)):
                 docs[address] = self._doc(address, text, now)
         defers = self._indexed and not indexes
@@ -476,7 +477,7 @@ class CtxkeepStore(BaseStore):
             saved = self._epi._save_episodes(docs.values(), new_sessions=True)
             ids = dict(zip(docs, saved, strict=True))
             for k, eid in ids.items():
-                rows[k] = rows[k]._replace(episode_id=eid)  # type: ignore[union-attr]
+                rows[k] = with_episode(rows[k], eid)  # type: ignore[arg-type]
             return ids
 
         if defers:
@@ -487,8 +488,8 @@ class CtxkeepStore(BaseStore):
                     row = rows[k]
                     if row is not None and op.index is not False:
                         mark = f"{PENDING}{next(self._marks)}"
-                        rows[k] = row._replace(episode_id=mark)
-                        self._pending[mark] = (k, op.index, row.value, now)
+                        rows[k] = with_episode(row, mark)
+                        self._pending[mark] = (k, op.index, row[2], now)
                 replaced = self._items.write(rows, now)
                 self._forget(replaced)
             return
