@@ -65,8 +65,13 @@ Rounds. All pairs are open at once; each round runs every operation of every pai
 two sides back to back, their order swapped from one round to the next, so load that changes
 during the run touches both alike. Ratio = the peer's time / ctxkeep's in the same round
 (> 1: ctxkeep is faster; for bytes, > 1: ctxkeep is smaller); the table gives the median and
-the range over rounds. ``--profile adapter/engine/peer/op`` (repeatable) runs that operation once
-more on ctxkeep's side under cProfile, on inside the timed sections only (the Agents SDK
+the range over rounds. Before each side's operation the garbage collector runs
+(``gc.collect()``), as ``timeit`` turns it off: a full collection owed to what the load or
+the other side allocated would land in whichever operation came next (the memory store's
+``batch`` at 10,000 read 0.57x in one run and 8x in the next on the same code, as full passes
+fell on one side or the other); each operation pays for the collections its own allocations
+set off. ``--profile adapter/engine/peer/op`` (repeatable) runs that operation once more on
+ctxkeep's side under cProfile, on inside the timed sections only (the Agents SDK
 session's ``asyncio.to_thread`` calls run inline meanwhile, so the profiler sees them), and
 prints where the time goes.
 """
@@ -77,6 +82,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import io
 import json
 import os
@@ -1159,6 +1165,7 @@ def run_rounds(pairs: list[Pair], rounds: int, console: Any) -> list[Cell]:
             if (r + i) % 2:
                 sides.reverse()
             for side, out in sides:
+                gc.collect()  # no full pass owed to earlier allocations lands in this op
                 out.append(side.ops[cell.op](r))
         console.print(f"  round {r + 1}/{rounds}: {time.perf_counter() - t0:.1f} s")
     for p in pairs:
