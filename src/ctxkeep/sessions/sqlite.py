@@ -151,62 +151,70 @@ class SQLiteBackend(SQLBackend):
         """
         n = len(texts)
         info = base
-        if batch.replacing:
+        taken = 0
+        if batch.replaces is not None or batch.replaces_id is not None:  # (batch.replacing)
             newest = conn.execute(TAKE_NEWEST_SQL, (session_id, session_id)).fetchone()
             if newest is None:
                 raise _Stale
             record = load_record(session_id, *newest)
             if not batch.takes(newest[0], record):
                 raise _Stale
-            info = _moved(base, 0, pending_after_pop(base.pending, record), None, taken=1)
+            taken = 1
+            info = info_with(
+                base,
+                {
+                    "message_count": base.message_count - 1,
+                    "revision": base.revision + 1,
+                    "pending": pending_after_pop(base.pending, record),
+                },
+            )
         try:
             pending = batch.check(info)
         except Exception:  # a guess refused it: the shared path checks the row itself
-            if batch.replacing:
+            if taken:
                 raise _Stale from None
             return None
-        touch = batch.touches(base.accessed_at)
-        taken = int(batch.replacing)
-        sets = "next_seq = next_seq + ?, message_count = message_count + ?, revision = revision + ?"
-        set_params: list[Any] = [n, n - taken, taken]
-        where = (
-            "session_id = ? AND generation = ? AND next_seq = ? AND revision = ? "
-            "AND pending = ? AND accessed_at >= ?"
-        )
-        where_params: list[Any] = [
+        now = batch.now
+        touch = now - base.accessed_at >= batch.touch_after  # (batch.touches, inline)
+        moves = pending != base.pending
+        params: tuple[Any, ...] = (n, n - taken, taken)
+        if moves:
+            params += (_pending_text(pending),)
+        if touch:
+            params += (now,)
+        params += (
             session_id,
             base.generation,
             base.next_seq,
             base.revision,
-            dumps(list(base.pending)),
+            _pending_text(base.pending),
             base.accessed_at,
-        ]
-        if pending != base.pending:
-            sets += ", pending = ?"
-            set_params.append(dumps(list(pending)))
+        )
         if touch:
-            # As in the shared path, only past the touch resolution (else the accessed_at
-            # index is left alone); a row touched since ``base`` is in another state.
-            sets += ", accessed_at = max(accessed_at, ?)"
-            set_params.append(batch.now)
-            where += " AND ? - accessed_at >= ?"
-            where_params += [batch.now, batch.touch_after]
-        params = set_params + where_params
-        cur = conn.execute(f"UPDATE ctxkeep_sessions SET {sets} WHERE {where}", params)
-        if cur.rowcount != 1:
-            if batch.replacing:
+            params += (now, batch.touch_after)
+        if conn.execute(_CAS_SQL[moves, touch], params).rowcount != 1:
+            if taken:
                 raise _Stale
             return None
-        seqs = list(range(base.next_seq, base.next_seq + n))
-        rows = [
-            (session_id, s, t, r["role"], r.get("id"))
-            for s, t, r in zip(seqs, texts, batch.records, strict=True)
-        ]
+        first = base.next_seq
         if n == 1:
-            conn.execute(INSERT_SQL, rows[0])
+            record = batch.records[0]
+            conn.execute(
+                INSERT_SQL, (session_id, first, texts[0], record["role"], record.get("id"))
+            )
         elif n:
-            conn.executemany(INSERT_SQL, rows)
-        return seqs, _moved(info, n, pending, batch.now if touch else None)
+            conn.executemany(
+                INSERT_SQL,
+                [
+                    (session_id, first + i, t, r["role"], r.get("id"))
+                    for i, (t, r) in enumerate(zip(texts, batch.records, strict=True))
+                ],
+            )
+        # The state after (as _moved makes it, without a call more).
+        after = {"next_seq": first + n, "message_count": info.message_count + n, "pending": pending}
+        if touch and now > info.accessed_at:
+            after["accessed_at"] = now
+        return list(range(first, first + n)), info_with(info, after)
 
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None
@@ -227,6 +235,37 @@ class SQLiteBackend(SQLBackend):
         return self.client.tx(doing, immediate=False)
 
 
+def _cas_sql(moves_pending: bool, touches: bool) -> str:
+    """The compare-and-set ``UPDATE`` of :meth:`SQLiteBackend._cas_append`: the counters moved
+    (parameters: the messages appended, those added to the count, those taken back), the
+    pending calls set where they change and the access time where it moves, on the row only if
+    it is in the state known (its id, generation, next seq, revision, pending calls; an access
+    time no earlier and, where it moves, past the touch resolution: as in the shared path, the
+    ``accessed_at`` index is left alone otherwise, and a row touched since is in another
+    state).
+    """
+    sets = "next_seq = next_seq + ?, message_count = message_count + ?, revision = revision + ?"
+    where = (
+        "session_id = ? AND generation = ? AND next_seq = ? AND revision = ? "
+        "AND pending = ? AND accessed_at >= ?"
+    )
+    if moves_pending:
+        sets += ", pending = ?"
+    if touches:
+        sets += ", accessed_at = max(accessed_at, ?)"
+        where += " AND ? - accessed_at >= ?"
+    return f"UPDATE ctxkeep_sessions SET {sets} WHERE {where}"
+
+
+_CAS_SQL = {(p, t): _cas_sql(p, t) for p in (False, True) for t in (False, True)}
+""":func:`_cas_sql` of each case, made once (not formatted on each append)."""
+
+
+def _pending_text(pending: tuple[str, ...]) -> str:
+    """The stored JSON of ``pending`` (``dumps``; none waiting, the common case, without it)."""
+    return dumps(list(pending)) if pending else "[]"
+
+
 class _Stale(Exception):
     """A compare-and-set append wrote before it found the row in another state than the one
     known (or its check refused that state): its transaction is rolled back.
@@ -234,20 +273,14 @@ class _Stale(Exception):
 
 
 def _moved(
-    info: SessionInfo,
-    n: int,
-    pending: tuple[str, ...],
-    touched: float | None,
-    *,
-    taken: int = 0,
+    info: SessionInfo, n: int, pending: tuple[str, ...], touched: float | None
 ) -> SessionInfo:
-    """The session of ``info`` after ``taken`` messages were taken back and ``n`` appended,
-    leaving ``pending`` waiting (and ``accessed_at`` moved to ``touched``, if given).
+    """The session of ``info`` after ``n`` messages were appended, leaving ``pending`` waiting
+    (and ``accessed_at`` moved to ``touched``, if given and later).
     """
     changes: dict[str, Any] = {
         "next_seq": info.next_seq + n,
-        "message_count": info.message_count + n - taken,
-        "revision": info.revision + taken,
+        "message_count": info.message_count + n,
         "pending": pending,
     }
     if touched is not None and touched > info.accessed_at:
