@@ -164,7 +164,8 @@ class ConvertedItems:
             # generation): it is now that less the newest, plus what replaced it.
             held.revision += 1
             del held.seqs[-1], held.items[-1]
-            self._extend(held, seqs, stored)
+            if seqs:
+                self._extend(held, seqs, stored)
             return True, result
 
     def _rewrite_newest(
@@ -376,15 +377,23 @@ def _json_copy(item: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of ``item``: plain JSON values copied directly, anything else by
     ``copy.deepcopy`` (as ``from_responses`` copies every item).
     """
-    return {k: _copy_value(v) for k, v in item.items()}
+    out = dict(item)
+    for k, v in out.items():
+        if type(v) not in _SCALARS:  # (an item's values are mostly strings: no call for them)
+            out[k] = _copy_value(v)
+    return out
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+"""The types of immutable JSON values (exact types: a subclass is deep-copied)."""
 
 
 def _copy_value(value: Any) -> Any:
     t = type(value)
-    if t is str or t is int or t is float or t is bool or value is None:
+    if t in _SCALARS:
         return value
     if t is dict:
-        return {k: _copy_value(v) for k, v in value.items()}
+        return {k: v if type(v) in _SCALARS else _copy_value(v) for k, v in value.items()}
     if t is list:
-        return [_copy_value(v) for v in value]
+        return [v if type(v) in _SCALARS else _copy_value(v) for v in value]
     return copy.deepcopy(value)

@@ -376,7 +376,7 @@ class CtxkeepSession:
     ) -> tuple[list[Message], list[int]]:
         return self.memory._replace(
             self.session_id,
-            owned_from_responses(rest),
+            owned_from_responses(rest) if rest else [],  # (a pop of a one-item message: none)
             newest_seq=seq,
             generation=generation,
             owned=True,
