@@ -568,6 +568,32 @@ def test_a_malformed_config_gets_a_typed_error(
         sqlite_saver.put(bad, checkpoint("c1"), {}, {})
 
 
+@pytest.mark.parametrize(
+    ("ids", "named"),
+    [
+        (("t", "n\x00", "c"), "checkpoint_ns"),
+        (("t", "", "c\x00"), "checkpoint_id"),
+        (("t", "", "\ud800"), "checkpoint_id"),
+        (("", "", "c"), "thread_id"),
+    ],
+    ids=["nul-ns", "nul-id", "surrogate-id", "empty-thread"],
+)
+def test_a_bad_id_beside_two_good_ones_is_refused_by_name(
+    sqlite_saver: CtxkeepSaver, ids: tuple[str, str, str], named: str
+) -> None:
+    """A config naming a thread, a namespace and a checkpoint (a step's) is checked at once;
+    one bad id among them is refused as when each is checked alone, naming it."""
+    thread_id, ns, cid = ids
+    bad = config(thread_id, checkpoint_ns=ns, checkpoint_id=cid)
+    for call in (
+        lambda: sqlite_saver.get_tuple(bad),
+        lambda: sqlite_saver.put_writes(bad, [("messages", "a")], "task-1"),
+        lambda: sqlite_saver.put(bad, checkpoint("c2"), {}, {}),
+    ):
+        with pytest.raises(ConfigError, match=named):
+            call()
+
+
 def test_an_int_or_uuid_thread_id_is_kept_as_text(sqlite_saver: CtxkeepSaver) -> None:
     thread = uuid.uuid4()
     for given in (7, thread):
