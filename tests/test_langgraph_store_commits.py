@@ -27,15 +27,17 @@ def store(postgres_schema_factory: Callable[[], str]) -> Iterator[CtxkeepStore]:
 
 @pytest.fixture
 def transactions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the transactions psycopg opens (one element each)."""
+    """Counts the transactions psycopg opens (one element each), as they begin: entered
+    through ``Connection.transaction()`` or as a ``Transaction`` of their own.
+    """
     opened: list[int] = []
-    real = psycopg.Connection.transaction
+    real = psycopg.Transaction.__enter__
 
-    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def counting(self: Any) -> Any:
         opened.append(1)
-        return real(self, *args, **kwargs)
+        return real(self)
 
-    monkeypatch.setattr(psycopg.Connection, "transaction", counting)
+    monkeypatch.setattr(psycopg.Transaction, "__enter__", counting)
     return opened
 
 

@@ -34,8 +34,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import psycopg
 from psycopg.adapt import Dumper
-from psycopg.pq import Format
+from psycopg.pq import Format, TransactionStatus
 
 from ctxkeep._pg import PgClient
 from ctxkeep.episodic.base import (
@@ -179,6 +180,9 @@ class _FloatsDumper(Dumper):
 
 
 _NEIGHBOUR_COLUMN = {-1: 0, 1: 1, -2: 2, 2: 3}
+
+_OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+"""A connection's states inside a transaction block."""
 
 LOCK_BUCKETS = 256
 """Sessions hash into this many advisory locks (a power of two) while appending; at most
@@ -350,19 +354,26 @@ class PostgresEpisodicStore(SQLStore):
         if held is not None:
             yield held
             return
-        # pipelined: BEGIN goes with the first statement, COMMIT with the last sync, and a
-        # statement whose result is not read (an insert) waits for none
-        with (
-            self._db.errors(doing),
-            self._db.connection() as conn,
-            conn.pipeline(),
-            conn.transaction(),
-        ):
-            self._joined.conn = conn
+        # pipelined: BEGIN goes with the first statement, COMMIT with the pipeline's one
+        # sync, and a statement whose result is not read (an insert) waits for none. The
+        # transaction is psycopg's Transaction entered in the pipeline itself, not
+        # Connection.transaction(), which syncs as it begins, as its block ends and as it
+        # commits (so its BEGIN, its statements and its COMMIT each waited for the
+        # server): a put of one new item was 4 round trips, now 2 (its row's write is read
+        # before the commit).
+        with self._db.errors(doing), self._db.connection() as conn:
             try:
-                yield conn
+                with conn.pipeline(), psycopg.Transaction(conn):
+                    self._joined.conn = conn
+                    try:
+                        yield conn
+                    finally:
+                        self._joined.conn = None
             finally:
-                self._joined.conn = None
+                # a statement that failed in the pipeline skipped what followed it, the
+                # ROLLBACK too: the transaction is still open (failed) after the sync
+                if conn.info.transaction_status in _OPEN:
+                    conn.rollback()
 
     def _tx(self, doing: str) -> Any:
         """A write transaction: the joined one (:meth:`transaction`), else a new one."""

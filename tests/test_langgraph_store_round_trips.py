@@ -1,0 +1,103 @@
+"""CtxkeepStore on PostgreSQL, counted on the wire: how many times an operation waits for the
+server (libpq's trace of its one pooled connection; a wait is the client's messages followed
+by the server's answer), a measure of its speed that does not depend on the machine's load
+(issue 26: LangGraph's ``PostgresStore`` sends a put's statements in one pipelined sync)."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+
+from conftest_services import postgres_schema_factory, postgres_url
+from ctxkeep.integrations.langgraph import CtxkeepStore
+
+__all__ = ["postgres_schema_factory", "postgres_url"]  # fixtures, re-exported for pytest
+
+pytestmark = pytest.mark.postgres
+
+
+class Wire:
+    """The protocol messages of a store's one pooled connection, as libpq traces them."""
+
+    def __init__(self, store: CtxkeepStore) -> None:
+        self.pool = store._items._db.pool  # type: ignore[attr-defined]
+
+    @contextmanager
+    def traced(self) -> Iterator[list[tuple[str, str]]]:
+        """Trace the connection meanwhile; the list gets ``(direction, message)`` pairs, the
+        direction ``F`` (sent) or ``B`` (received).
+        """
+        with self.pool.connection() as conn:
+            pgconn = conn.pgconn
+        lines: list[tuple[str, str]] = []
+        with tempfile.TemporaryFile() as file:
+            pgconn.trace(file.fileno())
+            pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                yield lines
+            finally:
+                pgconn.untrace()
+                file.seek(0)
+                for raw in file.read().decode().splitlines():
+                    direction, _, rest = [*raw.split("\t", 2), "", ""][:3]
+                    lines.append((direction, rest))
+
+
+def waits(lines: list[tuple[str, str]]) -> int:
+    """How many times the client waited for the server: sent messages, then an answer."""
+    return sum(a == "F" and b == "B" for (a, _), (b, _) in itertools.pairwise(lines))
+
+
+@pytest.fixture
+def store(
+    postgres_schema_factory: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[CtxkeepStore]:
+    # a pool of its own (an application_name of its own) of one connection: the one traced
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
+    url = postgres_schema_factory() + f"&application_name=rt_{uuid.uuid4().hex[:8]}"
+    s = CtxkeepStore(url, embedder="hash", index={"fields": ["text"]})
+    s.put(("notes",), "warm", {"text": "the first put prepares the statements"})
+    s.search(("notes",), query="first put")
+    yield s
+    s.close()
+
+
+def test_a_put_of_a_new_item_waits_twice(store: CtxkeepStore) -> None:
+    # once for the row it replaced (none), once for the commit
+    with Wire(store).traced() as lines:
+        store.put(("notes",), "n1", {"text": "the launch code is aardvark"})
+    assert waits(lines) == 2, lines
+    assert store.get(("notes",), "n1") is not None
+
+
+def test_a_put_the_server_refuses_leaves_nothing_and_no_open_transaction(
+    store: CtxkeepStore,
+) -> None:
+    store.put(("notes",), "n1", {"text": "kept as it was"})
+    episodes = store.episodic.count()
+    with store._items._db.pool.connection() as conn:  # type: ignore[attr-defined]
+        # a refusal in the middle of the pipeline, after the episode's insert
+        conn.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.value LIKE '%refused%' THEN RAISE EXCEPTION 'refused by a trigger'; "
+            "END IF; RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON ctxkeep_langgraph_items "
+            "FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
+    with pytest.raises(Exception, match="refused by a trigger"):
+        store.put(("notes",), "n1", {"text": "refused"})
+    with store._items._db.pool.connection() as conn:  # type: ignore[attr-defined]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    got = store.get(("notes",), "n1")
+    assert got is not None and got.value == {"text": "kept as it was"}
+    assert store.episodic.count() == episodes
+    store.put(("notes",), "n2", {"text": "the next put goes through"})
+    assert store.episodic.count() == episodes + 1
