@@ -1,8 +1,12 @@
 """Append scenarios the round-trip tests of the server backends share, and the count of the
-round trips to Redis (not collected)."""
+round trips to Redis and to PostgreSQL (not collected)."""
 
 from __future__ import annotations
 
+import itertools
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -111,3 +115,48 @@ def a_session_made_again_is_checked_as_it_now_is(a: MemoryManager, b: MemoryMana
     a.add_message(sid, "user", "from a")
     held = [m.content for m in a.get_messages(sid)]
     assert held == [f"new {i}" for i in range(limit + 1, 2 * limit)] + ["from a"]
+
+
+@contextmanager
+def pg_wire(pool: Any) -> Iterator[list[tuple[str, str]]]:
+    """Trace the protocol of ``pool``'s one connection (a pool of one: make it with
+    ``CTXKEEP_PG_POOL_MAX=1`` and an ``application_name`` of its own, pools being shared per
+    address) meanwhile; the list gets ``(direction, message)`` pairs, as libpq traces them,
+    the direction ``F`` (sent) or ``B`` (received).
+    """
+    import psycopg
+
+    with pool.connection() as conn:
+        pgconn = conn.pgconn
+    lines: list[tuple[str, str]] = []
+    with tempfile.TemporaryFile() as file:
+        pgconn.trace(file.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield lines
+        finally:
+            pgconn.untrace()
+            file.seek(0)
+            for raw in file.read().decode().splitlines():
+                direction, _, rest = [*raw.split("\t", 2), "", ""][:3]
+                lines.append((direction, rest))
+
+
+def pg_waits(lines: list[tuple[str, str]]) -> int:
+    """How many times the client of a :func:`pg_wire` trace waited for the server: messages
+    sent, then an answer (a pipeline's statements and its sync are one wait). Not counted:
+    a flush request alone (psycopg sends one after a pipeline's sync, which asks nothing
+    new: it follows the first of the answers when they come quickly), and the pool's ping of
+    a connection idle for a while (an empty statement: ``ctxkeep._pg``'s ``ALIVE_BYPASS``),
+    which a loaded machine's pauses bring about.
+    """
+    count = 0
+    group: list[str] = []
+    for (a, sent), (b, _) in itertools.pairwise(lines):
+        if a == "F":
+            group.append(sent)
+        if a == "F" and b == "B":
+            ping = group[0].startswith(('Parse\t "" "" ', 'Query\t ""'))
+            count += not ping and any(m != "Flush" for m in group)
+            group = []
+    return count

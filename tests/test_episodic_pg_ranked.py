@@ -1,7 +1,8 @@
 """Episodic PostgreSQL ranks a search in the database when its config fuses the lexical and
 dense scores alone (``CtxkeepStore``'s): one statement returns the best hits with their
 records, ranked as the Python fusion ranks the same candidates; and a search sets the pooled
-connection's ``hnsw.ef_search`` only when it differs, with no transaction around it."""
+connection's ``hnsw.ef_search`` only when it differs, with no transaction around it, sent
+with its statement."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from _round_trips import pg_waits, pg_wire
 from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep.episodic import RetrievalConfig, open_episodic, postgres
 from ctxkeep.episodic.base import Hit
@@ -191,3 +193,25 @@ def test_a_search_sets_ef_search_only_when_the_connection_has_another(
     finally:
         wide.close()
         narrow.close()
+
+
+def test_a_search_that_sets_ef_search_sends_it_with_its_statement(
+    postgres_schema_factory: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one round trip a search, ef_search set or not (CtxkeepStore asks again for more hits,
+    # at another ef_search, when too few of the first are in its scope)
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
+    url = postgres_schema_factory()
+    url += ("&" if "?" in url else "?") + f"application_name=ef_{uuid.uuid4().hex[:8]}"
+    store = PostgresEpisodicStore(url, "hash", PLAIN, ef_search=100)
+    try:
+        store.save_episodes(_facts())
+        store.search("deploy key", 3)
+        for top_k in (40, 40, 3, 40):  # 40 hits: ef_search 200; 3: 100
+            with pg_wire(store.db.pool) as lines:
+                assert store.search("deploy key", top_k)
+            assert pg_waits(lines) == 1, lines
+        with store.db.connection() as conn:
+            assert conn.execute("SHOW hnsw.ef_search").fetchone() == ("200",)
+    finally:
+        store.close()

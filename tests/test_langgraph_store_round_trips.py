@@ -1,57 +1,23 @@
 """CtxkeepStore on PostgreSQL, counted on the wire: how many times an operation waits for the
-server (libpq's trace of its one pooled connection; a wait is the client's messages followed
-by the server's answer), a measure of its speed that does not depend on the machine's load
-(issue 26: LangGraph's ``PostgresStore`` sends a put's statements in one pipelined sync)."""
+server (:func:`~_round_trips.pg_waits` of its one pooled connection), a measure of its speed
+that does not depend on the machine's load (issue 26: LangGraph's ``PostgresStore`` sends a
+put's statements in one pipelined sync)."""
 
 from __future__ import annotations
 
-import itertools
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import psycopg
 import pytest
 
+from _round_trips import pg_waits, pg_wire
 from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep.integrations.langgraph import CtxkeepStore
 
 __all__ = ["postgres_schema_factory", "postgres_url"]  # fixtures, re-exported for pytest
 
 pytestmark = pytest.mark.postgres
-
-
-class Wire:
-    """The protocol messages of a store's one pooled connection, as libpq traces them."""
-
-    def __init__(self, store: CtxkeepStore) -> None:
-        self.pool = store._items._db.pool  # type: ignore[attr-defined]
-
-    @contextmanager
-    def traced(self) -> Iterator[list[tuple[str, str]]]:
-        """Trace the connection meanwhile; the list gets ``(direction, message)`` pairs, the
-        direction ``F`` (sent) or ``B`` (received).
-        """
-        with self.pool.connection() as conn:
-            pgconn = conn.pgconn
-        lines: list[tuple[str, str]] = []
-        with tempfile.TemporaryFile() as file:
-            pgconn.trace(file.fileno())
-            pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-            try:
-                yield lines
-            finally:
-                pgconn.untrace()
-                file.seek(0)
-                for raw in file.read().decode().splitlines():
-                    direction, _, rest = [*raw.split("\t", 2), "", ""][:3]
-                    lines.append((direction, rest))
-
-
-def waits(lines: list[tuple[str, str]]) -> int:
-    """How many times the client waited for the server: sent messages, then an answer."""
-    return sum(a == "F" and b == "B" for (a, _), (b, _) in itertools.pairwise(lines))
 
 
 @pytest.fixture
@@ -70,9 +36,9 @@ def store(
 
 def test_a_put_of_a_new_item_waits_twice(store: CtxkeepStore) -> None:
     # once for the row it replaced (none), once for the commit
-    with Wire(store).traced() as lines:
+    with pg_wire(store._items._db.pool) as lines:  # type: ignore[attr-defined]
         store.put(("notes",), "n1", {"text": "the launch code is aardvark"})
-    assert waits(lines) == 2, lines
+    assert pg_waits(lines) == 2, lines
     assert store.get(("notes",), "n1") is not None
 
 

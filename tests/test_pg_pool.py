@@ -398,6 +398,29 @@ def test_a_broken_connection_is_replaced_under_the_clients_search_path(
         b.close()
 
 
+def test_a_setting_pipelined_with_a_statement_that_fails_is_set_again(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the SET and the statement are one implicit transaction: the failure undoes the SET,
+    # so the client must not take it as made
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
+    c = client(db)
+    try:
+        with pytest.raises(psycopg.errors.DivisionByZero), c.connection() as conn:
+            default = conn.execute("SHOW work_mem").fetchone()[0]
+            with conn.pipeline():
+                c.set(conn, "work_mem", 4321)
+                conn.execute("SELECT 1 / 0")
+        with c.connection() as conn:
+            assert conn.execute("SHOW work_mem").fetchone()[0] == default
+            assert not c.holds(conn, "work_mem", 4321)
+            c.set(conn, "work_mem", 4321)
+            assert c.holds(conn, "work_mem", 4321)
+            assert conn.execute("SHOW work_mem").fetchone()[0] == "4321kB"
+    finally:
+        c.close()
+
+
 def kill(url: str) -> None:
     """Terminate every other connection to the database."""
     with psycopg.connect(url, autocommit=True) as conn:

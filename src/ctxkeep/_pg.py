@@ -213,10 +213,17 @@ class SharedPool:
             conn.execute("SELECT set_config('search_path', %s, false)", (path,))
         paths[conn] = path
 
+    def holds(self, conn: Any, name: str, value: int) -> bool:
+        """Whether ``conn`` has the session setting ``name`` at ``value`` (:meth:`set`)."""
+        held = self.settings.get(conn)
+        return held is not None and held.get(name) == value
+
     def set(self, conn: Any, name: str, value: int) -> None:
         """Give ``conn`` the session setting ``name`` (a numeric one, e.g. pgvector's
         ``hnsw.ef_search``) ``value`` unless it has it: set once a connection, as its
         ``search_path``, where a ``SET LOCAL`` would take a transaction around each use.
+        In pipeline mode the ``SET`` is queued, noted as done: a block of
+        :meth:`PgClient.connection` that fails forgets what was noted.
         """
         held = self.settings.setdefault(conn, {})
         if held.get(name) == value:
@@ -378,6 +385,11 @@ class PgClient:
                 if not any_path:
                     shared.use(conn, self.search_path)
                 yield conn
+            except BaseException:
+                # a setting made in the block may have been undone with it (a SET pipelined
+                # with a statement that failed: one implicit transaction): set it again
+                shared.settings.pop(conn, None)
+                raise
             finally:
                 shared.liveness.returned(conn)
                 if conn.broken or conn.closed:
@@ -396,6 +408,11 @@ class PgClient:
         if shared is None:
             raise StorageError(f"PostgreSQL at {self.where}: {self.name} is closed")
         shared.set(conn, name, value)
+
+    def holds(self, conn: Any, name: str, value: int) -> bool:
+        """Whether ``conn`` has the session setting ``name`` at ``value`` (:meth:`set`)."""
+        shared = self._shared
+        return shared is not None and shared.holds(conn, name, value)
 
     @contextmanager
     def tx(

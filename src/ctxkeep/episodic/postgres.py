@@ -486,19 +486,29 @@ class PostgresEpisodicStore(SQLStore):
             return None
         return " UNION ".join(parts), args
 
-    @contextmanager
-    def _searching(self, q: np.ndarray | None, n: int) -> Iterator[Any]:
-        """A pooled connection for a search whose dense side asks the HNSW index for ``n``
-        candidates: its ``hnsw.ef_search`` at least ``n``, set once a connection
-        (:meth:`~ctxkeep._pg.PgClient.set`): a ``SET LOCAL`` took a transaction around every
-        search (BEGIN, SET, the statement, COMMIT).
+    def _search_rows(
+        self, sql: str, args: Sequence[Any], q: np.ndarray | None, n: int, *, prepare: bool | None
+    ) -> list[Any]:
+        """The rows of a search's statement on a pooled connection; where its dense side
+        asks the HNSW index for ``n`` candidates, the connection's ``hnsw.ef_search`` at
+        least ``n``, set once a connection (:meth:`~ctxkeep._pg.PgClient.set`: a ``SET
+        LOCAL`` took a transaction around every search: BEGIN, SET, the statement, COMMIT),
+        and when it changes, pipelined with the statement: one round trip for both (a
+        ``CtxkeepStore`` search that asks again for more hits, at another ``ef_search``,
+        set it twice a search, each a round trip of its own).
         """
         with self._db.errors("search"), self._db.connection() as conn:
             conn.adapters.register_dumper(_Floats, _FloatsDumper)
-            if q is not None:
-                # pgvector refuses an ef_search above 1000 (asking for more than 50 hits)
-                self._db.set(conn, "hnsw.ef_search", min(1000, max(self.ef_search, n)))
-            yield conn
+            # pgvector refuses an ef_search above 1000 (asking for more than 50 hits)
+            ef = min(1000, max(self.ef_search, n))
+            if q is None or self._db.holds(conn, "hnsw.ef_search", ef):
+                rows: list[Any] = conn.execute(sql, args, prepare=prepare).fetchall()
+                return rows
+            with conn.pipeline():
+                self._db.set(conn, "hnsw.ef_search", ef)
+                cursor = conn.execute(sql, args, prepare=prepare)
+            rows = cursor.fetchall()
+            return rows
 
     def _ranked(
         self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int, top_k: int
@@ -526,10 +536,9 @@ class PostgresEpisodicStore(SQLStore):
             args.append(_Floats(q[None]))
         args += [float(cfg.lexical_weight), float(cfg.dense_weight)]
         sql = _FUSED.format(found=sql, lexical=lexical, dense=dense, top_k=int(top_k))
-        with self._searching(q, n) as conn:
-            # prepared on its first run: the statement of a store's searches is the same text
-            # but for the filters
-            rows = conn.execute(sql, args, prepare=True).fetchall()
+        # prepared on its first run: the statement of a store's searches is the same text
+        # but for the filters
+        rows = self._search_rows(sql, args, q, n, prepare=True)
         return [
             Hit(self._episode(values), float(total), float(lex), float(cos))
             for total, lex, cos, *values in rows
@@ -567,8 +576,7 @@ class PostgresEpisodicStore(SQLStore):
             sql += f", 1 - (e.embedding <=> {self._query_vector})"
             args.append(_Floats(q[None]))
         sql += " FROM ctxkeep_episodes e WHERE e.row IN (SELECT row FROM cand) ORDER BY e.row"
-        with self._searching(q, n) as conn:
-            found_rows = conn.execute(sql, args).fetchall()
+        found_rows = self._search_rows(sql, args, q, n, prepare=None)
         rows = np.fromiter((r[0] for r in found_rows), np.int64, len(found_rows))
         nb = session_neighbour_rows(rows, [r[1] for r in found_rows], [r[2] for r in found_rows])
         scores = iter(range(4, 6))
