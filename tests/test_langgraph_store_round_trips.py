@@ -42,6 +42,27 @@ def test_a_put_of_a_new_item_waits_twice(store: CtxkeepStore) -> None:
     assert store.get(("notes",), "n1") is not None
 
 
+def test_a_search_waits_once_its_hits_rows_read_in_its_statement(store: CtxkeepStore) -> None:
+    for i in range(5):
+        store.put(("notes",), f"n{i}", {"text": f"note {i} about the launch code"})
+    store.search(("notes",), query="launch code", limit=3)  # prepares its statement
+    with pg_wire(store._items._db.pool) as lines:  # type: ignore[attr-defined]
+        found = store.search(("notes",), query="launch code", limit=3)
+    assert pg_waits(lines) == 1, lines
+    assert len(found) == 3 and all(f.value["text"].endswith("launch code") for f in found)
+
+
+def test_a_search_reads_beside_its_hits_the_rows_as_they_are(store: CtxkeepStore) -> None:
+    store.put(("codes",), "a", {"text": "the launch code is aardvark", "v": 1})
+    store.put(("codes",), "b", {"text": "the launch code is zebra"}, ttl=1.0)
+    store.put(("codes",), "a", {"text": "the launch code is aardvark", "v": 2})
+    store.put(("other",), "c", {"text": "the launch code is aardvark"})
+    found = store.search(("codes",), query="launch code aardvark", limit=5)
+    assert [(f.key, f.value.get("v")) for f in found] == [("a", 2), ("b", None)]
+    store.clock = lambda: 4e9  # b expired
+    assert [f.key for f in store.search(("codes",), query="launch code")] == ["a"]
+
+
 def test_a_put_the_server_refuses_leaves_nothing_and_no_open_transaction(
     store: CtxkeepStore,
 ) -> None:

@@ -224,8 +224,8 @@ _FUSED = (
     "fused AS (SELECT row, lex, dense, "
     f"%s::float8 * {_z_sql('lex')} + %s::float8 * {_z_sql('dense')} AS total "
     "FROM scored ORDER BY total DESC, row LIMIT {top_k}) "
-    f"SELECT f.total, f.lex, f.dense, e.record, {', '.join('e.' + c for c in FIELD_COLUMNS)} "
-    "FROM fused f JOIN ctxkeep_episodes e USING (row) "
+    f"SELECT f.total, f.lex, f.dense, e.record, {', '.join('e.' + c for c in FIELD_COLUMNS)}"
+    "{beside_columns} FROM fused f JOIN ctxkeep_episodes e USING (row){beside_join} "
     "ORDER BY f.total DESC, f.row"
 )
 """A search ranked in PostgreSQL (:meth:`PostgresEpisodicStore._ranked`): the candidates
@@ -236,7 +236,30 @@ the rows there). The scores agree with Python's within about 1e-8: a ``ts_rank``
 read by psycopg is the nearest double to its printed digits, here its exact value. One round
 trip: ranked in Python it was the candidates' scores (200-400 rows), then the hits' records.
 ``scored`` is materialized: inlined, each score was computed again wherever the z-scores
-name it (four times a candidate)."""
+name it (four times a candidate). A caller's columns read beside the hits
+(:meth:`PostgresEpisodicStore.beside`) come after the episode's."""
+
+_HIT_WIDTH = 4 + len(FIELD_COLUMNS)
+"""The columns of a hit in :data:`_FUSED`'s result before a caller's."""
+
+
+class Beside:
+    """A caller's columns read beside each hit of a search ranked in PostgreSQL
+    (:meth:`PostgresEpisodicStore.beside`).
+    """
+
+    __slots__ = ("columns", "join", "rows")
+
+    def __init__(self, columns: str, join: str) -> None:
+        self.columns = columns
+        """The columns (SQL), of the joined table."""
+        self.join = join
+        """The join (SQL: ``LEFT JOIN table alias ON ...``) of a hit's episode, ``e``."""
+        self.rows: list[tuple[Any, ...]] | None = None
+        """The columns' values, a tuple a hit in the hits' order (NULLs where the join
+        found nothing); None while no search ranked in PostgreSQL ran (a config ranked in
+        Python reads none)."""
+
 
 _TEXT_RANK = f"(SELECT ts_rank(t.body, {{query}}) FROM {TEXT_TABLE} t WHERE t.row = e.row)"
 """The ``ts_rank`` of an episode (``e``) for a ``tsquery`` (``query``): its window document
@@ -307,6 +330,8 @@ class PostgresEpisodicStore(SQLStore):
         and the episodes' number (:meth:`_term_stats`)."""
         self._joined = threading.local()
         """``conn``: the connection of the :meth:`transaction` this thread is in, if any."""
+        self._besides = threading.local()
+        """``current``: the :class:`Beside` of this thread's searches, if any (:meth:`beside`)."""
         self._db = PgClient(
             url,
             name="ctxkeep-episodic",
@@ -374,6 +399,21 @@ class PostgresEpisodicStore(SQLStore):
                 # ROLLBACK too: the transaction is still open (failed) after the sync
                 if conn.info.transaction_status in _OPEN:
                     conn.rollback()
+
+    @contextmanager
+    def beside(self, columns: str, join: str) -> Iterator[Beside]:
+        """While open, this thread's searches ranked in PostgreSQL (:meth:`_ranked`) also
+        read ``columns`` of a table of the same database joined to each hit's episode
+        (``e``, a row of ``ctxkeep_episodes``) by ``join`` (``LEFT JOIN table alias ON
+        ...``), in the same statement: the yielded :class:`Beside` gets them (the last
+        search's). ``CtxkeepStore`` reads the rows of its hits' items so: a second round
+        trip of each search before.
+        """
+        beside = self._besides.current = Beside(columns, join)
+        try:
+            yield beside
+        finally:
+            self._besides.current = None
 
     def _tx(self, doing: str) -> Any:
         """A write transaction: the joined one (:meth:`transaction`), else a new one."""
@@ -535,13 +575,22 @@ class PostgresEpisodicStore(SQLStore):
             dense = f"1 - (e.embedding <=> {self._query_vector})"
             args.append(_Floats(q[None]))
         args += [float(cfg.lexical_weight), float(cfg.dense_weight)]
-        sql = _FUSED.format(found=sql, lexical=lexical, dense=dense, top_k=int(top_k))
+        beside: Beside | None = getattr(self._besides, "current", None)
+        sql = _FUSED.format(
+            found=sql,
+            lexical=lexical,
+            dense=dense,
+            top_k=int(top_k),
+            beside_columns=f", {beside.columns}" if beside else "",
+            beside_join=f" {beside.join}" if beside else "",
+        )
         # prepared on its first run: the statement of a store's searches is the same text
         # but for the filters
         rows = self._search_rows(sql, args, q, n, prepare=True)
+        if beside is not None:
+            beside.rows = [tuple(r[_HIT_WIDTH:]) for r in rows]
         return [
-            Hit(self._episode(values), float(total), float(lex), float(cos))
-            for total, lex, cos, *values in rows
+            Hit(self._episode(r[3:_HIT_WIDTH]), float(r[0]), float(r[1]), float(r[2])) for r in rows
         ]
 
     def _scope(

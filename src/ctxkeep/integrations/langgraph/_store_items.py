@@ -928,6 +928,17 @@ class SQLItems(Items):
         )
         return [(str(ns), int(forever), latest) for ns, forever, latest in rows]
 
+    def beside(self) -> tuple[str, str]:
+        """The columns of a row (:data:`COLUMNS`) and the join that reads them beside each
+        hit of an episodic search on PostgreSQL (an episode ``e``: its ``task_id`` the
+        namespace, its metadata's ``key`` the key; :meth:`PostgresEpisodicStore.beside
+        <ctxkeep.episodic.postgres.PostgresEpisodicStore.beside>`).
+        """
+        return ", ".join(f"i.{c}" for c in COLUMNS), (
+            f"LEFT JOIN {TABLE} i ON i.namespace = e.task_id "
+            "AND i.item_key = (e.record::json -> 'metadata' ->> 'key')"
+        )
+
     def joins(self, db: Any) -> bool:
         """Whether ``db`` is a PostgreSQL client of the same pool and ``search_path``."""
         pool = getattr(self._db, "pool", None)

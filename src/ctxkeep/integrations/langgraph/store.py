@@ -136,9 +136,11 @@ from ctxkeep.integrations.langgraph._store_items import (
     Key,
     MemoryItems,
     Row,
+    SQLItems,
     _items_at,
     _ns_text,
     _ns_tuple,
+    _row,
     search_items,
     with_episode,
 )
@@ -614,8 +616,8 @@ class CtxkeepStore(BaseStore):
         checked: dict[str, Row | None] = {}
         top_k = want
         for _ in range(2):
-            found = self._epi.search(query, top_k)
-            hits = self._in_scope(found, prefix, flt, want, now, checked)
+            found, read = self._found(query, top_k)
+            hits = self._in_scope(found, prefix, flt, want, now, checked, read)
             if len(hits) >= want or len(found) < top_k:
                 return hits
             top_k *= 4
@@ -625,15 +627,34 @@ class CtxkeepStore(BaseStore):
         if not indexed:
             return []
         if len(indexed) <= self.exact_scope:
-            found = self._epi.search(query, want, filters={"episode_id": list(indexed)})
-            return self._in_scope(found, prefix, flt, want, now, checked)
+            found, read = self._found(query, want, {"episode_id": list(indexed)})
+            return self._in_scope(found, prefix, flt, want, now, checked, read)
         scope = {"agent_id": AGENT, "task_id": sorted({ns for ns, _ in indexed.values()})}
         while True:
-            found = self._epi.search(query, top_k, filters=scope)
-            hits = self._in_scope(found, prefix, flt, want, now, checked)
+            found, read = self._found(query, top_k, scope)
+            hits = self._in_scope(found, prefix, flt, want, now, checked, read)
             if len(hits) >= want or len(found) < top_k:
                 return hits
             top_k *= 4
+
+    def _found(
+        self, query: str, top_k: int, filters: dict[str, Any] | None = None
+    ) -> tuple[list[Hit], dict[Key, Row] | None]:
+        """The episodic search's hits, and where the item table is in the episodes'
+        PostgreSQL database (:meth:`_joined`), the rows at the hits' addresses read in the
+        same statement (``PostgresEpisodicStore.beside``); else None: :meth:`_in_scope`
+        reads them, a round trip more on PostgreSQL.
+        """
+        beside = getattr(self._episodic, "beside", None)
+        items = self._items
+        if beside is None or not isinstance(items, SQLItems) or self._joined() is None:
+            return self._epi.search(query, top_k, filters=filters), None
+        with beside(*items.beside()) as got:
+            found = self._epi.search(query, top_k, filters=filters)
+        if got.rows is None:
+            return found, None
+        rows = (_row(values) for values in got.rows if values[0] is not None)
+        return found, {row.address: row for row in rows}
 
     def _in_scope(
         self,
@@ -643,6 +664,7 @@ class CtxkeepStore(BaseStore):
         want: int,
         now: float,
         checked: dict[str, Row | None],
+        read: dict[Key, Row] | None = None,
     ) -> list[tuple[Row, float | None]]:
         """The first ``want`` hits that are the current episode of a live row of the scope
         (``prefix``, ``flt``), with that row, in the order found.
@@ -651,7 +673,8 @@ class CtxkeepStore(BaseStore):
         item; an episode of another version, of no item (another user of the episodic
         store) or out of the scope is left out. Rows are read only for the hits needed, in
         the order found (``checked`` keeps what was decided: episode id -> its row, or
-        ``None``, across the searches of one recall).
+        ``None``, across the searches of one recall), unless the search read them
+        (``read``: the row at each hit's address, :meth:`_found`).
         """
         below = None if prefix is None else prefix + "."
 
@@ -682,7 +705,10 @@ class CtxkeepStore(BaseStore):
                     hopeful += 1
                 else:
                     checked[eid] = None
-            rows = self._items.get(list(unread.values())) if unread else {}
+            if read is not None:
+                rows = read
+            else:
+                rows = self._items.get(list(unread.values())) if unread else {}
             for eid, at in unread.items():
                 row = rows.get(at)
                 keep = (
