@@ -13,7 +13,8 @@
   else (:class:`~ctxkeep.episodic.base.EpisodicMemoryStore`). A config that fuses the two
   scores alone (no session knobs, no recency: ``CtxkeepStore``'s) is ranked in PostgreSQL
   instead, by the same z-scores, over a quarter of the candidates (:data:`RANKED_SHARE`), in
-  one statement that returns the best hits' records (:data:`_FUSED`).
+  one statement that returns the best hits' records (:data:`_FUSED`), and a caller's rows
+  beside them (:meth:`PostgresEpisodicStore.beside`: ``CtxkeepStore``'s items).
 
 Filters become SQL through :class:`PostgresDialect`: a metadata value is compared with
 jsonb equality (``record::jsonb -> 'metadata' -> key = value``), which is the JSON equality
@@ -384,8 +385,8 @@ class PostgresEpisodicStore(SQLStore):
         # transaction is psycopg's Transaction entered in the pipeline itself, not
         # Connection.transaction(), which syncs as it begins, as its block ends and as it
         # commits (so its BEGIN, its statements and its COMMIT each waited for the
-        # server): a put of one new item was 4 round trips, now 2 (its row's write is read
-        # before the commit).
+        # server): a put of one new item waited for the server 5 times, now twice (its
+        # row's write is read before the commit, then the sync); libpq's trace.
         with self._db.errors(doing), self._db.connection() as conn:
             try:
                 with conn.pipeline(), psycopg.Transaction(conn):
