@@ -148,7 +148,11 @@ def pg_waits(lines: list[tuple[str, str]]) -> int:
     a flush request alone (psycopg sends one after a pipeline's sync, which asks nothing
     new: it follows the first of the answers when they come quickly), and the pool's ping of
     a connection idle for a while (an empty statement: ``ctxkeep._pg``'s ``ALIVE_BYPASS``),
-    which a loaded machine's pauses bring about.
+    which a loaded machine's pauses bring about. Nor is an answer read before the client
+    asked for one: in a pipeline the server sends a statement's rows as its buffer fills, with
+    no sync yet, and a client slowed by load reads them before it sends the sync; those sent
+    messages wait with the sync that follows (a wait needs a ``Sync``, a ``Flush`` or a simple
+    ``Query`` among them).
     """
     count = 0
     group: list[str] = []
@@ -156,6 +160,8 @@ def pg_waits(lines: list[tuple[str, str]]) -> int:
         if a == "F":
             group.append(sent)
         if a == "F" and b == "B":
+            if not any(m.split("\t", 1)[0] in ("Sync", "Flush", "Query") for m in group):
+                continue  # nothing asked for yet: rows the server sent on its own
             ping = group[0].startswith(('Parse\t "" "" ', 'Query\t ""'))
             count += not ping and any(m != "Flush" for m in group)
             group = []
