@@ -10,7 +10,6 @@ on the row its snapshot read (no read of the row before it).
 from __future__ import annotations
 
 import copy
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from _round_trips import pg_wire
 from conftest_services import postgres_schema_factory, postgres_url  # noqa: F401
 from ctxkeep import MemoryConfig, MemoryManager, Message, SessionNotFoundError
 from ctxkeep.prune import TokenPruner
@@ -60,22 +60,12 @@ class Wire:
         """Trace the connection meanwhile; the list gets the frontend's messages and the
         server's ``ReadyForQuery``, one line each.
         """
-        lines: list[str] = []
         with self.pool.connection() as conn:
             self.conn = conn
-        pgconn = self.conn.pgconn
-        with tempfile.TemporaryFile() as file:
-            pgconn.trace(file.fileno())
-            pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-            try:
-                yield lines
-            finally:
-                pgconn.untrace()
-                file.seek(0)
-                for raw in file.read().decode().splitlines():
-                    direction, _, rest = [*raw.split("\t", 2), "", ""][:3]
-                    if direction == "F" or rest.startswith("ReadyForQuery"):
-                        lines.append(rest)
+        lines: list[str] = []
+        with pg_wire(self.pool) as wire:
+            yield lines
+        lines.extend(rest for way, rest in wire if way == "F" or rest.startswith("ReadyForQuery"))
 
 
 def round_trips(lines: list[str]) -> int:
