@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ctxkeep import open_memory
-from ctxkeep.errors import MissingToolResultError, OrphanToolResultError
+from ctxkeep import MemoryConfig, open_memory
+from ctxkeep.errors import ConfigError, MissingToolResultError, OrphanToolResultError
 from ctxkeep.integrations._items import owned_from_responses
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import MemoryManager
@@ -272,3 +272,70 @@ def test_a_pop_of_a_known_session_is_one_delete_and_one_update(
     assert asyncio.run(session.get_items()) == [{"role": "user", "content": "go"}, call]
     assert _info(mem, "conv").pending == ("c1",)
     assert _info(mem, "conv").message_count == 2
+
+
+def test_a_first_add_makes_the_session_in_its_own_transaction(mem: MemoryManager) -> None:
+    """``add_messages_creating`` on a session there is none of: one transaction makes the row
+    and appends (three before: the append refused, the session made, the append again), and
+    the owned messages' ids, made for it, are not looked up.
+    """
+    given = [Message("system", "be brief"), Message("user", "hi")]
+    with traced(mem) as statements:
+        mem._add_creating("s", "agent", given, owned=True)
+    verbs = _verbs(statements)
+    assert verbs.count("BEGIN") == 1 and verbs.count("COMMIT") == 1
+    assert "ROLLBACK" not in verbs
+    assert not [s for s in statements if "message_id IN" in s]  # fresh ids: no lookup
+    info = _info(mem, "s")
+    assert (info.agent_id, info.message_count, info.next_seq) == ("agent", 2, 3)
+    assert [(m.role, m.content, m.id) for m in mem.get_messages("s")] == [
+        (m.role, m.content, m.id) for m in given
+    ]
+    with traced(mem) as statements:  # the session known now: the compare-and-set append
+        mem.add_messages_creating("s", "other-agent", [Message("assistant", "hello")])
+    assert _verbs(statements) == ["BEGIN", "UPDATE", "INSERT", "COMMIT"]
+    assert _info(mem, "s").agent_id == "agent"
+
+
+def test_a_first_add_that_is_refused_makes_no_session(mem: MemoryManager) -> None:
+    with pytest.raises(OrphanToolResultError):
+        mem.add_messages_creating("s", "agent", [Message("tool", "x", tool_call_id="c")])
+    assert mem.backend.info("s", touch=None, ttl=None) is None
+    with pytest.raises(ConfigError):  # a bad agent id (as create_session says): nothing made
+        mem.add_messages_creating("s", "bad\x00agent", [Message("user", "x")])
+    assert mem.backend.info("s", touch=None, ttl=None) is None
+    assert mem.session_count() == 0
+
+
+def test_a_session_a_first_add_makes_counts_against_max_sessions(tmp_path: Path) -> None:
+    config = MemoryConfig(max_sessions=2)
+    now = [1_000.0]
+    with open_memory(f"sqlite:///{tmp_path}/m.db", config, clock=lambda: now[0]) as m:
+        for sid in ("a", "b", "c"):
+            now[0] += 10
+            m.add_messages_creating(sid, "agent", [Message("user", sid)])  # (made by the append)
+        assert m.session_count() == 2
+        assert not m.has_session("a")  # the least recently used, evicted
+        assert [x.content for x in m.get_messages("c")] == ["c"]
+
+
+def test_a_first_add_made_in_two_steps_keeps_its_ids_fresh() -> None:
+    """A backend that does not make the session in the append (here the in-memory one): the
+    append is refused, the session made, the append sent again; the ids stamped in place on
+    the owned messages by the first attempt were made for this call, and the second attempt
+    says so (:attr:`Append.fresh_ids`: no lookup of them).
+    """
+    with open_memory("memory://") as m:
+        fresh: list[bool] = []
+        real = m.backend.append
+
+        def append(session_id: str, batch: Any) -> list[int]:
+            fresh.append(batch.fresh_ids)
+            return real(session_id, batch)
+
+        m.backend.append = append  # type: ignore[method-assign]
+        m._add_creating("s", "agent", [Message("user", "hi")], owned=True)
+        assert fresh == [True, True]
+        m._add_creating("s", "agent", [Message("user", "again", id="given")], owned=True)
+        assert fresh == [True, True, False]  # an id the caller gave is looked up
+        assert [x.content for x in m.get_messages("s")] == ["hi", "again"]

@@ -334,23 +334,44 @@ class MemoryManager:
             InvalidMessageError: a bad agent id, task id or metadata.
 
         """
+        meta = self._session_fields(agent_id, task_id, metadata)
+        if session_id is not None and (not isinstance(session_id, str) or not session_id):
+            raise InvalidMessageError(f"session_id must be a non-empty string, got {session_id!r}")
+        _check.optional_ident("session_id", session_id)
+        if session_id is not None:
+            self.has_session(session_id)  # an expired session under this id is reclaimed first
+        info = self._session_info(agent_id, task_id, meta, session_id or uuid.uuid4().hex)
+        self.backend.create(info, self._native_ttl)
+        self._enforce_max_sessions(keep=info.session_id)
+        return info.session_id
+
+    @staticmethod
+    def _session_fields(
+        agent_id: str, task_id: str | None, metadata: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        """A new session's agent id and task id checked; its metadata, checked and copied.
+
+        Raises:
+            InvalidMessageError: a bad agent id, task id or metadata.
+
+        """
         if not isinstance(agent_id, str) or not agent_id:
             raise InvalidMessageError(f"agent_id must be a non-empty string, got {agent_id!r}")
         if task_id is not None and not isinstance(task_id, str):
             raise InvalidMessageError(f"task_id must be a string, got {task_id!r}")
-        if session_id is not None and (not isinstance(session_id, str) or not session_id):
-            raise InvalidMessageError(f"session_id must be a non-empty string, got {session_id!r}")
         _check.ident("agent_id", agent_id)
         _check.optional_ident("task_id", task_id)
-        _check.optional_ident("session_id", session_id)
         meta = _check.mapping("metadata", metadata)
         message_to_record(Message("user", "", metadata=meta))  # JSON check
-        if session_id is not None:
-            self.has_session(session_id)  # an expired session under this id is reclaimed first
-        sid = session_id or uuid.uuid4().hex
+        return meta
+
+    def _session_info(
+        self, agent_id: str, task_id: str | None, meta: dict[str, Any], session_id: str
+    ) -> SessionInfo:
+        """The row of a session made now (a new generation), its fields checked."""
         now = self._clock()
-        info = SessionInfo(
-            session_id=sid,
+        return SessionInfo(
+            session_id=session_id,
             agent_id=agent_id,
             task_id=task_id,
             metadata=meta,
@@ -358,9 +379,6 @@ class MemoryManager:
             accessed_at=now,
             generation=new_generation(),
         )
-        self.backend.create(info, self._native_ttl)
-        self._enforce_max_sessions(keep=sid)
-        return sid
 
     def get_session(self, session_id: str) -> SessionInfo:
         """The session's info (counts as an access).
@@ -459,9 +477,21 @@ class MemoryManager:
         created_at) in place and stored as they are, not copied.
         """
         batch = list(_check.iterable("messages", messages))
+        # Ids the first attempt stamps in place (owned messages that had none) are still
+        # made for this call on the next: no append stored them (fresh_ids holds).
+        minted = owned and all(type(m) is Message and m.id is None for m in batch)
+
+        def creates() -> SessionInfo:
+            # The session made inside the append's transaction, where the backend can.
+            meta = self._session_fields(agent_id, None, None)
+            _check.optional_ident("session_id", session_id)
+            return self._session_info(agent_id, None, meta, session_id)
+
         for _ in range(3):
             try:
-                self._append(session_id, batch, on_append, owned=owned)
+                self._append(
+                    session_id, batch, on_append, owned=owned, creates=creates, minted=minted
+                )
                 return
             except SessionNotFoundError:
                 with suppress(SessionExistsError):  # another writer made it first
@@ -508,14 +538,21 @@ class MemoryManager:
         on_append: OnAppend | None = None,
         *,
         owned: bool = False,
+        creates: Callable[[], SessionInfo] | None = None,
+        minted: bool = False,
     ) -> list[Message]:
         """:meth:`add_messages`, returning the stored messages themselves (the caller's to
         copy or drop, not to keep: with no ``on_append`` they share content, metadata and
         extra with the messages given; an adapter that drops them pays no copies);
         ``on_append`` is told what was written (not for a retry that wrote nothing).
+        ``creates``: the session to make where the append finds none (:attr:`Append.creates`;
+        beyond ``max_sessions`` the least recent are evicted after it, as by
+        :meth:`create_session`). ``minted``: every message's id was made for this call by an
+        earlier attempt of it (stamped in place on owned messages), none stored.
         """
         now = self._clock()
-        stamped, minted = self._stamped(messages, now, owned=owned, kept=on_append is not None)
+        stamped, fresh = self._stamped(messages, now, owned=owned, kept=on_append is not None)
+        minted = minted or fresh
         if not stamped:
             return []
         encoded = [encoded_record(m) for m in stamped]
@@ -524,6 +561,11 @@ class MemoryManager:
         ttl = self.config.session_ttl
 
         checked: list[SessionInfo] = []  # the state the append was checked on, last
+        made: list[SessionInfo] = []  # the sessions the backend was given to make
+
+        def creating() -> SessionInfo:
+            made.append(creates())  # type: ignore[misc]  # (only given with creates)
+            return made[-1]
 
         def check(info: SessionInfo) -> tuple[str, ...]:
             # The TTL test rides in the append's own check (no read before it): a session
@@ -542,6 +584,7 @@ class MemoryManager:
             ttl=self._native_ttl,
             fresh_ids=minted,
             touch_after=self._touch_resolution,
+            creates=None if creates is None else creating,
         )
         seqs: list[int] = []
         for attempt in range(3):
@@ -563,6 +606,8 @@ class MemoryManager:
                 raise SessionNotFoundError(
                     f"no session {session_id!r} (unknown, deleted or expired)"
                 ) from None
+        if made and checked and checked[0].generation == made[-1].generation:
+            self._enforce_max_sessions(keep=session_id)  # the append made the session
         first = self._first_seq(checked[0]) if checked else 0
         if self._may_exceed(seqs, first):
             self._trim(session_id, first, seqs[-1] if seqs else 0)

@@ -497,6 +497,12 @@ class Append:
     caller gave none): none can be stored already, so a backend may skip looking them up
     (:func:`settle_ids` would find none; the per-session unique index still stands behind
     it)."""
+    creates: Callable[[], SessionInfo] | None = None
+    """The session to make where the append finds none (the manager's
+    :meth:`~ctxkeep.sessions.base.MemoryManager.add_messages_creating`: called only then). A
+    backend that can insert it in the append's own transaction does, and appends to it there
+    (one transaction for a session's first add); one that does not raises
+    SessionNotFoundError, as without it, and the manager makes the session first."""
     touch_after: float = 0.0
     """The session's ``accessed_at`` moves to :attr:`now` only where it is at least this many
     seconds older (the manager's touch resolution, as for reads; 0: always). A backend may

@@ -405,24 +405,30 @@ class SQLBackend(Backend):
     def create(self, info: SessionInfo, ttl: float | None) -> None:
         """Insert the session row; an id in use is a SessionExistsError."""
         with self.db.tx("create a session") as conn:
-            cur = conn.execute(
-                self._sql(
-                    f"INSERT INTO ctxkeep_sessions ({COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, 0, 1, '[]', ?, 1, 0) "
-                    "ON CONFLICT (session_id) DO NOTHING"
-                ),
-                (
-                    info.session_id,
-                    info.agent_id,
-                    info.task_id,
-                    dumps(info.metadata),
-                    info.created_at,
-                    info.accessed_at,
-                    info.generation,
-                ),
-            )
-            if cur.rowcount == 0:
+            if not self._insert_session(conn, info):
                 raise SessionExistsError(info.session_id)
+
+    def _insert_session(self, conn: Any, info: SessionInfo) -> bool:
+        """Inside ``conn``'s write transaction: insert the row of the new session ``info``;
+        False where the id is in use (nothing written).
+        """
+        cur = conn.execute(
+            self._sql(
+                f"INSERT INTO ctxkeep_sessions ({COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, 0, 1, '[]', ?, 1, 0) "
+                "ON CONFLICT (session_id) DO NOTHING"
+            ),
+            (
+                info.session_id,
+                info.agent_id,
+                info.task_id,
+                dumps(info.metadata),
+                info.created_at,
+                info.accessed_at,
+                info.generation,
+            ),
+        )
+        return bool(cur.rowcount)
 
     def info(
         self, session_id: str, *, touch: float | None, ttl: float | None

@@ -121,12 +121,17 @@ class SQLiteBackend(SQLBackend):
     def _shared_append(
         self, conn: sqlite3.Connection, session_id: str, batch: Append, texts: list[str]
     ) -> tuple[list[int], SessionInfo]:
-        """The shared path inside ``conn``'s transaction; the seqs and the state after."""
+        """The shared path inside ``conn``'s transaction; the seqs and the state after. A
+        session there is none of is made first where the batch :attr:`~Append.creates` it
+        (the counters' update found no row: nothing was written), in the same transaction.
+        """
         try:
             seqs, info, pending, touch = self._append_in(conn, session_id, batch, texts)
         except SessionNotFoundError:
             self._known.forget(session_id)
-            raise
+            if batch.creates is None or not self._insert_session(conn, batch.creates()):
+                raise
+            seqs, info, pending, touch = self._append_in(conn, session_id, batch, texts)
         return seqs, _moved(info, len(texts), pending, batch.now if touch else None)
 
     def _cas_append(
