@@ -20,7 +20,10 @@ session, or wrote it last) is a compare-and-set inside that transaction
 moves the counters, the pending calls and the access time only if the row is still in that
 state; then the insert. A row in another state (another writer came first) takes the shared
 path in the same transaction: the row read back by the counters' update, the check run on
-it, a second update where pending or the access time change.
+it, a second update where pending or the access time change. A session's first add through
+:meth:`~ctxkeep.sessions.base.MemoryManager.add_messages_creating` (an adapter's, on a session
+there is none of) makes the row in that same transaction (:attr:`Append.creates`): one
+transaction, where the append refused, the session made and the append sent again were three.
 
 The schema version is the ``sessions`` row of ``ctxkeep_meta``; :data:`MIGRATIONS` are applied
 in order, and a file written by a newer ctxkeep is refused. Files of the first release kept
