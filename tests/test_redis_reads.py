@@ -99,9 +99,9 @@ def test_the_pop_after_a_whole_read_is_one_script_call(
     list(mem.reads.decoding(sid))  # remembers the newest message for the pop
     backend: Any = mem.backend
     calls: list[Any] = []
-    replace = backend._replace_script
+    replace = backend._pop_script  # a replacement by nothing: the pop script
 
-    class Counted:  # each run of the replace script, alone or followed by other commands
+    class Counted:  # each run of the pop script, alone or followed by other commands
         def __call__(self, *a: Any) -> Any:
             calls.append(a)
             return replace(*a)
@@ -110,7 +110,7 @@ def test_the_pop_after_a_whole_read_is_one_script_call(
             calls.append(a)
             return replace.followed(*a)
 
-    monkeypatch.setattr(backend, "_replace_script", Counted())
+    monkeypatch.setattr(backend, "_pop_script", Counted())
     newest = mem.get_messages(sid, limit=1)[0]
     mem.replace_newest(sid, [], newest_id=newest.id or "")
     assert len(calls) == 1
