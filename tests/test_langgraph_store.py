@@ -744,9 +744,10 @@ def test_the_namespaces_a_store_remembers_as_checked_are_bounded(
             store.put(("n", f"u{i}"), "k", {"i": i})
             store.batch([PutOp(("m", f"u{i}"), "k", {"i": i}), PutOp(("n", f"u{i}"), "j", None)])
             assert 1 <= len(store._known) <= 3
-        assert store._known <= {("n", f"u{i}") for i in range(10)} | {
+        assert set(store._known) <= {("n", f"u{i}") for i in range(10)} | {
             ("m", f"u{i}") for i in range(10)
         }
+        assert all(text == ".".join(ns) for ns, text in store._known.items())
         with pytest.raises(InvalidNamespaceError):
             store.put(("n", "u9.x"), "k", {})
         store.batch([PutOp((), "gone", None)])  # a batch's delete of nothing: no namespace kept

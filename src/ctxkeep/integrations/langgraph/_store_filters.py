@@ -317,7 +317,7 @@ KNOWN_NAMESPACES = 4096
 full, it forgets them all and starts again (bounded, whatever the namespaces put)."""
 
 
-def _check_op(op: Any, known: set[tuple[str, ...]] | None = None) -> None:
+def _check_op(op: Any, known: dict[tuple[str, ...], str] | None = None) -> None:
     """Refuse a malformed operation before any operation of its batch runs (one test of the
     operation's type, then its fields: this runs for every operation of every batch, and a
     test of each type in turn was a tenth of a ``memory://`` put). ``known``: namespaces a
@@ -374,10 +374,13 @@ def _check_search(op: SearchOp) -> dict[str, Any] | None:
     return flt
 
 
-def _check_put(op: PutOp, known: set[tuple[str, ...]] | None, *, strict: bool = False) -> None:
+def _check_put(
+    op: PutOp, known: dict[tuple[str, ...], str] | None, *, strict: bool = False
+) -> None:
     """Refuse a malformed put (a delete: ``value`` None) in one pass. ``known``: the
     namespaces a put may write to that were checked before (a tuple of valid labels, not
-    empty, not under ``langgraph``), which a namespace checked here joins (at most
+    empty, not under ``langgraph``), each with its labels joined by ``.`` (the item
+    tables' text of it), which a namespace checked here joins (at most
     :data:`KNOWN_NAMESPACES`); a put into one of them skips the namespace's checks (a
     store's puts go to a few namespaces: checking each label of each put's was two fifths
     of checking a put). ``strict``: refuse an empty or ``langgraph`` namespace for a delete
@@ -407,7 +410,7 @@ def _check_put(op: PutOp, known: set[tuple[str, ...]] | None, *, strict: bool = 
         elif known is not None and all(type(label) is str for label in namespace):
             if len(known) >= KNOWN_NAMESPACES:
                 known.clear()
-            known.add(namespace)
+            known[namespace] = ".".join(namespace)
     key = op.key
     if type(key) is not str or not key.isascii():
         _check.text("key", key, empty=True)

@@ -665,7 +665,7 @@ class MemoryItems(Items):
         """
         if len(puts) == 1:
             ((key, put),) = puts.items()
-            if put is not None and self._append(key, put):
+            if put is not None and self.append(key, put):
                 return []
         replaced: list[Row] = []
         # updated_at -> addresses, each list found once a run of one time (a batch's rows
@@ -704,18 +704,27 @@ class MemoryItems(Items):
                 self._add(added)
         return replaced
 
-    def _append(self, key: Key, row: Fields) -> bool:
+    def append(self, key: Key, row: Fields) -> bool:
         """Store ``row`` as the item at ``key`` if there is none and its time is newer than
         every row's (a put of a new key: most puts), in a run of its own; whether it was
         (else nothing is done). The loop of :meth:`write`, with its maps of times to
-        addresses, was a third of such a put.
+        addresses, was a third of such a put. The row is newer than every row, so it is
+        every bound of its namespace and its prefixes (:attr:`_newest`): they are set, not
+        compared (a bound above it, left by rows since deleted, is lowered to it, still a
+        bound: no row is newer).
         """
         with self._lock:
             rows, times, at = self._rows, self._times, row[4]
             if key in rows or (times and at <= times[-1]):
                 return False
             rows[key] = _new_row(row)
-            self._bound(key[0], at)
+            names = self._names.get(key[0])
+            if names is None:
+                self._bound(key[0], at)
+            else:
+                newest = self._newest
+                for name in names:
+                    newest[name] = at
             times.append(at)
             self._runs.append([key])
         return True

@@ -123,6 +123,7 @@ from ctxkeep.integrations.langgraph._store_filters import (
     _check_search,
     _filter,
     _index_fields,
+    _plain_text,
     _ttl_config,
     _value_text,
     matches_filter,
@@ -263,11 +264,16 @@ class CtxkeepStore(BaseStore):
         ``index``, its value's JSON text, the time of the put."""
         self._pending_lock = threading.RLock()
         self._marks = itertools.count()
-        self._known: set[tuple[str, ...]] = set()
-        """Namespaces checked for puts (:func:`_check_put`)."""
+        self._known: dict[tuple[str, ...], str] = {}
+        """Namespaces checked for puts, each with its text (:func:`_check_put`)."""
         try:
             self._fields = _index_fields(index, self._epi.embedder.dim) if self._indexed else []
             self._items = _items_at(url)
+            self._rows_alone = (
+                self._items if not self._indexed and isinstance(self._items, MemoryItems) else None
+            )
+            """The item table when a put is its row alone and never waits on I/O
+            (``memory://`` with ``index=False``), for :meth:`put`'s short path; else None."""
         except BaseException:
             self._close_episodic()
             raise
@@ -347,12 +353,12 @@ class CtxkeepStore(BaseStore):
         refresh: dict[Key, Row] = {}
         stored = self._items.get(gets) if gets else {}
         puts: dict[Key, PutOp] = {}
-        names: dict[tuple[str, ...], str] = {}  # the puts' namespaces as text, each joined once
+        names = known  # the puts' namespaces as text, each joined once
         for i, op in enumerate(ops):
             if type(op) is PutOp or isinstance(op, PutOp):
                 name = names.get(op.namespace)
-                if name is None:
-                    name = names[op.namespace] = _ns_text(op.namespace)
+                if name is None:  # a delete's namespace (not kept: a put may not go there)
+                    name = _ns_text(op.namespace)
                 puts[name, op.key] = op
             elif isinstance(op, GetOp):
                 row = stored.get((_ns_text(op.namespace), op.key))
@@ -388,6 +394,26 @@ class CtxkeepStore(BaseStore):
         """
         if ttl is NOT_PROVIDED:
             ttl = self.ttl_config.get("default_ttl") if self.ttl_config else None
+        items = self._rows_alone
+        if items is not None and ttl is None and type(value) is dict and type(key) is str:
+            # memory:// without an index: a new item is its row appended, checked as
+            # _check_put and _value_text check it (a namespace known to be valid, an ASCII
+            # key, ``index`` None or False, plain JSON in one encoding), without their frames,
+            # the PutOp, or the text of the namespace made again (InMemoryStore keeps the
+            # caller's dict; this copy of it, the JSON text, costs the same as its put)
+            try:
+                name = self._known.get(namespace) if type(namespace) is tuple else None
+            except TypeError:  # an unhashable label: checked (and refused) below
+                name = None
+            if (
+                name is not None
+                and key.isascii()
+                and (index is None or index is False)
+                and (text := _plain_text(value)) is not None
+            ):
+                now = self.clock()
+                if items.append((name, key), (name, key, text, now, now, None, None, None)):
+                    return
         op = _new_put((namespace, key if type(key) is str else str(key), value, index, ttl))
         _check_put(op, self._known, strict=True)
         self._put({(".".join(namespace), op.key): op}, self.clock())
