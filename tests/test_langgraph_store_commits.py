@@ -81,7 +81,8 @@ def test_a_put_whose_rows_fail_to_write_leaves_no_episode(
     def failing(*args: Any, **kwargs: Any) -> Any:
         raise psycopg.OperationalError("the row write failed")
 
-    monkeypatch.setattr(store._items, "_write", failing)
+    # the statement that writes the rows (and forgets the replaced rows' episodes)
+    monkeypatch.setattr(store._items, "_pg_put", failing)
     with pytest.raises(Exception, match="the row write failed"):
         store.put(("notes",), "n1", {"text": "never stored"})
     monkeypatch.undo()

@@ -34,12 +34,75 @@ def store(
     s.close()
 
 
-def test_a_put_of_a_new_item_waits_twice(store: CtxkeepStore) -> None:
-    # once for the row it replaced (none), once for the commit
+def test_a_put_of_a_new_item_waits_once(store: CtxkeepStore) -> None:
+    # its episode, its row and the forgetting of what it replaced (nothing) pipelined, read
+    # after the commit: one wait (two before: the row's statement was read before the commit)
     with pg_wire(store._items._db.pool) as lines:  # type: ignore[attr-defined]
         store.put(("notes",), "n1", {"text": "the launch code is aardvark"})
-    assert pg_waits(lines) == 2, lines
+    assert pg_waits(lines) == 1, lines
     assert store.get(("notes",), "n1") is not None
+
+
+def _episodes(store: CtxkeepStore) -> tuple[int, int]:
+    """How many rows the episodes' table and their documents' table hold."""
+    with store._items._db.pool.connection() as conn:  # type: ignore[attr-defined]
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM ctxkeep_episodes), "
+            "(SELECT count(*) FROM ctxkeep_episode_text)"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_a_put_over_an_item_waits_once_and_its_old_episode_is_gone(store: CtxkeepStore) -> None:
+    store.put(("notes",), "n1", {"text": "the launch code is aardvark"})
+    before = _episodes(store)
+    old = store.episodic.search("aardvark", 1)[0].episode.episode_id
+    # five before: the row read before the commit, then the episodic store's forgetting (its
+    # rows read, deleted, the session's rest read to renumber), then the commit
+    with pg_wire(store._items._db.pool) as lines:  # type: ignore[attr-defined]
+        store.put(("notes",), "n1", {"text": "the launch code is wombat"})
+    assert pg_waits(lines) == 1, lines
+    assert _episodes(store) == before  # one episode (and its document) for one
+    assert store.episodic.count(filters={"episode_id": old}) == 0
+    summaries = [h.episode.summary for h in store.episodic.search("launch code", 5)]
+    assert sorted(summaries) == [
+        "the first put prepares the statements",
+        "the launch code is wombat",
+    ]
+    found = store.search(("notes",), query="launch code aardvark")
+    assert {f.key: f.value for f in found}["n1"] == {"text": "the launch code is wombat"}
+
+
+def test_a_delete_waits_once_and_forgets_the_episode(store: CtxkeepStore) -> None:
+    store.put(("notes",), "n1", {"text": "the launch code is aardvark"})
+    before = _episodes(store)
+    with pg_wire(store._items._db.pool) as lines:  # type: ignore[attr-defined]
+        store.delete(("notes",), "n1")
+    assert pg_waits(lines) == 1, lines  # five before, as a put over an item
+    assert _episodes(store) == (before[0] - 1, before[1] - 1)
+    assert [f.key for f in store.search(("notes",), query="aardvark")] == ["warm"]
+
+
+def test_an_episode_that_shares_its_session_is_forgotten_as_forget_does(
+    store: CtxkeepStore,
+) -> None:
+    """An item's episode is alone in its session; if another episode joined it (another
+    user of the episodic store), the put's statement leaves it to ``forget``, which
+    renumbers the session's rest.
+    """
+    store.put(("notes",), "n1", {"text": "the launch code is aardvark"})
+    hit = store.episodic.search("aardvark", 1)[0].episode
+    store.episodic.save_episode(hit.session_id, "", "a neighbour about aardvark")
+    store.put(("notes",), "n1", {"text": "the launch code is wombat"})
+    assert store.episodic.count(filters={"episode_id": hit.episode_id}) == 0
+    with store._items._db.pool.connection() as conn:  # type: ignore[attr-defined]
+        left = conn.execute(
+            "SELECT pos FROM ctxkeep_episodes WHERE session_id = %s", (hit.session_id,)
+        ).fetchall()
+    assert left == [(0,)]  # the neighbour, renumbered
+    found = store.search(("notes",), query="launch code aardvark")
+    assert {f.key: f.value for f in found}["n1"] == {"text": "the launch code is wombat"}
 
 
 def test_a_search_waits_once_its_hits_rows_read_in_its_statement(store: CtxkeepStore) -> None:
@@ -88,3 +151,57 @@ def test_a_put_the_server_refuses_leaves_nothing_and_no_open_transaction(
     assert store.episodic.count() == episodes
     store.put(("notes",), "n2", {"text": "the next put goes through"})
     assert store.episodic.count() == episodes + 1
+
+
+def test_a_batch_over_items_waits_once_and_forgets_what_it_replaced(store: CtxkeepStore) -> None:
+    from langgraph.store.base import PutOp
+
+    store.batch([PutOp(("notes",), f"n{i}", {"text": f"note {i} about otters"}) for i in range(6)])
+    before = _episodes(store)
+    ops = [PutOp(("notes",), f"n{i}", {"text": f"note {i} about badgers"}) for i in range(4)]
+    ops += [PutOp(("notes",), "n4", None), PutOp(("notes",), "n5", {"x": 1}, index=False)]
+    with pg_wire(store._items._db.pool) as lines:  # type: ignore[attr-defined]
+        store.batch(ops)
+    assert pg_waits(lines) == 1, lines
+    assert _episodes(store) == (before[0] - 2, before[1] - 2)  # n4 deleted, n5 not indexed
+    summaries = {h.episode.summary for h in store.episodic.search("note about", 20)}
+    assert {s for s in summaries if "otters" in s} == set()
+    found = store.search(("notes",), query="note about otters badgers", limit=10)
+    assert {f.key: f.value for f in found} == {
+        "warm": {"text": "the first put prepares the statements"},
+        **{f"n{i}": {"text": f"note {i} about badgers"} for i in range(4)},
+        "n5": {"x": 1},
+    }
+
+
+def test_puts_of_one_key_from_threads_leave_its_last_value_found(
+    postgres_schema_factory: Callable[[], str],
+) -> None:
+    """Puts racing on one key: each replaces the row another committed; the item found is
+    the last put's, no search returns an episode of a version replaced, and none is left.
+    """
+    import threading
+
+    url = postgres_schema_factory()
+    with CtxkeepStore(url, embedder="hash", index={"fields": ["text"]}) as store:
+        store.put(("race",), "k", {"text": "version start of the raced item"})
+
+        def puts(t: int) -> None:
+            for i in range(15):
+                store.put(("race",), "k", {"text": f"version {t}-{i} of the raced item"})
+
+        threads = [threading.Thread(target=puts, args=(t,)) for t in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        got = store.get(("race",), "k")
+        assert got is not None
+        found = store.search(("race",), query="version of the raced item", limit=10)
+        assert [(f.key, f.value) for f in found] == [("k", got.value)]
+        # the item's episode alone is left: a put reads the row it replaces locked, so one
+        # committed meanwhile by another thread is read as it is, its episode forgotten (read
+        # in the statement's snapshot, unlocked, 7-15 were left to no item)
+        current = store._items.get([("race", "k")])[("race", "k")].episode_id
+        assert store.episodic.count(filters={"episode_id": current}) == 1
+        assert store.episodic.count() == 1

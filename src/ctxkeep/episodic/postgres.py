@@ -401,6 +401,26 @@ class PostgresEpisodicStore(SQLStore):
                 if conn.info.transaction_status in _OPEN:
                     conn.rollback()
 
+    def forgets(self, ids: str) -> str:
+        """Common table expressions that forget, in the statement of a caller's table of the
+        same database (one that :meth:`transaction` joins), the episodes whose ids the query
+        ``ids`` selects, if each is alone in its session (as every episode of a
+        ``CtxkeepStore`` is): its row and its window document, as :meth:`forget` deletes
+        them, with no session to renumber. Their ids come back in the CTE ``forgot``
+        (``episode_id``); an episode that shares its session is left, for :meth:`forget`.
+        ``CtxkeepStore`` forgets so the episode of the item a put replaces in the put's own
+        statement: the put waits for the server once, at its commit, where the read of the
+        replaced row, then :meth:`forget`'s read, delete and renumbering were four waits.
+        """
+        return (
+            "forgot AS (DELETE FROM ctxkeep_episodes e "
+            f"WHERE e.episode_id IN ({ids}) AND NOT EXISTS (SELECT 1 FROM ctxkeep_episodes o "
+            "WHERE o.session_id = e.session_id AND o.row <> e.row) "
+            "RETURNING e.row, e.episode_id), "
+            f"forgot_text AS (DELETE FROM {TEXT_TABLE} "
+            "WHERE row IN (SELECT row FROM forgot))"
+        )
+
     @contextmanager
     def beside(self, columns: str, join: str) -> Iterator[Beside]:
         """While open, this thread's searches ranked in PostgreSQL (:meth:`_ranked`) also

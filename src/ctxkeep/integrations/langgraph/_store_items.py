@@ -265,14 +265,15 @@ _UPSERT_SET = ", ".join(
 """The upsert's update on PostgreSQL: the new values, keeping the ``created_at`` of a live stored
 row as :func:`merged` does (its parameter: ``now``)."""
 
-PG_PUT_ONE = (
+_PG_PUT_ONE = (
     f"WITH old AS (SELECT {', '.join(COLUMNS)} FROM {TABLE} "
-    "WHERE namespace = %s AND item_key = %s), "
+    "WHERE namespace = %s AND item_key = %s{lock}), "
     f"up AS (INSERT INTO {TABLE} ({', '.join(COLUMNS)}) "
     f"VALUES ({', '.join('%s' for _ in COLUMNS)}) "
     f"ON CONFLICT (namespace, item_key) DO UPDATE SET {_UPSERT_SET}"
-    f") SELECT {', '.join(COLUMNS)} FROM old"
+    ")"
 )
+PG_PUT_ONE = f"{_PG_PUT_ONE.replace('{lock}', '')} SELECT {', '.join(COLUMNS)} FROM old"
 """One put on PostgreSQL in one statement: the upsert keeps the ``created_at`` of a live stored
 row as :func:`merged` does (parameters: the address, the row's values, ``now``), and the row
 it replaced comes back (read in the statement's snapshot: a put of the same key committed
@@ -282,18 +283,18 @@ left to no item, which no search returns)."""
 _ARRAYS = ", ".join(
     f"%b::{'float8' if c.endswith(('_at', '_minutes')) else 'text'}[]" for c in COLUMNS
 )
-PG_PUT_MANY = (
+_PG_PUT_MANY = (
     f"WITH new AS (SELECT * FROM unnest({_ARRAYS}) AS n({', '.join(COLUMNS)})), "
     f"old AS (SELECT {', '.join('i.' + c for c in COLUMNS)} FROM {TABLE} i JOIN new n "
-    "ON i.namespace = n.namespace AND i.item_key = n.item_key), "
+    "ON i.namespace = n.namespace AND i.item_key = n.item_key{lock}), "
     f"up AS (INSERT INTO {TABLE} ({', '.join(COLUMNS)}) "
     f"SELECT {', '.join(COLUMNS)} FROM new WHERE value IS NOT NULL "
     "ORDER BY namespace, item_key "
     f"ON CONFLICT (namespace, item_key) DO UPDATE SET {_UPSERT_SET}), "
     f"gone AS (DELETE FROM {TABLE} i USING new n WHERE n.value IS NULL "
-    "AND i.namespace = n.namespace AND i.item_key = n.item_key) "
-    f"SELECT {', '.join(COLUMNS)} FROM old"
+    "AND i.namespace = n.namespace AND i.item_key = n.item_key)"
 )
+PG_PUT_MANY = f"{_PG_PUT_MANY.replace('{lock}', '')} SELECT {', '.join(COLUMNS)} FROM old"
 """The puts of a batch (distinct addresses) on PostgreSQL in one statement: the rows' columns
 as arrays (a delete: a row whose value is NULL; parameters: the eight arrays, ``now``),
 upserted as :data:`PG_PUT_ONE` does, in primary key order (its leaf pages filled in turn, not
@@ -302,6 +303,35 @@ or deleted come back. The arrays go in binary (as text, psycopg escaped every va
 regular expression). Before, the transaction read the stored rows by chunks, then sent an
 upsert per row (pipelined): 1,000 puts were 1,003 statements, each bound and executed
 (client CPU 31 -> 7.6 ms a batch of 1,000)."""
+
+
+def pg_put_forgetting(forgets: Callable[[str], str], many: bool) -> str:
+    """:data:`PG_PUT_ONE` (``many``: :data:`PG_PUT_MANY`) that also forgets, in the same
+    statement, the episodes of the rows it replaces or deletes: ``forgets`` gives the
+    episodic store's CTEs that delete the episodes of the ids a query selects
+    (``PostgresEpisodicStore.forgets``: those alone in their session, as every episode of the
+    store is, their ids in a CTE ``forgot``). Comes back: the replaced rows whose episode it
+    left (one whose session holds more, for the episodic store's own forgetting, which
+    renumbers the session), so a put waits for nothing before its commit (a read of the
+    replaced row, then the episodic store's read, delete and renumbering read were four
+    waits before the commit's).
+
+    The replaced rows are read locked (``FOR UPDATE``, in primary key order, as the upsert
+    writes them), so a put of the same key that another transaction commits meanwhile is
+    waited for and read as it is now, not as the statement's snapshot had it: its episode
+    comes back (the snapshot's delete cannot see it) and is forgotten after the commit,
+    where a row read unlocked left it to no item (3 threads putting one key 15 times each
+    left 7-15 such episodes).
+    """
+    head = (_PG_PUT_MANY if many else _PG_PUT_ONE).replace(
+        "{lock}",
+        " ORDER BY i.namespace, i.item_key FOR UPDATE OF i" if many else " FOR UPDATE",
+    )
+    forgot = forgets("SELECT episode_id FROM old WHERE episode_id IS NOT NULL")
+    return (
+        f"{head}, {forgot} SELECT {', '.join(COLUMNS)} FROM old WHERE episode_id IS NOT NULL "
+        "AND episode_id NOT IN (SELECT episode_id FROM forgot)"
+    )
 
 
 _GONE = (None,) * (len(COLUMNS) - 2)
@@ -786,6 +816,8 @@ class SQLItems(Items):
         self._engine = engine
         self._analyzed = False
         """Whether this object has analyzed the table (:data:`ANALYZE_AFTER`)."""
+        self._forgetting: dict[Callable[[str], str], tuple[str, str]] = {}
+        """The statements of :meth:`write_forgetting`, per episodic store's ``forgets``."""
         self._mark = mark
         self._select = f"SELECT {', '.join(COLUMNS)} FROM {TABLE}"
         self._collate = collate
@@ -1039,17 +1071,47 @@ class SQLItems(Items):
         """:meth:`_write` on PostgreSQL of puts to distinct addresses: one statement
         (:data:`PG_PUT_ONE` for one put, else :data:`PG_PUT_MANY`).
         """
+        found = self._pg_put(conn, puts, now, PG_PUT_ONE, PG_PUT_MANY)
+        return [_row(values) for values in found.fetchall()]
+
+    def _pg_put(
+        self, conn: Any, puts: Sequence[tuple[Key, Fields | None]], now: float, one: str, many: str
+    ) -> Any:
+        """Send the statement of ``puts`` (``one`` for a put, else ``many``, which take their
+        parameters as :data:`PG_PUT_ONE` and :data:`PG_PUT_MANY` do); its cursor, not read.
+        """
         rows = [put if put is not None else (*key, *_GONE) for key, put in puts]
         if len(rows) == 1 and rows[0][2] is not None:
-            found = conn.execute(PG_PUT_ONE, (*rows[0][:2], *rows[0], now), prepare=True)
+            found = conn.execute(one, (*rows[0][:2], *rows[0], now), prepare=True)
         else:
             columns = [list(column) for column in zip(*rows, strict=True)]
-            found = conn.execute(PG_PUT_MANY, (*columns, now), prepare=True)
-        replaced = [_row(values) for values in found.fetchall()]
+            found = conn.execute(many, (*columns, now), prepare=True)
         if not self._analyzed and sum(put is not None for _, put in puts) >= ANALYZE_AFTER:
             self._analyzed = True
             conn.execute(f"ANALYZE {TABLE}")
-        return replaced
+        return found
+
+    def write_forgetting(
+        self,
+        puts: Mapping[Key, Fields | None],
+        now: float,
+        conn: Any,
+        forgets: Callable[[str], str],
+    ) -> Callable[[], list[Row]]:
+        """:meth:`write` in ``conn``'s pipelined transaction on PostgreSQL (:meth:`joins`
+        said yes), the episodes of the rows it replaces or deletes forgotten in the same
+        statement (:func:`pg_put_forgetting`; ``forgets``: the episodic store's CTEs).
+        Nothing is read: the put waits for the server once, at its commit. Returns what to
+        call once the transaction is over: the replaced rows whose episode is left to forget.
+        """
+        statements = self._forgetting.get(forgets)
+        if statements is None:
+            statements = self._forgetting[forgets] = (
+                pg_put_forgetting(forgets, many=False),
+                pg_put_forgetting(forgets, many=True),
+            )
+        found = self._pg_put(conn, list(puts.items()), now, *statements)
+        return lambda: [_row(values) for values in found.fetchall()]
 
     def refresh(self, expiries: Sequence[tuple[Key, float]]) -> None:
         """Set expiries of rows with a TTL, in one transaction."""

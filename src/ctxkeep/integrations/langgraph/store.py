@@ -31,7 +31,10 @@ forgets the episode the row pointed at. On ``memory://`` (with the episodic stor
 opened) a put writes its row alone and its episode waits: every search with a query first saves
 the episodes of the puts since the last one, in one batch (so it finds them), and an item
 replaced or deleted before then is never embedded. On PostgreSQL, where the item table and the
-episodes share a database, the three are one transaction (one commit a batch); elsewhere a crash in
+episodes share a database, the three are one transaction (one commit a batch), the rows written
+and the episodes they replace forgotten in one statement, nothing read before the commit (one
+wait for the server a put, :meth:`SQLItems.write_forgetting
+<ctxkeep.integrations.langgraph._store_items.SQLItems.write_forgetting>`); elsewhere a crash in
 between leaves at most an orphan episode, which no search returns (searches are scoped to the
 episodes live rows point at). An item put with ``index=False``, or whose fields hold no text,
 has no episode.
@@ -524,10 +527,20 @@ class CtxkeepStore(BaseStore):
         joined = self._joined()
         if joined is not None:
             # one transaction: the episodes, the rows, the forgetting (all or nothing)
+            forgets = getattr(self._episodic, "forgets", None)
+            if forgets is None or not isinstance(self._items, SQLItems):
+                with joined("put items") as conn:
+                    save()
+                    replaced = self._items.write(rows, now, conn)
+                    self._forget(replaced)
+                return
+            # the replaced rows' episodes forgotten in the rows' statement, nothing read
+            # before the commit: one wait for the server (SQLItems.write_forgetting)
             with joined("put items") as conn:
                 save()
-                replaced = self._items.write(rows, now, conn)
-                self._forget(replaced)
+                left = self._items.write_forgetting(rows, now, conn, forgets)
+            # episodes that share a session (none of the store's own): forgotten apart
+            self._forget(left())
             return
         ids = save()
         try:
