@@ -491,6 +491,65 @@ local function access(fields, stored, touch_after, fresh, named)
 end
 """
 
+# What the append and the replacement share, on the same KEYS.
+#
+# held(at, n, skip): the members held under the ids ARGV[at + 1 .. at + n] (idempotency by id:
+# the ids hash names a seq whose message has that id; the seq ``skip``, the message a
+# replacement takes off, holds none).
+#
+# store(first, n, record, at): the write's n records at seqs first.. (``record(i, seq)`` gives
+# the i-th's member and roles entry, ARGV[at + i] its id, '' for none) added to the messages,
+# the roles index and the ids hash, in chunks (unpack() has a stack limit); whether any id was
+# written.
+_WRITE_LUA = """
+local function held(at, n, skip)
+  local found = {}
+  for i = 1, n do
+    local id = ARGV[at + i]
+    local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
+    if seq and seq ~= skip then
+      local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
+      if m and cjson.decode(string.sub(m, #seq + 2)).id == id then found[#found + 1] = m end
+    end
+  end
+  return found
+end
+local function store(first, n, record, at)
+  local batch, roles, ids, named = {}, {}, {}, false
+  for i = 1, n do
+    local seq = string.format('%d', first + i - 1)
+    local member, role = record(i, seq)
+    batch[#batch + 1] = seq
+    batch[#batch + 1] = member
+    roles[#roles + 1] = 0
+    roles[#roles + 1] = role
+    if ARGV[at + i] ~= '' then  -- a record without an id is stored, never matched
+      ids[#ids + 1] = ARGV[at + i]
+      ids[#ids + 1] = seq
+    end
+    if #batch >= 1000 or i == n then
+      redis.call('ZADD', KEYS[2], unpack(batch))
+      redis.call('ZADD', KEYS[3], unpack(roles))
+      if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) named = true end
+      batch, roles, ids = {}, {}, {}
+    end
+  end
+  return named
+end
+"""
+
+# take_off(): the index entries of the newest message a replacement or a pop takes off (ARGV[8]
+# its seq, ARGV[9] its roles entry, ARGV[10] its id or ''), the message itself taken off by
+# the caller; its id's entry only where it still names that seq.
+_TAKE_LUA = """
+local function take_off()
+  redis.call('ZREM', KEYS[3], ARGV[9])
+  if ARGV[10] ~= '' and redis.call('HGET', KEYS[4], ARGV[10]) == ARGV[8] then
+    redis.call('HDEL', KEYS[4], ARGV[10])
+  end
+end
+"""
+
 # One append, in one round trip: a compare-and-set on the session's state (see
 # ctxkeep.sessions.base.cas_append). The client ran the manager's check on the state it last saw
 # (ARGV[2] pending, ARGV[3] accessed_at, ARGV[7] generation); the script stores the messages
@@ -522,21 +581,14 @@ end
 # members held under the batch's ids} or {'missing'}.
 APPEND_SCRIPT = (
     _ACCESS_LUA
+    + _WRITE_LUA
     + """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation')
 if not h[1] then return {'missing'} end
 local n = (#ARGV - 10) / 3
-local held = {}
-for i = 1, ARGV[9] == '' and n or 0 do  -- ids made for this append: none is held
-  local id = ARGV[10 + 2 * n + i]
-  local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
-  if seq then
-    local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
-    if m and cjson.decode(string.sub(m, #seq + 2)).id == id then held[#held + 1] = m end
-  end
-end
-if #held > 0 then return {'found', held} end
+local found = held(10 + 2 * n, ARGV[9] == '' and n or 0)  -- ids made for this append: none held
+if #found > 0 then return {'found', found} end
 if not (h[5] == ARGV[7] and tonumber(h[4]) >= tonumber(ARGV[3]) and same_pending(h[3])) then
   return {'stale', redis.call('HGETALL', KEYS[1])}
 end
@@ -549,29 +601,14 @@ if n == 1 and guessed then  -- the common case: stored as they came
   redis.call('ZADD', KEYS[3], 0, ARGV[12])
   if ARGV[13] ~= '' then redis.call('HSET', KEYS[4], ARGV[13], ARGV[10]) named = true end
 else
-  local batch, roles, ids = {}, {}, {}
-  for i = 1, n do
-    local seq = string.format('%d', first + i - 1)
+  named = store(first, n, function(i, seq)
     local member, role = ARGV[10 + i], ARGV[10 + n + i]
     if not guessed then  -- numbered from another seq: the record after the client's number
       member = seq .. string.sub(member, string.find(member, ':', 1, true), -1)
       role = string.sub(role, 1, -21) .. string.format('%020d', first + i - 1)
     end
-    batch[#batch + 1] = seq
-    batch[#batch + 1] = member
-    roles[#roles + 1] = 0
-    roles[#roles + 1] = role
-    if ARGV[10 + 2 * n + i] ~= '' then  -- a record without an id is stored, never matched
-      ids[#ids + 1] = ARGV[10 + 2 * n + i]
-      ids[#ids + 1] = seq
-    end
-    if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
-      redis.call('ZADD', KEYS[2], unpack(batch))
-      redis.call('ZADD', KEYS[3], unpack(roles))
-      if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) named = true end
-      batch, roles, ids = {}, {}, {}
-    end
-  end
+    return member, role
+  end, 10 + 2 * n)
 end
 local fields = {'next_seq', string.format('%d', first + n), 'message_count',
   string.format('%d', total)}
@@ -627,6 +664,8 @@ return {'ok', first, accessed, total}
 # no-records path here stands for any caller of this script that sends none.
 REPLACE_SCRIPT = (
     _ACCESS_LUA
+    + _WRITE_LUA
+    + _TAKE_LUA
     + """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation', 'revision')
@@ -641,43 +680,18 @@ if not (h[5] == ARGV[7] and tonumber(h[4]) >= tonumber(ARGV[3]) and same_pending
     and (n == 0 or redis.call('ZCOUNT', KEYS[2], ARGV[8], ARGV[8]) == 1)) then
   return stale()
 end
-local held = {}
-for i = 1, ARGV[12] == '' and n or 0 do  -- ids made for this write: none is held
-  local id = ARGV[12 + 2 * n + i]
-  local seq = id ~= '' and redis.call('HGET', KEYS[4], id)
-  if seq and seq ~= ARGV[8] then
-    local m = redis.call('ZRANGEBYSCORE', KEYS[2], seq, seq)[1]
-    if m and cjson.decode(string.sub(m, #seq + 2)).id == id then held[#held + 1] = m end
-  end
-end
-if #held > 0 then return {'found', held} end
+local found = held(12 + 2 * n, ARGV[12] == '' and n or 0, ARGV[8])  -- made for it: none held
+if #found > 0 then return {'found', found} end
 if redis.call('ZREMRANGEBYSCORE', KEYS[2], ARGV[8], ARGV[8]) == 0 then
   return stale()  -- (a pop: its count is the check that the seq holds a message)
 end
-redis.call('ZREM', KEYS[3], ARGV[9])
-if ARGV[10] ~= '' and redis.call('HGET', KEYS[4], ARGV[10]) == ARGV[8] then
-  redis.call('HDEL', KEYS[4], ARGV[10])
-end
+take_off()
 local first = tonumber(h[1])
 local count = math.max(tonumber(h[2]) - 1, 0) + n
-local batch, roles, ids, named = {}, {}, {}, false
-for i = 1, n do
-  local seq = string.format('%d', first + i - 1)
-  batch[#batch + 1] = seq
-  batch[#batch + 1] = seq .. ':' .. ARGV[12 + i]
-  roles[#roles + 1] = 0
-  roles[#roles + 1] = ARGV[12 + n + i] .. ':' .. string.format('%020d', first + i - 1)
-  if ARGV[12 + 2 * n + i] ~= '' then
-    ids[#ids + 1] = ARGV[12 + 2 * n + i]
-    ids[#ids + 1] = seq
-  end
-  if #batch >= 1000 or i == n then  -- unpack() has a stack limit: ZADD in chunks
-    redis.call('ZADD', KEYS[2], unpack(batch))
-    redis.call('ZADD', KEYS[3], unpack(roles))
-    if #ids > 0 then redis.call('HSET', KEYS[4], unpack(ids)) named = true end
-    batch, roles, ids = {}, {}, {}
-  end
-end
+local named = store(first, n, function(i, seq)
+  local role = ARGV[12 + n + i] .. ':' .. string.format('%020d', first + i - 1)
+  return seq .. ':' .. ARGV[12 + i], role
+end, 12 + 2 * n)
 local revision = tonumber(h[6] or '0') + 1
 local fields = {'message_count', string.format('%d', count), 'revision',
   string.format('%d', revision)}
@@ -721,6 +735,7 @@ return {'ok', first, accessed, count, revision}
 # the hash's fields and values, the newest member or ''} or {'missing'}).
 POP_SCRIPT = (
     _ACCESS_LUA
+    + _TAKE_LUA
     + """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation', 'revision')
@@ -731,10 +746,7 @@ if not (h[5] == ARGV[7] and (same or tonumber(h[4]) >= tonumber(ARGV[3])) and sa
     and redis.call('ZREMRANGEBYSCORE', KEYS[2], ARGV[8], ARGV[8]) ~= 0) then
   return {'stale', redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], -1, -1)[1] or ''}
 end
-redis.call('ZREM', KEYS[3], ARGV[9])
-if ARGV[10] ~= '' and redis.call('HGET', KEYS[4], ARGV[10]) == ARGV[8] then
-  redis.call('HDEL', KEYS[4], ARGV[10])
-end
+take_off()
 local held = tonumber(h[2])
 local count = math.max(held - 1, 0)
 local revision = tonumber(h[6] or '0') + 1
@@ -1272,34 +1284,10 @@ class RedisBackend(Backend):
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
         touch_after = repr(float(batch.touch_after))
         fresh = "1" if batch.fresh_ids else ""
-        base, top = self._known.get(session_id), self._tops.get(session_id)
-        exact = False
-        while True:
-            if base is None or top is None or top.generation != base.generation:
-                # nothing to compare: the script answers the session as it is
-                answer = self._replace_script(
-                    script_keys, session_id, "[]", "0", "[]", now, deadline, "", "", "", "", "", ""
-                )
-                base, top, exact = self._stale(session_id, answer), self._tops.get(session_id), True
-            assert base is not None
-            try:
-                if top is None or not batch.takes(top.seq, top.record):
-                    raise SessionChangedError(session_id)
-                info = info_with(
-                    base,
-                    {
-                        "message_count": max(base.message_count - 1, 0),
-                        "pending": pending_after_pop(base.pending, top.record),
-                        "revision": base.revision + 1,
-                    },
-                )
-                pending = batch.check(info)
-            except Exception:
-                if exact:
-                    raise
-                base = None  # a guess refused it: ask the store
-                continue
-            args = (
+
+        def send(base: SessionInfo, top: _Top, pending: tuple[str, ...]) -> Any:
+            return self._replace_script(
+                script_keys,
                 session_id,
                 _pending_json(base.pending),
                 repr(float(base.accessed_at)),
@@ -1316,16 +1304,15 @@ class RedisBackend(Backend):
                 *roles,
                 *ids,
             )
-            out = self._replace_script(script_keys, *args)
-            if out[0] == "stale":
-                base, top, exact = self._stale(session_id, out), self._tops.get(session_id), True
-                continue
-            if out[0] == "ok":
-                break
+
+        def ask() -> Any:  # nothing to compare: the script answers the session as it is
+            blank = ("[]", "0", "[]", now, deadline, "", "", "", "", "", "")
+            return self._replace_script(script_keys, session_id, *blank)
+
+        info, pending, out = self._take_newest(session_id, batch, ask, send)
+        if out[0] != "ok":  # 'found': ids this write gives are held by other messages
             self._known.forget(session_id)
             self._tops.forget(session_id)
-            if out[0] == "missing":
-                raise SessionNotFoundError(f"no session {session_id!r}")
             settle_ids(session_id, batch.records, [parse_member(session_id, m) for m in out[1]])
             raise StorageError(  # settle_ids raises on any held id, as the script found
                 f"Redis ids index of session {session_id!r} disagrees with its messages"
@@ -1357,36 +1344,11 @@ class RedisBackend(Backend):
         now_text = repr(now)
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
         touch_after = float(batch.touch_after)
-        base, top = self._known.get(session_id), self._tops.get(session_id)
-        exact = False
-        while True:
-            if base is None or top is None or top.generation != base.generation:
-                # nothing to compare: the script answers the session as it is
-                answer = self._pop_script(
-                    script_keys, session_id, "[]", "0", "[]", now_text, deadline, "", "", "", "",
-                    "", "", "",
-                )  # fmt: skip
-                base, top, exact = self._stale(session_id, answer), self._tops.get(session_id), True
-            assert base is not None
-            try:
-                if top is None or not batch.takes(top.seq, top.record):
-                    raise SessionChangedError(session_id)
-                info = info_with(
-                    base,
-                    {
-                        "message_count": max(base.message_count - 1, 0),
-                        "pending": pending_after_pop(base.pending, top.record),
-                        "revision": base.revision + 1,
-                    },
-                )
-                pending = batch.check(info)
-            except Exception:
-                if exact:
-                    raise
-                base = None  # a guess refused it: ask the store
-                continue
+        newest: list[Any] = []  # the member the pop leaves newest, read after it (or none)
+
+        def send(base: SessionInfo, top: _Top, pending: tuple[str, ...]) -> Any:
             seen = float(base.accessed_at)
-            out, newest = self._pop_script.followed(
+            out, answer = self._pop_script.followed(
                 script_keys,
                 (
                     session_id,
@@ -1406,14 +1368,14 @@ class RedisBackend(Backend):
                 ),
                 ("ZRANGE", script_keys[1], -1, -1),
             )
-            if out[0] == "ok":
-                break
-            if out[0] == "stale":
-                base, top, exact = self._stale(session_id, out), self._tops.get(session_id), True
-                continue
-            self._known.forget(session_id)
-            self._tops.forget(session_id)
-            raise SessionNotFoundError(f"no session {session_id!r}")  # 'missing'
+            newest[:] = answer if isinstance(answer, list) else ()  # (an error: not known)
+            return out
+
+        def ask() -> Any:  # nothing to compare: the script answers the session as it is
+            blank = ("[]", "0", "[]", now_text, deadline, "", "", "", "", "", "", "", "")
+            return self._pop_script(script_keys, session_id, *blank)
+
+        info, pending, out = self._take_newest(session_id, batch, ask, send)
         after = info_with(
             info,
             {
@@ -1425,13 +1387,65 @@ class RedisBackend(Backend):
             },
         )
         self._known.put(after)
-        if isinstance(newest, list) and newest:
+        if newest:
             # read after the script, not with it: a message added meanwhile moved next_seq past
             # the one the script found, so that check fails and the count runs
             self._tops.put_member(session_id, after.generation, newest[0], after.next_seq)
         else:
             self._tops.forget(session_id)
         return []
+
+    def _take_newest(
+        self,
+        session_id: str,
+        batch: Append,
+        ask: Callable[[], Any],
+        send: Callable[[SessionInfo, _Top, tuple[str, ...]], Any],
+    ) -> tuple[SessionInfo, tuple[str, ...], Any]:
+        """The compare-and-set a replacement and a pop run: ``batch`` checked on the state and
+        the newest message this process last saw, less that message; then ``send(base, top,
+        pending)`` runs the script on them. Unknown, refused on a guess or stale, the session
+        is taken as the script answers it (``ask()`` where nothing was sent) and the check
+        runs again on that (a check refused on the state as stored raises its error). Returns
+        the state the batch was checked on, its pending calls after it and the script's
+        answer, ``'ok'`` or ``'found'``.
+
+        Raises:
+            SessionNotFoundError: the script answered ``'missing'``.
+
+        """
+        base, top = self._known.get(session_id), self._tops.get(session_id)
+        exact = False
+        while True:
+            if base is None or top is None or top.generation != base.generation:
+                base, top, exact = self._stale(session_id, ask()), self._tops.get(session_id), True
+            assert base is not None
+            try:
+                if top is None or not batch.takes(top.seq, top.record):
+                    raise SessionChangedError(session_id)
+                info = info_with(
+                    base,
+                    {
+                        "message_count": max(base.message_count - 1, 0),
+                        "pending": pending_after_pop(base.pending, top.record),
+                        "revision": base.revision + 1,
+                    },
+                )
+                pending = batch.check(info)
+            except Exception:
+                if exact:
+                    raise
+                base = None  # a guess refused it: ask the store
+                continue
+            out = send(base, top, pending)
+            if out[0] == "stale":
+                base, top, exact = self._stale(session_id, out), self._tops.get(session_id), True
+                continue
+            if out[0] == "missing":
+                self._known.forget(session_id)
+                self._tops.forget(session_id)
+                raise SessionNotFoundError(f"no session {session_id!r}")
+            return info, pending, out
 
     def _stale(self, session_id: str, answer: list[Any]) -> SessionInfo:
         """The session as a ``'stale'`` answer of the replace script gives it (its newest
