@@ -58,6 +58,33 @@ def redis_sends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
+def load_redis_scripts(redis_url: str) -> None:
+    """The session backend's scripts put in the server's cache: a script's first run on a
+    server (a new server, ``SCRIPT FLUSH``, a script changed) costs a ``NOSCRIPT`` answer, a
+    ``SCRIPT LOAD`` and the send again, once, which is not what a test counting (or watching)
+    an operation's round trips counts.
+    """
+    import redis
+
+    from ctxkeep.sessions import redis as backend
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for name in dir(backend):
+            if name.endswith("_SCRIPT"):
+                client.script_load(getattr(backend, name))
+    finally:
+        client.close()
+
+
+def loaded_redis_sends(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
+    """:func:`redis_sends`, the session backend's scripts in the server's cache first
+    (:func:`load_redis_scripts`).
+    """
+    load_redis_scripts(redis_url)
+    return redis_sends(monkeypatch)
+
+
 def known_session_round_trips(mem: MemoryManager, sent: list[str]) -> list[str]:
     """What ``sent`` records while three messages are appended to a session the manager
     already knows (its first append read it).

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from _round_trips import redis_sends
+from _round_trips import load_redis_scripts, loaded_redis_sends
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep.errors import SessionChangedError
 from ctxkeep.sessions import open_memory
@@ -57,16 +57,7 @@ def _config(**limits: Any) -> MemoryConfig:
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
     """The round trips from now on, the backend's scripts in the server's cache first."""
-    from ctxkeep.sessions import redis as backend
-
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for name in dir(backend):
-            if name.endswith("_SCRIPT"):
-                client.script_load(getattr(backend, name))
-    finally:
-        client.close()
-    return redis_sends(monkeypatch)
+    return loaded_redis_sends(monkeypatch, redis_url)
 
 
 class Monitor:
@@ -109,6 +100,12 @@ class Monitor:
             marker.close()
         self._thread.join(10)
         self._client.close()
+
+
+@pytest.fixture(autouse=True)
+def _scripts_loaded(redis_url: str) -> None:
+    """The scripts in the server's cache before a test watches what a pop runs."""
+    load_redis_scripts(redis_url)
 
 
 def _session(mem: MemoryManager, n: int = 4) -> str:

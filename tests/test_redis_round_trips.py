@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from _round_trips import redis_sends
+from _round_trips import loaded_redis_sends
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
@@ -38,20 +38,10 @@ def url(redis_url: str, redis_prefix_factory: Callable[[], str]) -> str:
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
-    """The round trips from now on (:func:`_round_trips.redis_sends`), the backend's
-    scripts in the server's cache first (a script's first run on a server costs a
-    ``SCRIPT LOAD`` more, once).
+    """The round trips from now on, the backend's scripts in the server's cache first
+    (:func:`_round_trips.loaded_redis_sends`).
     """
-    from ctxkeep.sessions import redis as backend
-
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for name in dir(backend):
-            if name.endswith("_SCRIPT"):
-                client.script_load(getattr(backend, name))
-    finally:
-        client.close()
-    return redis_sends(monkeypatch)
+    return loaded_redis_sends(monkeypatch, redis_url)
 
 
 def _config(**limits: Any) -> MemoryConfig:

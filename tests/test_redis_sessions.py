@@ -14,7 +14,7 @@ from _round_trips import (
     a_session_made_again_is_checked_as_it_now_is,
     appends_in_turn_keep_every_seq,
     known_session_round_trips,
-    redis_sends,
+    loaded_redis_sends,
     tool_unit_round_trips,
 )
 from conftest_services import redis_prefix_factory, redis_url
@@ -38,9 +38,11 @@ def url(redis_url: str, redis_prefix_factory: Callable[[], str]) -> str:
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The round trips from now on (:func:`_round_trips.redis_sends`)."""
-    return redis_sends(monkeypatch)
+def sent(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> list[str]:
+    """The round trips from now on, the backend's scripts in the server's cache first
+    (:func:`_round_trips.loaded_redis_sends`).
+    """
+    return loaded_redis_sends(monkeypatch, redis_url)
 
 
 def _open(url: str, **limits: Any) -> MemoryManager:
