@@ -777,6 +777,33 @@ return {'ok', tonumber(h[1]), accessed, count, revision}
 # -- the backend ------------------------------------------------------------------------------
 
 
+def _taking(
+    session_id: str,
+    base: SessionInfo,
+    top: _Top,
+    pending: tuple[str, ...],
+    now: str,
+    deadline: str,
+) -> tuple[str, ...]:
+    """The ARGV :data:`REPLACE_SCRIPT` and :data:`POP_SCRIPT` both open with: the session id,
+    the state the write was checked on (``base``: pending, accessed_at), the pending calls
+    after it, now, the keys' deadline, and the newest message this process saw (``top``: the
+    generation, its seq, its roles index entry and its id).
+    """
+    return (
+        session_id,
+        _pending_json(base.pending),
+        repr(float(base.accessed_at)),
+        _pending_json(pending),
+        now,
+        deadline,
+        base.generation,
+        str(top.seq),
+        role_member(role_of(top.record), top.seq),
+        top.record.get("id") or "",
+    )
+
+
 # A fold snapshot, stored only if the session still has the generation it was taken of; the
 # key expires when the session's keys do (as they stand now).
 # KEYS: session hash, folds hash. ARGV: generation, key, body.
@@ -1288,16 +1315,7 @@ class RedisBackend(Backend):
         def send(base: SessionInfo, top: _Top, pending: tuple[str, ...]) -> Any:
             return self._replace_script(
                 script_keys,
-                session_id,
-                _pending_json(base.pending),
-                repr(float(base.accessed_at)),
-                _pending_json(pending),
-                now,
-                deadline,
-                base.generation,
-                str(top.seq),
-                role_member(role_of(top.record), top.seq),
-                top.record.get("id") or "",
+                *_taking(session_id, base, top, pending, now, deadline),
                 touch_after,
                 fresh,
                 *records,
@@ -1351,16 +1369,7 @@ class RedisBackend(Backend):
             out, answer = self._pop_script.followed(
                 script_keys,
                 (
-                    session_id,
-                    _pending_json(base.pending),
-                    repr(seen),
-                    _pending_json(pending),
-                    now_text,
-                    deadline,
-                    base.generation,
-                    str(top.seq),
-                    role_member(role_of(top.record), top.seq),
-                    top.record.get("id") or "",
+                    *_taking(session_id, base, top, pending, now_text, deadline),
                     repr(touch_after),
                     "" if top.next_seq is None else str(top.next_seq),
                     # whether access() would move it: the same doubles' arithmetic as in Lua
