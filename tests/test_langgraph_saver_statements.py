@@ -139,6 +139,36 @@ def test_a_list_reads_a_thread_s_writes_in_one_statement(
     assert [t.pending_writes[0][2] for t in odd] == [901, 899, 897, 895, 893]
 
 
+def _read_calls() -> int:
+    """The read system calls this thread has made (``read``, ``pread64``...: Linux's
+    ``syscr``)."""
+    for line in Path("/proc/thread-self/io").read_text().splitlines():
+        if line.startswith("syscr:"):
+            return int(line.split()[1])
+    raise AssertionError("no syscr in /proc/thread-self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/io").exists(), reason="Linux's per-thread I/O")
+def test_a_list_reads_the_file_s_pages_through_a_map(tmp_path: Path) -> None:
+    """A list of a thread of large checkpoints makes no read system call for their pages
+    (memory-mapped: issue 26; each 4 kB page was a ``pread`` before, about 300 here)."""
+    url = f"sqlite:///{tmp_path / 'lg.db'}"
+    big = "x" * 20_000
+    with CtxkeepSaver(url) as s:
+        cfg = config("t", checkpoint_ns="")
+        for i in range(1, 51):
+            cp = checkpoint(str(uuid.UUID(int=i)), messages=[f"{i} {big}"], step=i)
+            cfg = s.put(cfg, cp, {"step": i}, dict(cp["channel_versions"]))
+    # Closed: the WAL is moved into the file. A new saver, its cache empty, reads the file.
+    with CtxkeepSaver(url) as s:
+        before = _read_calls()
+        got = list(s.list(config("t")))
+        reads = _read_calls() - before
+    assert [t.checkpoint["channel_values"]["step"] for t in got] == list(range(50, 0, -1))
+    assert got[0].checkpoint["channel_values"]["messages"] == [f"50 {big}"]
+    assert reads < 10
+
+
 def test_writes_many_and_special_keep_their_rules(saver: CtxkeepSaver) -> None:  # noqa: F811
     """A regular write stored under (task, idx) is kept; a special one is replaced, the last
     of one call winning; more writes than one statement holds are all stored."""

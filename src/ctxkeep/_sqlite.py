@@ -76,6 +76,9 @@ class SQLiteClient:
         read_only: open the file read-only (SQLite's ``mode=ro``: every write fails with
             "attempt to write a readonly database", as on a file the process may not write;
             root included). The store must be at the newest schema version already.
+        mmap_size: bytes of the file each connection reads through a memory map (SQLite's
+            ``mmap_size``; 0: none, every page read with a system call into SQLite's cache).
+            Pages still in the WAL are read from it as before, and writes go through the WAL.
 
     Raises:
         ConfigError: an unknown ``synchronous`` value.
@@ -94,6 +97,7 @@ class SQLiteClient:
         legacy_version: Callable[[sqlite3.Connection], int] | None = None,
         timeout: float = 60.0,
         read_only: bool = False,
+        mmap_size: int = 0,
     ) -> None:
         if synchronous.lower() not in _SYNCHRONOUS:
             raise ConfigError(
@@ -104,6 +108,7 @@ class SQLiteClient:
         self.read_only = read_only and not self.memory
         self.synchronous = synchronous.upper()
         self.timeout = timeout
+        self.mmap_size = 0 if self.memory else int(mmap_size)
         self.meta_key = meta_key
         self.version = len(migrations)
         if not self.memory and not self.read_only:
@@ -138,6 +143,8 @@ class SQLiteClient:
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            if self.mmap_size:
+                conn.execute(f"PRAGMA mmap_size={self.mmap_size}")
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open {self.path}: {exc}") from exc
         with self._lock:
