@@ -357,6 +357,39 @@ def test_writes_within_the_touch_resolution_leave_the_access_and_the_deadline(ur
     client.close()
 
 
+@pytest.mark.parametrize(
+    ("spelt", "step", "moved"),
+    [
+        ("5000000.000", 0.5, False),  # the time this process saw, written otherwise
+        ("5000000.250", 0.5, False),  # later: another writer moved it
+        ("5000000.250", 1.5, True),  # later, and now past the resolution from it
+    ],
+    ids=["same-time", "moved-by-another", "past-the-resolution"],
+)
+def test_an_append_on_an_access_time_spelt_otherwise_compares_it_as_a_number(
+    url: str, sent: list[str], spelt: str, step: float, moved: bool
+) -> None:
+    # the append script takes the client's word on whether the access moves only for a hash
+    # holding the accessed_at the client saw, as it wrote it; any other text is compared, and
+    # the access worked out, as numbers on the server
+    now = [5_000_000.0]
+    client, prefix = _raw(url)
+    with open_memory(url, _config(access_resolution=1.0), clock=lambda: now[0]) as mem:
+        sid = mem.create_session("agent")
+        mem.add_message(sid, "user", "hello")
+        client.hset(f"{prefix}session:{sid}", "accessed_at", spelt)
+        now[0] += step
+        sent.clear()
+        mem.add_message(sid, "assistant", "hi")
+        assert sent == ["EVALSHA"]  # not refused: the stored time is no earlier than seen
+        stored = client.hget(f"{prefix}session:{sid}", "accessed_at")
+        assert stored == (repr(now[0]) if moved else spelt)
+        assert mem.get_session(sid).accessed_at == float(stored)
+        assert client.zscore(f"{prefix}accessed", sid) == (now[0] if moved else 5_000_000.0)
+        assert [m.content for m in mem.get_messages(sid)] == ["hello", "hi"]
+    client.close()
+
+
 def test_a_write_that_makes_the_keys_again_gives_them_the_deadline(url: str) -> None:
     # a pop of the only message deletes the messages, roles and ids keys; the next write
     # within the touch resolution makes them again, with the session's deadline

@@ -444,9 +444,11 @@ class _Tops:
 # same_pending(stored): whether the hash's pending is the base's (as text first: both are
 # the client's compact JSON unless another writer spelt it otherwise; decoded only then).
 #
-# access(fields, stored, touch_after, fresh, named): the write's access. accessed_at moves to
-# now only where it is at least touch_after seconds older (Append.touch_after, the manager's
-# touch resolution: as on SQL, a session written many times a second moves once a second), and
+# access(fields, stored, touch_after, fresh, named, moves): the write's access. accessed_at moves
+# to now only where it is at least touch_after seconds older (Append.touch_after, the manager's
+# touch resolution: as on SQL, a session written many times a second moves once a second;
+# ``moves``, where not nil, is that answer as the client worked it out from the same doubles,
+# for a hash it saw at the stored accessed_at: no float's text parsed), and
 # with it the session's place in the accessed index and its keys' deadline (PEXPIREAT, or
 # PERSIST for no TTL): six commands of an append's twelve, which a write that does not move it
 # skips. Keys the write may have made get the deadline all the same: with ``fresh`` (the
@@ -473,9 +475,12 @@ local function deadline()
     redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
   end
 end
-local function access(fields, stored, touch_after, fresh, named)
-  local now, last = tonumber(ARGV[5]), tonumber(stored)
-  if now <= last or now - last < tonumber(touch_after) then
+local function access(fields, stored, touch_after, fresh, named, moves)
+  if moves == nil then
+    local now, last = tonumber(ARGV[5]), tonumber(stored)
+    moves = not (now <= last or now - last < tonumber(touch_after))
+  end
+  if not moves then
     if fresh then
       deadline()
     elseif named and ARGV[6] ~= '' and redis.call('PTTL', KEYS[4]) == -1 then
@@ -563,10 +568,11 @@ end
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now,
 #       deadline in Unix ms ("" for no TTL), base generation, touch_after (seconds), '1' where
 #       every id was made for this append (Append.fresh_ids: none can be held, the ids are not
-#       looked up) else '', the first seq as the client guessed it (its base's next_seq), then
-#       the records as members ("{seq}:{record JSON}", numbered from the guess), oldest first,
-#       then their roles index entries ("{role}:{seq, 20 digits}", numbered alike), then their
-#       ids, in the same order.
+#       looked up) else '', the first seq as the client guessed it (its base's next_seq), '1'
+#       where the access moves the base's accessed_at to now (now - base >= touch_after, now
+#       later) else '', then the records as members ("{seq}:{record JSON}", numbered from the
+#       guess), oldest first, then their roles index entries ("{role}:{seq, 20 digits}",
+#       numbered alike), then their ids, in the same order.
 # A member is stored as it came where the guess holds (the hash's next_seq): building it in Lua
 # from the record made a second copy of each record there, a sixth of the script's server CPU
 # (2,000 appends of 3.8 kB records, pipelined: 35 -> 29 us); where another writer appended
@@ -575,7 +581,11 @@ end
 # guess (a chat history's add) takes a path of its own, without Lua tables or formatting of
 # its seq, and pending is written only where it changes: 254,000 -> 238,000 instructions of
 # the server an add of a LangChain message of 3.9-6.4 kB (callgrind, Redis 7.0, 200 adds, three
-# runs each; the rest is the record made a Lua string, 50,000, and the five commands).
+# runs each; the rest is the record made a Lua string, 50,000, and the five commands). The
+# access time is compared and moved as in POP_SCRIPT: as the hash stores it first, and whether
+# the access moves it worked out by the client, so that a hash still at the base's accessed_at
+# parses no float's text (glibc's strtod, five of them: 212,000 -> 201,000 instructions of the
+# server a right guess's add of a LangChain message, callgrind, Redis 7.0, 200 adds).
 # Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
 # the client takes without parsing), {'stale', the hash's fields and values}, {'found', the
 # members held under the batch's ids} or {'missing'}.
@@ -586,10 +596,12 @@ APPEND_SCRIPT = (
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation')
 if not h[1] then return {'missing'} end
-local n = (#ARGV - 10) / 3
-local found = held(10 + 2 * n, ARGV[9] == '' and n or 0)  -- ids made for this append: none held
+local n = (#ARGV - 11) / 3
+local found = held(11 + 2 * n, ARGV[9] == '' and n or 0)  -- ids made for this append: none held
 if #found > 0 then return {'found', found} end
-if not (h[5] == ARGV[7] and tonumber(h[4]) >= tonumber(ARGV[3]) and same_pending(h[3])) then
+local same = h[4] == ARGV[3]
+if not (h[5] == ARGV[7] and (same or tonumber(h[4]) >= tonumber(ARGV[3]))
+    and same_pending(h[3])) then
   return {'stale', redis.call('HGETALL', KEYS[1])}
 end
 local first = tonumber(h[1])
@@ -597,18 +609,18 @@ local guessed = h[1] == ARGV[10]
 local total = tonumber(h[2]) + n
 local named = false
 if n == 1 and guessed then  -- the common case: stored as they came
-  redis.call('ZADD', KEYS[2], ARGV[10], ARGV[11])
-  redis.call('ZADD', KEYS[3], 0, ARGV[12])
-  if ARGV[13] ~= '' then redis.call('HSET', KEYS[4], ARGV[13], ARGV[10]) named = true end
+  redis.call('ZADD', KEYS[2], ARGV[10], ARGV[12])
+  redis.call('ZADD', KEYS[3], 0, ARGV[13])
+  if ARGV[14] ~= '' then redis.call('HSET', KEYS[4], ARGV[14], ARGV[10]) named = true end
 else
   named = store(first, n, function(i, seq)
-    local member, role = ARGV[10 + i], ARGV[10 + n + i]
+    local member, role = ARGV[11 + i], ARGV[11 + n + i]
     if not guessed then  -- numbered from another seq: the record after the client's number
       member = seq .. string.sub(member, string.find(member, ':', 1, true), -1)
       role = string.sub(role, 1, -21) .. string.format('%020d', first + i - 1)
     end
     return member, role
-  end, 10 + 2 * n)
+  end, 11 + 2 * n)
 end
 local fields = {'next_seq', string.format('%d', first + n), 'message_count',
   string.format('%d', total)}
@@ -616,7 +628,9 @@ if h[3] ~= ARGV[4] then
   fields[5] = 'pending'
   fields[6] = ARGV[4]
 end
-local accessed = access(fields, h[4], ARGV[8], h[2] == '0', named)
+local moves  -- the client's answer holds for the base's accessed_at
+if same then moves = ARGV[11] == '1' end
+local accessed = access(fields, h[4], ARGV[8], h[2] == '0', named, moves)
 redis.call('HSET', KEYS[1], unpack(fields))
 return {'ok', first, accessed, total}
 """
@@ -1240,9 +1254,11 @@ class RedisBackend(Backend):
         script_keys = [*keys.own(session_id), keys.accessed, keys.expires]
         records = batch.encoded()
         roles = [role_of(r) for r in batch.records]
-        now = repr(float(batch.now))
+        now = float(batch.now)
+        now_text = repr(now)
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
-        touch_after = repr(float(batch.touch_after))
+        touch_after = float(batch.touch_after)
+        touch_text = repr(touch_after)
         fresh = "1" if batch.fresh_ids else ""
 
         def read() -> SessionInfo | None:
@@ -1251,18 +1267,21 @@ class RedisBackend(Backend):
 
         def write(base: SessionInfo, pending: tuple[str, ...]) -> Written:
             guess = base.next_seq  # the script numbers them again if another writer came
+            seen = float(base.accessed_at)
             out = self._append_script(
                 script_keys,
                 session_id,
                 _pending_json(base.pending),
-                repr(float(base.accessed_at)),
+                repr(seen),
                 _pending_json(pending),
-                now,
+                now_text,
                 deadline,
                 base.generation,
-                touch_after,
+                touch_text,
                 fresh,
                 str(guess),
+                # whether access() would move it: the same doubles' arithmetic as in Lua
+                "1" if now > seen and now - seen >= touch_after else "",
                 *[f"{guess + i}:{text}" for i, text in enumerate(records)],
                 *[role_member(role, guess + i) for i, role in enumerate(roles)],
                 *(r.get("id") or "" for r in batch.records),
