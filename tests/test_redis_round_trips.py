@@ -8,6 +8,7 @@ process is checked again on the session as it is, and takes the right item.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -388,6 +389,45 @@ def test_an_append_on_an_access_time_spelt_otherwise_compares_it_as_a_number(
         assert client.zscore(f"{prefix}accessed", sid) == (now[0] if moved else 5_000_000.0)
         assert [m.content for m in mem.get_messages(sid)] == ["hello", "hi"]
     client.close()
+
+
+def _key_names(call: Callable[[], Any]) -> list[str]:
+    """The methods of :class:`~ctxkeep.sessions.redis.RedisKeys` that ``call`` runs."""
+    from ctxkeep.sessions.redis import RedisKeys
+
+    code = {f.__code__ for f in vars(RedisKeys).values() if callable(f)}
+    code |= {p.fget.__code__ for p in vars(RedisKeys).values() if isinstance(p, property)}
+    names: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in code:
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def test_a_write_names_its_script_keys_in_one_call(url: str) -> None:
+    # an add, a replacement and a pop each name the six KEYS of their script in one call
+    # (before: own, session, messages, roles, ids, accessed, expires: seven calls a write)
+    with open_memory(url, _config()) as mem:
+        sid = mem.create_session("agent")
+        mem.add_message(sid, "user", "hello")
+        assert _key_names(lambda: mem.add_message(sid, "assistant", "hi")) == ["written"]
+        newest = mem.get_messages(sid, limit=1)[0]
+        replace = [{"role": "assistant", "content": "hey"}]
+        assert _key_names(lambda: mem.replace_newest(sid, replace, newest_id=newest.id or "")) == [
+            "written"
+        ]
+        newest = mem.get_messages(sid, limit=1)[0]
+        assert _key_names(lambda: mem.replace_newest(sid, [], newest_id=newest.id or "")) == [
+            "written"
+        ]
+        assert [m.content for m in mem.get_messages(sid)] == ["hello"]
 
 
 def test_a_write_that_makes_the_keys_again_gives_them_the_deadline(url: str) -> None:
