@@ -43,6 +43,43 @@ def test_a_put_of_a_new_item_waits_once(store: CtxkeepStore) -> None:
     assert store.get(("notes",), "n1") is not None
 
 
+def test_a_put_of_one_item_sends_its_episode_without_arrays(
+    store: CtxkeepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The episode of a put of one item goes as scalar parameters: psycopg picks a dumper for
+    each list parameter in Python, and the statement of many took ten one-element lists (issue
+    26). Its rows are those the statement of many writes."""
+    from langgraph.store.base import PutOp
+    from psycopg.types.array import ListBinaryDumper, ListDumper
+
+    lists: list[object] = []
+    for cls in (ListDumper, ListBinaryDumper):
+        dump = cls.dump
+
+        def counted(self: object, obj: object, dump: Callable[..., object] = dump) -> object:
+            lists.append(obj)
+            return dump(self, obj)
+
+        monkeypatch.setattr(cls, "dump", counted)
+    value = {"text": "the launch code is aardvark"}
+    store.put(("alone",), "n1", value)
+    assert lists == []
+    store.batch([PutOp(("many",), "n1", value), PutOp(("many",), "n2", {"text": "otters"})])
+    assert lists  # the statement of many, as before
+    with store._items._db.pool.connection() as conn:  # type: ignore[attr-defined]
+        rows = conn.execute(
+            "SELECT e.task_id, e.agent_id, e.content_key, e.tokens, e.pos, "
+            "e.record::json -> 'metadata' ->> 'key', e.embedding::text, t.body::text "
+            "FROM ctxkeep_episodes e JOIN ctxkeep_episode_text t USING (row) "
+            "WHERE e.task_id IN ('alone', 'many') "
+            "AND e.record::json -> 'metadata' ->> 'key' = 'n1' "
+            "ORDER BY e.task_id"
+        ).fetchall()
+    assert [r[0] for r in rows] == ["alone", "many"]
+    assert rows[0][1:] == rows[1][1:]
+    assert [f.key for f in store.search(("alone",), query="aardvark launch code")] == ["n1"]
+
+
 def _episodes(store: CtxkeepStore) -> tuple[int, int]:
     """How many rows the episodes' table and their documents' table hold."""
     with store._items._db.pool.connection() as conn:  # type: ignore[attr-defined]
