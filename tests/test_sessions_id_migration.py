@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from _sqlite_schemas import as_schema
 from conftest_services import postgres_schema_factory, postgres_url
 from ctxkeep import MemoryConfig, Message, open_memory
 
@@ -40,8 +41,11 @@ def _sql(url: str) -> Iterator[Callable[[str], Any]]:
 
 def _as_schema_5(url: str, sid: str, duplicate_seqs: list[int]) -> None:
     """The store as schema 5 left it, with the messages at ``duplicate_seqs`` stored twice
-    (a copy appended at the end under the same id, as a retried append did).
+    (a copy appended at the end under the same id, as a retried append did). A SQLite file
+    is put in schema 9's layout first (its messages keyed by (session_id, seq)).
     """
+    if url.startswith("sqlite:"):
+        as_schema(Path(url.removeprefix("sqlite:///")), 9)
     with _sql(url) as sql:
         sql("DROP INDEX ctxkeep_messages_id")
         sql("ALTER TABLE ctxkeep_messages DROP COLUMN message_id")

@@ -13,16 +13,15 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from _sqlite_schemas import as_schema
 from ctxkeep import MemoryConfig, MemoryManager, Message, ToolCall, open_memory
 from ctxkeep.messages import SYSTEM_ROLES
-from ctxkeep.sessions import sqlite as sqlite_sessions
 from ctxkeep.sessions.backend import tail_of
 from ctxkeep.sessions.sql import MARK_ROLES
 from ctxkeep.sessions.sqlite import MIGRATIONS, SQLiteBackend
 
 CONFIG = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
+_MESSAGE = "session_id, seq, record, role, message_id"
 
 
 def _history(n: int) -> list[list[Message]]:
@@ -65,20 +64,19 @@ def test_the_prompts_roles_are_in_the_index() -> None:
     assert set(SYSTEM_ROLES) | {"user"} <= set(MARK_ROLES)
 
 
-def test_a_schema_8_file_migrates_and_reads_the_same_marks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_schema_8_file_migrates_and_reads_the_same_marks(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    with monkeypatch.context() as patch:
-        patch.setattr(sqlite_sessions, "MIGRATIONS", MIGRATIONS[:8])
-        with open_memory(f"sqlite:///{path}", CONFIG) as mem:
-            mem.create_session("agent", session_id="s")
-            for batch in _history(30):
-                mem.add_messages("s", batch)
+    with open_memory(f"sqlite:///{path}", CONFIG) as mem:
+        mem.create_session("agent", session_id="s")
+        for batch in _history(30):
+            mem.add_messages("s", batch)
+    as_schema(path, 8)
     with sqlite3.connect(path) as conn:  # a record stored before roles were kept: no role
         conn.execute("UPDATE ctxkeep_messages SET role = NULL WHERE seq = 20")
         assert "WHERE" not in _index_sql(conn)
-        before = conn.execute("SELECT * FROM ctxkeep_messages ORDER BY session_id, seq").fetchall()
+        before = conn.execute(
+            f"SELECT {_MESSAGE} FROM ctxkeep_messages ORDER BY session_id, seq"
+        ).fetchall()
 
     with open_memory(f"sqlite:///{path}", CONFIG) as mem:  # migrates
         for roles, newest in (
@@ -104,20 +102,21 @@ def test_a_schema_8_file_migrates_and_reads_the_same_marks(
         assert "WHERE" in sql and "'assistant'" not in sql and "'tool'" not in sql
         assert all(f"'{r}'" in sql for r in MARK_ROLES) and "IS NULL" in sql
         assert conn.execute(
-            "SELECT * FROM ctxkeep_messages ORDER BY session_id, seq"
+            f"SELECT {_MESSAGE} FROM ctxkeep_messages ORDER BY session_id, seq"
         ).fetchall() == (before)
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 def test_marks_of_the_prompts_roles_read_by_the_index_and_others_by_seq(tmp_path: Path) -> None:
     backend = SQLiteBackend(tmp_path / "s.db")
-    sql, params = backend._marks_sql("s", 10, ("developer", "system", "assistant"), "user")
+    sql, params = backend._marks_sql("s", 10, ("developer", "system", "assistant"), "user", 1)
     backend.close()
     with sqlite3.connect(tmp_path / "s.db") as conn:
         plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
     searches = [step for step in plan if step.startswith(("SEARCH", "SCAN ctxkeep_messages"))]
     assert all(step.startswith("SEARCH") for step in searches), plan
     by_role = [s for s in searches if "ctxkeep_messages_role" in s]
-    by_seq = [s for s in searches if "sqlite_autoindex_ctxkeep_messages_1" in s]
-    # no role, developer, system, the newest user: the index; assistant: the key (seq order)
+    by_seq = [s for s in searches if "INTEGER PRIMARY KEY (rowid>? AND rowid<?)" in s]
+    # no role, developer, system, the newest user: the index; assistant: the session's run of
+    # the table's keys (seq order; schema 10)
     assert (len(by_role), len(by_seq)) == (4, 1), plan

@@ -13,33 +13,28 @@ import sqlite3
 import time
 from pathlib import Path
 
-import pytest
-
+from _sqlite_schemas import as_schema
 from ctxkeep import MemoryConfig, Message, open_memory
-from ctxkeep.sessions import sqlite as sqlite_sessions
+from ctxkeep.sessions.sql import SQLITE
 from ctxkeep.sessions.sqlite import MIGRATIONS, SQLiteBackend
 
 CONFIG = MemoryConfig(max_history=None, session_ttl=None, max_sessions=None)
 
 
-def _write_at_schema_7(
-    path: Path, monkeypatch: pytest.MonkeyPatch, sessions: dict[str, list[Message]]
-) -> None:
-    """``sessions`` stored by a backend that knows the first 7 migrations only (the layout
-    and statements of the releases before schema 8), with a fold snapshot per session and
-    the first session's oldest message trimmed into the archive.
+def _write_at_schema_7(path: Path, sessions: dict[str, list[Message]]) -> None:
+    """``sessions`` in the layout of schema 7 (:func:`_sqlite_schemas.as_schema`), with a fold
+    snapshot per session and the first session's oldest message trimmed into the archive.
     """
-    with monkeypatch.context() as patch:
-        patch.setattr(sqlite_sessions, "MIGRATIONS", MIGRATIONS[:7])
-        with open_memory(f"sqlite:///{path}", CONFIG) as mem:
-            for sid, msgs in sessions.items():
-                mem.create_session("agent", session_id=sid)
-                mem.add_messages(sid, msgs)
-                gen = mem.get_session(sid).generation
-                mem.backend.put_fold(sid, gen, "k", f"fold of {sid}")
-            first = next(iter(sessions))
-            gen = mem.get_session(first).generation
-            mem.backend.remove_oldest(first, mem.get_session(first).first_seq, gen, archive=True)
+    with open_memory(f"sqlite:///{path}", CONFIG) as mem:
+        for sid, msgs in sessions.items():
+            mem.create_session("agent", session_id=sid)
+            mem.add_messages(sid, msgs)
+            gen = mem.get_session(sid).generation
+            mem.backend.put_fold(sid, gen, "k", f"fold of {sid}")
+        first = next(iter(sessions))
+        gen = mem.get_session(first).generation
+        mem.backend.remove_oldest(first, mem.get_session(first).first_seq, gen, archive=True)
+    as_schema(path, 7)
     with sqlite3.connect(path) as conn:
         assert _version(conn) == 7
         assert "WITHOUT ROWID" in _table_sql(conn)
@@ -57,6 +52,7 @@ def _table_sql(conn: sqlite3.Connection) -> str:
 
 
 def _rows(path: Path) -> list[tuple[object, ...]]:
+    """The messages' columns that every schema since 6 has."""
     with sqlite3.connect(path) as conn:
         return conn.execute(
             "SELECT session_id, seq, record, role, message_id FROM ctxkeep_messages "
@@ -65,7 +61,7 @@ def _rows(path: Path) -> list[tuple[object, ...]]:
 
 
 def test_a_schema_7_file_keeps_every_message_session_fold_and_archived_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     path = tmp_path / "s.db"
     roles = ["system", "user", "assistant", "user", "assistant"]
@@ -73,7 +69,7 @@ def test_a_schema_7_file_keeps_every_message_session_fold_and_archived_one(
         sid: [Message(roles[i % 5], f"{sid} {i} " + "x" * (i * 300)) for i in range(40)]
         for sid in ("s1", "s2", "s3")
     }
-    _write_at_schema_7(path, monkeypatch, sessions)
+    _write_at_schema_7(path, sessions)
     before_rows = _rows(path)
     with open_memory(f"sqlite:///{path}", CONFIG) as old:
         before = {sid: (old.get_session(sid), old.get_messages(sid)) for sid in sessions}
@@ -114,33 +110,42 @@ def test_a_schema_7_file_keeps_every_message_session_fold_and_archived_one(
 
 def test_every_message_query_reads_by_an_index(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    SQLiteBackend(path).close()
+    backend = SQLiteBackend(path)
+    span, span_args = backend._span("s", 1, above=3, below=9)
+    at, at_args = backend._at("s", 1, [4, 5])
+    backend.close()
+    order = SQLITE.seq_order
     queries = [
-        "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? AND seq > ? ORDER BY seq",
-        "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? AND seq < ? "
-        "ORDER BY seq DESC LIMIT ?",
-        "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? AND message_id IN (?, ?)",
-        "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = "
-        "(SELECT max(seq) FROM ctxkeep_messages WHERE session_id = ?)",
-        "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq <= ?",
-        "DELETE FROM ctxkeep_messages WHERE session_id = ?",
+        (f"SELECT seq, record FROM ctxkeep_messages WHERE {span} ORDER BY {order}", span_args),
+        (
+            f"SELECT seq, record FROM ctxkeep_messages WHERE {span} ORDER BY {order} DESC LIMIT 3",
+            span_args,
+        ),
+        (f"SELECT seq, record FROM ctxkeep_messages WHERE {at}", at_args),
+        (
+            "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
+            "AND message_id IN (?, ?)",
+            ("s", "a", "b"),
+        ),
+        (SQLITE.take_newest, ("s", "s")),
+        (SQLITE.newer, (3, "s")),
+        (f"DELETE FROM ctxkeep_messages WHERE {span}", span_args),
     ]
     with sqlite3.connect(path) as conn:
-        for sql in queries:
-            plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, ["x"] * sql.count("?"))]
+        for sql, params in queries:
+            plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
             assert plan and all("SCAN" not in step for step in plan), (sql, plan)
-            assert any("INDEX" in step for step in plan), (sql, plan)
+            assert all("TEMP B-TREE" not in step for step in plan), (sql, plan)
+            assert any("INDEX" in step or "PRIMARY KEY" in step for step in plan), (sql, plan)
 
 
-def test_a_20000_message_file_migrates_in_seconds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_20000_message_file_migrates_in_seconds(tmp_path: Path) -> None:
     path = tmp_path / "big.db"
     msgs = [
         Message("user" if i % 2 else "assistant", f"m{i} " + "y" * (i % 50 * 40))
         for i in range(20_000)
     ]
-    _write_at_schema_7(path, monkeypatch, {"big": msgs})
+    _write_at_schema_7(path, {"big": msgs})
     before_rows = _rows(path)
     start = time.perf_counter()
     SQLiteBackend(path).close()

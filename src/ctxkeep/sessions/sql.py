@@ -11,8 +11,10 @@ Tables (created by each backend's migrations): ``ctxkeep_sessions`` (one row per
 ``role``, indexed, so that :meth:`SQLBackend.read_tail` reads the newest messages and the older
 system ones without parsing the rest (on SQLite the index holds only the rows of
 :data:`MARK_ROLES`: migration 9); ``message_id``, unique per session, for idempotent
-appends; on SQLite a rowid table, ``(session_id, seq)`` its primary key's index beside
-it: migration 8) and
+appends; on SQLite a rowid table whose key, ``seq_key``, is the session's number (a column
+of its row, ``session_no``) times :data:`SEQ_SPAN` plus the seq: a session's messages are
+one run of the table's keys, read and deleted by key ranges (:meth:`SQLBackend._span`), with
+no index of ``(session_id, seq)`` to write beside them: migration 10) and
 ``ctxkeep_archive`` (trimmed and evicted messages, once per message id) and ``ctxkeep_folds``
 (``session_id, fold_key, body``: a cache-stable pruner's fold snapshot per setting, deleted
 with the session; :mod:`ctxkeep.prune.snapshots`).
@@ -93,20 +95,41 @@ NEWER_SQL = (
 )
 """The session's row and its messages after a seq in one statement, which sees one snapshot by
 itself (parameters: the seq, the session id): the row's columns, then each message's seq and
-record (``NULL`` for both when there is none)."""
+record (``NULL`` for both when there is none). (SQLite's is :data:`SQLITE`'s ``newer``.)"""
 
 INSERT_SQL = (
     "INSERT INTO ctxkeep_messages (session_id, seq, record, role, message_id) "
     "VALUES (?, ?, ?, ?, ?)"
 )
 """An append's insert of its messages (parameters per message: the session id, the seq, the
-record's JSON, the role and the id)."""
+record's JSON, the role and the id). (SQLite's is :data:`SQLITE`'s ``insert``.)"""
 
 TAKE_NEWEST_SQL = (
     "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = "
     "(SELECT max(seq) FROM ctxkeep_messages WHERE session_id = ?) RETURNING seq, record"
 )
-"""Take the session's newest message and read it back (parameters: the session id twice)."""
+"""Take the session's newest message and read it back (parameters: the session id twice).
+(SQLite's is :data:`SQLITE`'s ``take_newest``.)"""
+
+SEQ_SPAN = 2**32
+"""On SQLite a message's key is its session's number times this plus its seq (migration 10):
+each session's messages are one run of the table's keys, in seq order. Seqs stay below it (a
+``CHECK``: 4 billion appends to one session), session numbers below :data:`_MAX_SESSION_NO`,
+so that every key and every bound fits SQLite's 64-bit integers."""
+
+_MAX_SESSION_NO = 2**31 - 2
+
+_SQLITE_NO = "(SELECT session_no FROM ctxkeep_sessions WHERE session_id = ?)"
+
+_SQLITE_NEXT_NO = (
+    f"(SELECT CASE WHEN n < {_MAX_SESSION_NO} THEN n + 1 ELSE"
+    " (SELECT min(session_no) + 1 FROM ctxkeep_sessions a WHERE NOT EXISTS"
+    " (SELECT 1 FROM ctxkeep_sessions b WHERE b.session_no = a.session_no + 1)) END"
+    " FROM (SELECT coalesce(max(session_no), 0) AS n FROM ctxkeep_sessions))"
+)
+"""A new session's number: one above the highest (by its unique index), or, once that reaches
+:data:`_MAX_SESSION_NO`, one above a number whose successor is free (a scan, once in two
+billion sessions)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +177,23 @@ class Dialect:
     marks_index: str
     """Narrow the ``(session_id, role, seq)`` index to the rows of :data:`MARK_ROLES` and
     those of no role (migration 9; nothing on PostgreSQL, whose index keeps every row)."""
+    keyed_messages: str
+    """Key ``ctxkeep_messages`` by each session's number and the seq (migration 10; nothing
+    on PostgreSQL): see :data:`SEQ_SPAN`."""
+    session_no: str
+    """What follows the session row's columns where it is read or made: ``, session_no`` on
+    SQLite (its messages' keys are reckoned from it), nothing on PostgreSQL."""
+    new_session_no: str
+    """The value of :attr:`session_no` in a new session row's ``VALUES``."""
+    newer: str
+    """:data:`NEWER_SQL` in this dialect."""
+    insert: str
+    """:data:`INSERT_SQL` in this dialect (the same parameters)."""
+    take_newest: str
+    """:data:`TAKE_NEWEST_SQL` in this dialect (the same parameters)."""
+    seq_order: str
+    """What orders a session's messages by seq in a query that reads them by
+    :meth:`SQLBackend._span`: their key on SQLite (its rows come in that order: no sort)."""
 
 
 SQLITE = Dialect(
@@ -202,6 +242,56 @@ SQLITE = Dialect(
         CREATE INDEX ctxkeep_messages_role ON ctxkeep_messages (session_id, role, seq)
             WHERE {_MARKS_WHERE};
     """,
+    # Sessions numbered in their rows' order (UPDATE ... FROM: one numbering pass); a message
+    # whose session has no row (none is made: a session's delete takes its messages in the
+    # same transaction, and no read could find one) is not carried over.
+    keyed_messages=f"""
+        ALTER TABLE ctxkeep_sessions ADD COLUMN session_no INTEGER;
+        UPDATE ctxkeep_sessions SET session_no = numbered.n FROM (
+            SELECT rowid AS r, ROW_NUMBER() OVER (ORDER BY rowid) AS n FROM ctxkeep_sessions
+        ) AS numbered WHERE ctxkeep_sessions.rowid = numbered.r;
+        CREATE UNIQUE INDEX ctxkeep_sessions_no ON ctxkeep_sessions (session_no);
+        CREATE TABLE ctxkeep_messages_keyed (
+            seq_key INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL CHECK (seq BETWEEN 1 AND {SEQ_SPAN - 1}),
+            record TEXT NOT NULL,
+            role TEXT,
+            message_id TEXT
+        );
+        INSERT INTO ctxkeep_messages_keyed (seq_key, session_id, seq, record, role, message_id)
+            SELECT s.session_no * {SEQ_SPAN} + m.seq, m.session_id, m.seq, m.record, m.role,
+                m.message_id
+            FROM ctxkeep_messages m JOIN ctxkeep_sessions s ON s.session_id = m.session_id
+            ORDER BY 1;
+        DROP TABLE ctxkeep_messages;
+        ALTER TABLE ctxkeep_messages_keyed RENAME TO ctxkeep_messages;
+        CREATE INDEX ctxkeep_messages_role ON ctxkeep_messages (session_id, role, seq)
+            WHERE {_MARKS_WHERE};
+        CREATE UNIQUE INDEX ctxkeep_messages_id ON ctxkeep_messages (session_id, message_id);
+    """,
+    session_no=", session_no",
+    new_session_no=f", {_SQLITE_NEXT_NO}",
+    newer=(
+        "SELECT "
+        + ", ".join(f"s.{c}" for c in COLUMNS.split(", "))
+        + ", m.seq, m.record FROM ctxkeep_sessions s LEFT JOIN ctxkeep_messages m "
+        f"ON m.seq_key > s.session_no * {SEQ_SPAN} + min(?, {SEQ_SPAN - 1}) "
+        f"AND m.seq_key < (s.session_no + 1) * {SEQ_SPAN} WHERE s.session_id = ? "
+        "ORDER BY m.seq_key"
+    ),
+    # Numbered parameters: the same five as INSERT_SQL's, the session id and seq used twice.
+    insert=(
+        "INSERT INTO ctxkeep_messages (seq_key, session_id, seq, record, role, message_id) "
+        f"SELECT session_no * {SEQ_SPAN} + ?2, ?1, ?2, ?3, ?4, ?5 FROM ctxkeep_sessions "
+        "WHERE session_id = ?1"
+    ),
+    take_newest=(
+        "DELETE FROM ctxkeep_messages WHERE seq_key = (SELECT seq_key FROM ctxkeep_messages "
+        f"WHERE seq_key > {_SQLITE_NO} * {SEQ_SPAN} AND seq_key < ({_SQLITE_NO} + 1) * {SEQ_SPAN} "
+        "ORDER BY seq_key DESC LIMIT 1) RETURNING seq, record"
+    ),
+    seq_order="seq_key",
 )
 
 POSTGRES = Dialect(
@@ -231,6 +321,13 @@ POSTGRES = Dialect(
     ),
     rowid_messages="",
     marks_index="",
+    keyed_messages="",
+    session_no="",
+    new_session_no="",
+    newer=NEWER_SQL,
+    insert=INSERT_SQL,
+    take_newest=TAKE_NEWEST_SQL,
+    seq_order="seq",
 )
 
 
@@ -339,6 +436,12 @@ def migrations(d: Dialect) -> list[str]:
         # no role): an append or pop of an assistant or tool message wrote a page of it that
         # no read needed, one of the 5 WAL pages a one-message pop of one wrote (4 now).
         d.marks_index,
+        # 10: SQLite's messages keyed by their session's number and seq (SEQ_SPAN), the
+        # table's own key (its rowid), where schema 8 kept the (session_id, seq) key in an
+        # index beside the rows: every append and pop wrote a page of that index as well as
+        # the table's (a pop of a 1,000-item Agents SDK session wrote 5 WAL pages, 4 now),
+        # and a session's messages lie together in key order as they did in it.
+        d.keyed_messages,
     ]
 
 
@@ -396,6 +499,49 @@ class SQLBackend(Backend):
         """A connection inside a read transaction that sees one instant of the database."""
         raise NotImplementedError
 
+    def _no(self, row: Sequence[Any], at: int = _WIDTH) -> int | None:
+        """The session's number in ``row`` (at ``at``, where :attr:`Dialect.session_no`
+        put it), or None where the dialect keeps none.
+        """
+        return row[at] if self.dialect.session_no else None
+
+    def _span(
+        self,
+        session_id: str,
+        no: int | None,
+        *,
+        above: int | None = None,
+        below: int | None = None,
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The condition on ``ctxkeep_messages`` that holds the session's messages with
+        ``above < seq < below`` (either bound left out: none), and its parameters: by
+        ``(session_id, seq)``, or where the session has a number ``no`` (SQLite), a range
+        of the table's key (:data:`SEQ_SPAN`), in :attr:`Dialect.seq_order`.
+        """
+        if no is None:
+            where = "session_id = ?"
+            params: list[Any] = [session_id]
+            if above is not None:
+                where += " AND seq > ?"
+                params.append(above)
+            if below is not None:
+                where += " AND seq < ?"
+                params.append(below)
+            return where, tuple(params)
+        base = no * SEQ_SPAN
+        low = 0 if above is None else min(above, SEQ_SPAN)
+        high = SEQ_SPAN if below is None else min(below, SEQ_SPAN)
+        return "seq_key > ? AND seq_key < ?", (base + low, base + high)
+
+    def _at(
+        self, session_id: str, no: int | None, seqs: Sequence[int]
+    ) -> tuple[str, tuple[Any, ...]]:
+        """:meth:`_span`'s condition for the session's messages at ``seqs`` (a few)."""
+        marks = ", ".join("?" for _ in seqs)
+        if no is None:
+            return f"session_id = ? AND seq IN ({marks})", (session_id, *seqs)
+        return f"seq_key IN ({marks})", tuple(no * SEQ_SPAN + s for s in seqs)
+
     def close(self) -> None:
         """Close the engine's connections."""
         self.db.close()
@@ -414,8 +560,8 @@ class SQLBackend(Backend):
         """
         cur = conn.execute(
             self._sql(
-                f"INSERT INTO ctxkeep_sessions ({COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, 0, 1, '[]', ?, 1, 0) "
+                f"INSERT INTO ctxkeep_sessions ({COLUMNS}{self.dialect.session_no}) "
+                f"VALUES (?, ?, ?, ?, ?, ?, 0, 1, '[]', ?, 1, 0{self.dialect.new_session_no}) "
                 "ON CONFLICT (session_id) DO NOTHING"
             ),
             (
@@ -453,7 +599,9 @@ class SQLBackend(Backend):
         """The session's row inside ``conn``'s transaction (locked for update if ``lock``),
         or None.
         """
-        sql = f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ?"
+        sql = (
+            f"SELECT {COLUMNS}{self.dialect.session_no} FROM ctxkeep_sessions WHERE session_id = ?"
+        )
         if lock:
             sql += self.dialect.for_update
         return conn.execute(self._sql(sql), (session_id,)).fetchone()
@@ -498,7 +646,7 @@ class SQLBackend(Backend):
         if texts:  # (a pop: nothing takes the newest message's place)
             executemany(
                 conn,
-                self._sql(INSERT_SQL),
+                self._sql(self.dialect.insert),
                 [
                     (session_id, s, t, r["role"], r.get("id"))
                     for s, t, r in zip(seqs, texts, batch.records, strict=True)
@@ -544,7 +692,7 @@ class SQLBackend(Backend):
         # Taken and read back in one statement; one that is not the batch's to replace is
         # put back by the transaction's rollback (the SessionChangedError ends it).
         newest = conn.execute(
-            self._sql(TAKE_NEWEST_SQL), (info.session_id, info.session_id)
+            self._sql(self.dialect.take_newest), (info.session_id, info.session_id)
         ).fetchone()
         if newest is None:
             raise SessionChangedError(info.session_id)
@@ -578,7 +726,7 @@ class SQLBackend(Backend):
         on each of the few newer messages costs less; a whole read keeps the transaction.
         """
         if after_seq > 0:
-            found = self._q("read a session", NEWER_SQL, (after_seq, session_id))
+            found = self._q("read a session", self.dialect.newer, (after_seq, session_id))
             if not found:
                 return None
             tail = [(r[_WIDTH], r[_WIDTH + 1]) for r in found if r[_WIDTH] is not None]
@@ -587,12 +735,13 @@ class SQLBackend(Backend):
             row = self._session_row(conn, session_id)
             if row is None:
                 return None
+            where, params = self._span(session_id, self._no(row), above=after_seq)
             rows = conn.execute(
                 self._sql(
-                    "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? AND seq > ? "
-                    "ORDER BY seq"
+                    f"SELECT seq, record FROM ctxkeep_messages WHERE {where} "
+                    f"ORDER BY {self.dialect.seq_order}"
                 ),
-                (session_id, after_seq),
+                params,
             ).fetchall()
         return row_to_info(row), rows
 
@@ -613,26 +762,28 @@ class SQLBackend(Backend):
             row = self._session_row(conn, session_id)
             if row is None:
                 return None
+            no = self._no(row)
+            where, params = self._span(session_id, no, below=before)
+            order = self.dialect.seq_order
             if limit is None:
                 page = conn.execute(
                     self._sql(
-                        "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
-                        "AND seq < ? ORDER BY seq"
+                        f"SELECT seq, record FROM ctxkeep_messages WHERE {where} ORDER BY {order}"
                     ),
-                    (session_id, before),
+                    params,
                 ).fetchall()
             else:
                 page = conn.execute(
                     self._sql(
-                        "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
-                        "AND seq < ? ORDER BY seq DESC LIMIT ?"
+                        f"SELECT seq, record FROM ctxkeep_messages WHERE {where} "
+                        f"ORDER BY {order} DESC LIMIT ?"
                     ),
-                    (session_id, before, limit),
+                    (*params, limit),
                 ).fetchall()[::-1]
             marks: list[Any] = []
             if limit is not None and len(page) == limit:
                 floor = page[0][0] if page else before
-                sql, params = self._marks_sql(session_id, floor, roles, newest_role)
+                sql, params = self._marks_sql(session_id, floor, roles, newest_role, no)
                 found = conn.execute(self._sql(sql), params)
                 marks = sorted(dict(found.fetchall()).items())
         return Tail(
@@ -642,42 +793,53 @@ class SQLBackend(Backend):
         )
 
     def _marks_sql(
-        self, session_id: str, floor: int, roles: Collection[str], newest_role: str | None
+        self,
+        session_id: str,
+        floor: int,
+        roles: Collection[str],
+        newest_role: str | None,
+        no: int | None = None,
     ) -> tuple[str, tuple[Any, ...]]:
         """The statement of :meth:`read_tail`'s marks below ``floor`` and its parameters: the
         messages of no role or of ``roles``, and the newest of ``newest_role``. A role of
         :data:`MARK_ROLES` is written into the statement (so SQLite sees its partial index
         holds the rows: a parameter's value is not looked at) and read by the role index; any
-        other role is a parameter, read by the session's messages in seq order.
+        other role is a parameter, read by the session's messages in seq order (:meth:`_span`;
+        ``no``: the session's number, where the dialect keeps one).
         """
 
-        def branch(role: str | None) -> tuple[str, tuple[Any, ...]]:
+        def branch(role: str | None) -> tuple[str, tuple[Any, ...], str]:
             if role is None:
                 where, args = "role IS NULL", ()
             elif role in MARK_ROLES:
                 where, args = f"role = '{role}'", ()
             else:
-                return "FROM ctxkeep_messages WHERE session_id = ? AND role = ?", (
-                    session_id,
-                    role,
+                span, args = self._span(session_id, no, below=floor)
+                return (
+                    f"FROM ctxkeep_messages WHERE {span} AND role = ?",
+                    (*args, role),
+                    self.dialect.seq_order,
                 )
             return (
-                f"FROM ctxkeep_messages{self.dialect.by_role} WHERE session_id = ? AND {where}",
-                (session_id, *args),
+                f"FROM ctxkeep_messages{self.dialect.by_role} WHERE session_id = ? AND {where}"
+                " AND seq < ?",
+                (session_id, *args, floor),
+                "seq",
             )
 
-        parts, params = [], []
+        parts: list[str] = []
+        params: list[Any] = []
         for role in (None, *sorted(set(roles))):
-            source, args = branch(role)
-            parts.append(f"SELECT seq, record {source} AND seq < ?")
-            params += [*args, floor]
+            source, args, _ = branch(role)
+            parts.append(f"SELECT seq, record {source}")
+            params += args
         if newest_role is not None:
-            source, args = branch(newest_role)
+            source, args, order = branch(newest_role)
             parts.append(
-                f"SELECT seq, record FROM (SELECT seq, record {source} AND seq < ? "
-                "ORDER BY seq DESC LIMIT 1) AS newest"
+                f"SELECT seq, record FROM (SELECT seq, record {source} "
+                f"ORDER BY {order} DESC LIMIT 1) AS newest"
             )
-            params += [*args, floor]
+            params += args
         return " UNION ALL ".join(parts), tuple(params)
 
     def read_rows(
@@ -687,19 +849,18 @@ class SQLBackend(Backend):
         key), in one snapshot.
         """
         wanted = sorted({s for s in seqs if s <= after_seq})
-        sql = "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? AND seq > ?"
-        params: list[Any] = [session_id, after_seq]
-        if wanted:
-            sql += (
-                " UNION ALL SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
-                f"AND seq IN ({', '.join('?' for _ in wanted)})"
-            )
-            params += [session_id, *wanted]
         with self.snapshot("read a session's messages") as conn:
             row = self._session_row(conn, session_id)
             if row is None:
                 return None
-            found = conn.execute(self._sql(sql + " ORDER BY seq"), tuple(params)).fetchall()
+            no = self._no(row)
+            where, params = self._span(session_id, no, above=after_seq)
+            sql = f"SELECT seq, record FROM ctxkeep_messages WHERE {where}"
+            if wanted:
+                at, more = self._at(session_id, no, wanted)
+                sql += f" UNION ALL SELECT seq, record FROM ctxkeep_messages WHERE {at}"
+                params += more
+            found = conn.execute(self._sql(sql + " ORDER BY seq"), params).fetchall()
         return row_to_info(row), [(seq, load_record(session_id, seq, rec)) for seq, rec in found]
 
     def get_fold(self, session_id: str, key: str) -> str | None:
@@ -732,21 +893,20 @@ class SQLBackend(Backend):
         with self.db.tx("trim messages") as conn:
             found = conn.execute(
                 self._sql(
-                    "SELECT agent_id FROM ctxkeep_sessions WHERE session_id = ? AND generation = ?"
-                    + self.dialect.for_update
+                    f"SELECT agent_id{self.dialect.session_no} FROM ctxkeep_sessions "
+                    "WHERE session_id = ? AND generation = ?" + self.dialect.for_update
                 ),
                 (session_id, generation),
             ).fetchone()
             if found is None:
                 return []
+            no = self._no(found, 1)
             if archive:
-                self._archive_rows(conn, session_id, found[0], "max_history", upto_seq)
+                self._archive_rows(conn, session_id, no, found[0], "max_history", upto_seq)
+            where, params = self._upto(session_id, no, upto_seq)
             gone = conn.execute(
-                self._sql(
-                    "DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq <= ? "
-                    "RETURNING seq, record"
-                ),
-                (session_id, upto_seq),
+                self._sql(f"DELETE FROM ctxkeep_messages WHERE {where} RETURNING seq, record"),
+                params,
             ).fetchall()
             conn.execute(
                 self._sql(
@@ -763,28 +923,28 @@ class SQLBackend(Backend):
         with self.db.tx("take back a message") as conn:
             row = conn.execute(
                 self._sql(
-                    f"SELECT {COLUMNS} FROM ctxkeep_sessions WHERE session_id = ? "
-                    "AND generation = ?" + self.dialect.for_update
+                    f"SELECT {COLUMNS}{self.dialect.session_no} FROM ctxkeep_sessions "
+                    "WHERE session_id = ? AND generation = ?" + self.dialect.for_update
                 ),
                 (session_id, generation),
             ).fetchone()
             if row is None:
                 return None
             info = row_to_info(row)
+            no = self._no(row)
+            where, params = self._span(session_id, no)
             newest = conn.execute(
                 self._sql(
-                    "SELECT seq, record FROM ctxkeep_messages WHERE session_id = ? "
-                    "ORDER BY seq DESC LIMIT 1"
+                    f"SELECT seq, record FROM ctxkeep_messages WHERE {where} "
+                    f"ORDER BY {self.dialect.seq_order} DESC LIMIT 1"
                 ),
-                (session_id,),
+                params,
             ).fetchone()
             if newest is None:
                 return None
             seq, record = newest[0], load_record(session_id, *newest)
-            conn.execute(
-                self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ? AND seq = ?"),
-                (session_id, seq),
-            )
+            where, params = self._at(session_id, no, [seq])
+            conn.execute(self._sql(f"DELETE FROM ctxkeep_messages WHERE {where}"), params)
             conn.execute(
                 self._sql(
                     "UPDATE ctxkeep_sessions SET message_count = message_count - 1, "
@@ -809,36 +969,51 @@ class SQLBackend(Backend):
             where = "session_id = ?" + (" AND generation = ?" if generation is not None else "")
             params = (session_id,) if generation is None else (session_id, generation)
             found = conn.execute(
-                self._sql(f"SELECT agent_id FROM ctxkeep_sessions WHERE {where}")
+                self._sql(
+                    f"SELECT agent_id{self.dialect.session_no} FROM ctxkeep_sessions WHERE {where}"
+                )
                 + self.dialect.for_update,
                 params,
             ).fetchone()
             if found is None:
                 return False
+            no = self._no(found, 1)
             if archive is not None:
-                self._archive_rows(conn, session_id, found[0], archive, _NO_SEQ)
+                self._archive_rows(conn, session_id, no, found[0], archive, _NO_SEQ)
             conn.execute(self._sql(f"DELETE FROM ctxkeep_sessions WHERE {where}"), params)
-            conn.execute(
-                self._sql("DELETE FROM ctxkeep_messages WHERE session_id = ?"), (session_id,)
-            )
+            span, args = self._span(session_id, no)
+            conn.execute(self._sql(f"DELETE FROM ctxkeep_messages WHERE {span}"), args)
             conn.execute(self._sql("DELETE FROM ctxkeep_folds WHERE session_id = ?"), (session_id,))
             return True
 
     def _archive_rows(
-        self, conn: Any, session_id: str, agent_id: str, reason: str, upto_seq: int
+        self,
+        conn: Any,
+        session_id: str,
+        no: int | None,
+        agent_id: str,
+        reason: str,
+        upto_seq: int,
     ) -> None:
         """Inside ``conn``'s transaction: copy the session's messages up to ``upto_seq`` into
         the archive in seq order (one ``INSERT ... SELECT``: no record crosses the wire), but
-        for ids it holds.
+        for ids it holds (``no``: the session's number, where the dialect keeps one).
         """
+        where, params = self._upto(session_id, no, upto_seq)
         conn.execute(
             self._sql(
                 "INSERT INTO ctxkeep_archive (session_id, message_id, agent_id, reason, record) "
                 "SELECT session_id, coalesce(message_id, ''), ?, ?, record FROM ctxkeep_messages "
-                "WHERE session_id = ? AND seq <= ? ORDER BY seq ON CONFLICT DO NOTHING"
+                f"WHERE {where} ORDER BY {self.dialect.seq_order} ON CONFLICT DO NOTHING"
             ),
-            (agent_id, reason, session_id, upto_seq),
+            (agent_id, reason, *params),
         )
+
+    def _upto(self, session_id: str, no: int | None, upto_seq: int) -> tuple[str, tuple[Any, ...]]:
+        """:meth:`_span`'s condition for the session's messages up to ``upto_seq``."""
+        if no is None:  # (as it was written before SQLite's keys)
+            return "session_id = ? AND seq <= ?", (session_id, upto_seq)
+        return self._span(session_id, no, below=upto_seq + 1)
 
     def list_sessions(
         self, *, agent_id: str | None, task_id: str | None, limit: int, offset: int

@@ -48,7 +48,7 @@ from ctxkeep.sessions.records import (
     load_record,
     pending_after_pop,
 )
-from ctxkeep.sessions.sql import INSERT_SQL, SQLITE, TAKE_NEWEST_SQL, SQLBackend, migrations
+from ctxkeep.sessions.sql import SQLITE, SQLBackend, migrations
 
 MIGRATIONS = migrations(SQLITE)
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -161,7 +161,7 @@ class SQLiteBackend(SQLBackend):
         info = base
         taken = 0
         if batch.replaces is not None or batch.replaces_id is not None:  # (batch.replacing)
-            newest = conn.execute(TAKE_NEWEST_SQL, (session_id, session_id)).fetchone()
+            newest = conn.execute(SQLITE.take_newest, (session_id, session_id)).fetchone()
             if newest is None:
                 raise _Stale
             record = load_record(session_id, *newest)
@@ -208,11 +208,11 @@ class SQLiteBackend(SQLBackend):
         if n == 1:
             record = batch.records[0]
             conn.execute(
-                INSERT_SQL, (session_id, first, texts[0], record["role"], record.get("id"))
+                SQLITE.insert, (session_id, first, texts[0], record["role"], record.get("id"))
             )
         elif n:
             conn.executemany(
-                INSERT_SQL,
+                SQLITE.insert,
                 [
                     (session_id, first + i, t, r["role"], r.get("id"))
                     for i, (t, r) in enumerate(zip(texts, batch.records, strict=True))
