@@ -72,9 +72,9 @@ def test_a_redis_session_awaits_its_round_trips_in_the_loop_thread(
     threads: set[int] = set()
     acall = Direct.acall
 
-    async def watched(self: Direct, *command: Any) -> Any:
+    async def watched(self: Direct, *command: Any, **kw: Any) -> Any:
         threads.add(threading.get_ident())
-        return await acall(self, *command)
+        return await acall(self, *command, **kw)
 
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a call hopped to a thread")
@@ -202,9 +202,9 @@ def test_without_greenlet_a_redis_session_runs_in_a_thread(
     threads: set[int] = set()
     call = Direct.__call__
 
-    def watched(self: Direct, *command: Any) -> Any:
+    def watched(self: Direct, *command: Any, **kw: Any) -> Any:
         threads.add(threading.get_ident())
-        return call(self, *command)
+        return call(self, *command, **kw)
 
     monkeypatch.setattr(Direct, "__call__", watched)
 

@@ -71,9 +71,9 @@ def test_bridged_code_awaits_its_scripts_in_the_loop(
     seen: list[Any] = []
     acall = Direct.acall
 
-    async def watched(self: Direct, *command: Any) -> Any:
+    async def watched(self: Direct, *command: Any, **kw: Any) -> Any:
         seen.append(threading.get_ident())
-        return await acall(self, *command)
+        return await acall(self, *command, **kw)
 
     monkeypatch.setattr(Direct, "acall", watched)
 
@@ -217,9 +217,9 @@ def test_a_pool_that_cannot_hold_awaits_its_calls_in_a_thread(redis_url: str) ->
         threads: list[int] = []
         call = Direct.__call__
 
-        def watched(self: Direct, *command: Any) -> Any:
+        def watched(self: Direct, *command: Any, **kw: Any) -> Any:
             threads.append(threading.get_ident())
-            return call(self, *command)
+            return call(self, *command, **kw)
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(Direct, "__call__", watched)

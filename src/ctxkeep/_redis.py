@@ -304,13 +304,15 @@ class Direct:
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
-    def __call__(self, *command: EncodableT) -> Any:
+    def __call__(self, *command: EncodableT, again: Sequence[EncodableT] | None = None) -> Any:
         """Run ``command``; its answer as the connection's parser gives it (no response
         callback: for ``EVALSHA`` redis-py has none). An error reply raises as redis-py
-        raises it; a dropped connection runs the command again through ``execute_command``.
+        raises it; a dropped connection runs the command again through ``execute_command``:
+        ``again`` where given (the form of a write that is safe to run a second time, as its
+        first run may have been done and only its answer lost), else ``command``.
         """
         if self.awaits and _bridge.bridged():
-            return _bridge.wait(self.acall(*command))
+            return _bridge.wait(self.acall(*command, again=again))
         if self.client.connection is not None:  # a single-connection client: its own lock
             return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
         conn = self._take()
@@ -320,7 +322,7 @@ class Direct:
             done = True  # a whole reply, an error reply too: the connection is clean
         except (redis.ConnectionError, redis.TimeoutError):
             conn.disconnect()
-            return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
+            return self.client.execute_command(*(again or command))  # type: ignore[no-untyped-call]
         finally:
             if not done:
                 conn.disconnect()
@@ -392,14 +394,16 @@ class Direct:
             pipe.execute_command(*command)  # type: ignore[no-untyped-call]
         return pipe.execute(raise_on_error=False)
 
-    async def acall(self, *command: EncodableT) -> Any:
+    async def acall(self, *command: EncodableT, again: Sequence[EncodableT] | None = None) -> Any:
         """``self(*command)`` awaited in the running event loop (see the class docstring):
         its answer as ``__call__`` gives it; an error reply raises as there; a dropped
-        connection (or a timeout) runs the command once more on a new one.
+        connection (or a timeout) runs the command (``again`` where given, as there) once
+        more on a new one.
         """
         if not self.awaits:
-            return await asyncio.to_thread(self, *command)
-        (answer,) = await self._aexchange(self._pack(command), 1)
+            return await asyncio.to_thread(functools.partial(self, *command, again=again))
+        resend = None if again is None else self._pack(tuple(again))
+        (answer,) = await self._aexchange(self._pack(command), 1, resend)
         if isinstance(answer, redis.ResponseError):
             raise answer  # a whole error reply: the connection is clean
         return answer
@@ -425,10 +429,13 @@ class Direct:
             return await asyncio.to_thread(self.pipeline, *commands)
         return await self._aexchange(b"".join(self._pack(c) for c in commands), len(commands))
 
-    async def _aexchange(self, packed: bytes, replies: int) -> list[Any]:
+    async def _aexchange(
+        self, packed: bytes, replies: int, resend: bytes | None = None
+    ) -> list[Any]:
         """:meth:`_exchange` on a held connection (or a new one); a dropped connection or a
-        timeout sends ``packed`` once more on a new one. A connection cut short (an error,
-        a cancellation) is disconnected before it is given back.
+        timeout sends ``packed`` (``resend`` where given) once more on a new one. A
+        connection cut short (an error, a cancellation) is disconnected before it is given
+        back.
         """
         for attempt in (1, 2):
             conn = await self._atake()
@@ -439,6 +446,7 @@ class Direct:
             except (redis.ConnectionError, redis.TimeoutError):
                 if attempt == 2:
                     raise
+                packed = resend or packed
                 continue
             finally:
                 if not done:
@@ -672,13 +680,20 @@ class LuaScript:
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
         self._run = direct(client)
 
-    def __call__(self, keys: Sequence[str], *args: EncodableT) -> Any:
-        """Run the script on ``keys`` with ``args``; its answer as redis-py parses it."""
+    def __call__(
+        self, keys: Sequence[str], *args: EncodableT, again: Sequence[EncodableT] | None = None
+    ) -> Any:
+        """Run the script on ``keys`` with ``args``; its answer as redis-py parses it.
+        ``again``: the arguments to run it with where a dropped connection sends it a second
+        time (:class:`Direct`), if not ``args``.
+        """
+        command: tuple[EncodableT, ...] = ("EVALSHA", self.sha, len(keys), *keys)
+        resend = None if again is None else (*command, *again)
         try:
-            return self._run("EVALSHA", self.sha, len(keys), *keys, *args)
+            return self._run(*command, *args, again=resend)
         except redis.exceptions.NoScriptError:
             self._run("SCRIPT", "LOAD", self.source)  # through Direct: awaited where it is
-            return self._run("EVALSHA", self.sha, len(keys), *keys, *args)
+            return self._run(*command, *args, again=resend)
 
     def followed(
         self, keys: Sequence[str], args: Sequence[EncodableT], *after: Sequence[EncodableT]

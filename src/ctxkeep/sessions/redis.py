@@ -1282,8 +1282,7 @@ class RedisBackend(Backend):
         def write(base: SessionInfo, pending: tuple[str, ...]) -> Written:
             guess = base.next_seq  # the script numbers them again if another writer came
             seen = float(base.accessed_at)
-            out = self._append_script(
-                script_keys,
+            args = [
                 session_id,
                 _pending_json(base.pending),
                 repr(seen),
@@ -1299,7 +1298,14 @@ class RedisBackend(Backend):
                 *[f"{guess + i}:{text}" for i, text in enumerate(records)],
                 *[role_member(role, guess + i) for i, role in enumerate(roles)],
                 *(r.get("id") or "" for r in batch.records),
-            )
+            ]
+            # Sent again after a dropped connection (Direct), the script may have run the
+            # first time and only its answer been lost: the second run looks the ids up even
+            # where they were made for this append (a '' for fresh), so it finds the
+            # messages stored ('found': the retry that wrote nothing) instead of storing
+            # them twice.
+            again = args if not fresh else [*args[:8], "", *args[9:]]
+            out = self._append_script(script_keys, *args, again=again)
             if out[0] == "missing":
                 return None
             if out[0] == "found":

@@ -1,0 +1,133 @@
+"""A Redis append whose answer was lost is stored once.
+
+A raw TCP proxy stands between the backend and a real Redis: when told to, it forwards what the
+client sends and closes the client's connection on the server's next answer instead of passing
+it on (the script ran; its answer was lost). The client's :class:`ctxkeep._redis.Direct` sends
+the command again on a new connection, as redis-py's retries do: an append whose ids were made
+for it (``Append.fresh_ids``: a LangChain message or an Agents SDK item without one) was sent
+again as it was, told to look no id up, and stored the message a second time. It is sent again
+looking its ids up, so the second run finds the message and stores nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlencode, urlparse
+
+import pytest
+
+from conftest_services import redis_prefix_factory, redis_url
+from ctxkeep.integrations.openai_agents import CtxkeepSession
+from ctxkeep.sessions import open_memory
+from ctxkeep.sessions.base import MemoryConfig, MemoryManager
+
+pytest.importorskip("redis", reason="redis-py is not installed: pip install 'ctxkeep[redis]'")
+
+pytestmark = pytest.mark.redis
+
+__all__ = ["redis_prefix_factory", "redis_url"]
+
+
+class LosingProxy:
+    """Forwards TCP both ways to ``upstream``; while :attr:`lose` is above 0, the server's
+    next answer on any connection closes that connection instead of reaching the client.
+    """
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.lose = 0
+        self.lost = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if answers:
+                    with self._lock:
+                        losing = self.lose > 0
+                        if losing:
+                            self.lose -= 1
+                            self.lost += 1
+                    if losing:
+                        break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[LosingProxy]:
+    parsed = urlparse(redis_url)
+    p = LosingProxy((parsed.hostname or "127.0.0.1", parsed.port or 6379))
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def mem(
+    proxy: LosingProxy, redis_url: str, redis_prefix_factory: Callable[[], str]
+) -> Iterator[MemoryManager]:
+    db = urlparse(redis_url).path or "/0"
+    url = f"redis://127.0.0.1:{proxy.port}{db}?{urlencode({'prefix': redis_prefix_factory()})}"
+    config = MemoryConfig(max_history=None, max_sessions=None, session_ttl=None)
+    m = open_memory(url, config=config)
+    yield m
+    m.close()
+
+
+def test_an_append_of_new_ids_whose_answer_was_lost_is_stored_once(
+    mem: MemoryManager, proxy: LosingProxy
+) -> None:
+    sid = mem.create_session("agent")
+    mem.add_messages(sid, [{"role": "user", "content": "first"}])  # scripts loaded, state known
+    proxy.lose = 1
+    mem.add_messages(sid, [{"role": "assistant", "content": "second"}])  # no id: made here
+    assert proxy.lost == 1  # the answer was lost, and the append answered all the same
+    held = mem.get_messages(sid)
+    assert [m.content for m in held] == ["first", "second"]
+    assert len({m.id for m in held}) == 2
+
+
+def test_an_agents_sdk_add_whose_answer_was_lost_is_stored_once(
+    mem: MemoryManager, proxy: LosingProxy
+) -> None:
+    session = CtxkeepSession("conv", memory=mem)
+    items: list[Any] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+
+    async def main() -> list[Any]:
+        await session.add_items(items[:1])
+        proxy.lose = 1
+        await session.add_items(items[1:])  # awaited in the loop: Direct.acall's resend
+        return await CtxkeepSession("conv", memory=mem).get_items()
+
+    got = asyncio.run(main())
+    assert proxy.lost == 1
+    assert [i["content"] for i in got] == ["hi", "hello"]
