@@ -179,10 +179,14 @@ def test_a_put_the_server_refuses_leaves_nothing_and_no_open_transaction(
             "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON ctxkeep_langgraph_items "
             "FOR EACH ROW EXECUTE FUNCTION refuse()"
         )
-    with pytest.raises(Exception, match="refused by a trigger"):
-        store.put(("notes",), "n1", {"text": "refused"})
-    with store._items._db.pool.connection() as conn:  # type: ignore[attr-defined]
-        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    # The refusal comes back before the pipeline's end in some runs (fetched by a later
+    # statement's send) and at its sync in others: each is told as the trigger's error (it
+    # was "pipeline aborted" in 4 of 40 runs of one refused put).
+    for _ in range(60):
+        with pytest.raises(Exception, match="refused by a trigger"):
+            store.put(("notes",), "n1", {"text": "refused"})
+        with store._items._db.pool.connection() as conn:  # type: ignore[attr-defined]
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     got = store.get(("notes",), "n1")
     assert got is not None and got.value == {"text": "kept as it was"}
     assert store.episodic.count() == episodes
