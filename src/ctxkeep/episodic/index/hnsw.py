@@ -129,13 +129,20 @@ class HNSWIndex(_SlotIndex):
         p = self.params
         ef = max(p.ef_search, k)
         if slots is None:
-            return self._graph(q, k, ef, self._live_bitmap() if self.tombstones else None)
+            # A graph search whose ef covers every live vector visits them all (and the
+            # tombstones): scoring them exactly is cheaper, and exact.
+            if self._live <= ef:
+                return self._exact(q, k, self._live_slots())
+            found, scores = self._graph(q, k, ef, self._live_bitmap() if self.tombstones else None)
+            return self._enough(q, k, None, found, scores)
         # Over-fetch: the best k allowed are, on average, within the best k / fraction of all.
         fetch = math.ceil(p.overfetch * k * self._live / slots.size)
-        if slots.size <= p.exact_cost * max(ef, fetch) or fetch > self._live // 2:
-            scores = _gather_dot(self._matrix(), slots, q)
-            best = _topk(scores, k)
-            return slots[best], scores[best]
+        if (
+            slots.size <= p.exact_cost * max(ef, fetch)
+            or fetch > self._live // 2
+            or self._live <= ef
+        ):
+            return self._exact(q, k, slots)
         found, scores = self._graph(q, fetch, max(ef, fetch), None)
         pos = np.minimum(np.searchsorted(slots, found), slots.size - 1)
         keep = slots[pos] == found  # slots is sorted
@@ -144,12 +151,35 @@ class HNSWIndex(_SlotIndex):
         # Unlucky (the allowed lie away from the query): exact search, or a graph search
         # collecting allowed slots only, which visits about ef / fraction nodes.
         if slots.size <= p.exact_cost * ef * self._live / slots.size:
-            scores = _gather_dot(self._matrix(), slots, q)
-            best = _topk(scores, k)
-            return slots[best], scores[best]
+            return self._exact(q, k, slots)
         mask = np.zeros(self._nslots, bool)
         mask[slots] = True
-        return self._graph(q, k, ef, np.packbits(mask, bitorder="little"))
+        found, scores = self._graph(q, k, ef, np.packbits(mask, bitorder="little"))
+        return self._enough(q, k, slots, found, scores)
+
+    def _exact(self, q: np.ndarray, k: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        scores = _gather_dot(self._matrix(), slots, q)
+        best = _topk(scores, k)
+        return slots[best], scores[best]
+
+    def _enough(
+        self,
+        q: np.ndarray,
+        k: int,
+        slots: np.ndarray | None,
+        found: np.ndarray,
+        scores: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The graph's answer, or an exact one where it found fewer than it could.
+
+        The graph can leave a node unreached (its in-links pruned while it was built, or
+        taken by tombstones' zeroed vectors): a search that finds fewer than ``k`` of at
+        least ``k`` candidates is done again exactly, so a search never comes back short.
+        """
+        available = self._live if slots is None else int(slots.size)
+        if found.size >= min(k, available):
+            return found, scores
+        return self._exact(q, k, self._live_slots() if slots is None else slots)
 
     def _graph(
         self, q: np.ndarray, k: int, ef: int, bits: np.ndarray | None
