@@ -456,3 +456,26 @@ def test_a_write_that_makes_the_keys_again_gives_them_the_deadline(url: str) -> 
             for k in ("session", *[o.split(":")[-2] for o in own])
         ] == [-1] * 4
     client.close()
+
+
+def test_the_keys_a_write_names_are_the_session_keys_and_its_indexes() -> None:
+    # written() is the one call a write makes for its KEYS: the same names as own() and the
+    # accessed and expires indexes, from the one place they are spelt
+    from ctxkeep.sessions.redis import RedisKeys
+
+    keys = RedisKeys("app:")
+    assert keys.written("s1") == [*keys.own("s1"), keys.accessed, keys.expires]
+    assert keys.own("s1") == (
+        keys.session("s1"),
+        keys.messages("s1"),
+        keys.roles("s1"),
+        keys.ids("s1"),
+    )
+    assert keys.written("s1") == [
+        "app:session:s1",
+        "app:messages:s1",
+        "app:roles:s1",
+        "app:ids:s1",
+        "app:accessed",
+        "app:expires",
+    ]

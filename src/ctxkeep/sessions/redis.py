@@ -108,7 +108,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ctxkeep._redis import (
@@ -170,19 +170,35 @@ _SCAN_CHUNK = 200
 # -- the layout, free of I/O ------------------------------------------------------------------
 
 
+_OWN_KINDS = ("session:", "messages:", "roles:", "ids:")
+"""The keys of one session that expire with it (:meth:`RedisKeys.own`), in the order of the
+scripts' KEYS: ``{prefix}{kind}{session id}``."""
+_WRITTEN_INDEXES = ("accessed", "expires")
+"""The shared indexes a write of a session moves, after its own keys in the scripts' KEYS."""
+
+
 @dataclass(frozen=True)
 class RedisKeys:
     """The name of every key the backend uses, under one prefix."""
 
     prefix: str = DEFAULT_PREFIX
+    _own: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """Each of :data:`_OWN_KINDS` under the prefix: a session's key is one of these and its
+    id (the one place their names are spelt; :meth:`written` is one call, not seven)."""
+    _indexes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """Each of :data:`_WRITTEN_INDEXES` under the prefix."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_own", tuple(self.prefix + kind for kind in _OWN_KINDS))
+        object.__setattr__(self, "_indexes", tuple(self.prefix + n for n in _WRITTEN_INDEXES))
 
     def session(self, session_id: str) -> str:
         """The session's hash."""
-        return f"{self.prefix}session:{session_id}"
+        return self._own[0] + session_id
 
     def messages(self, session_id: str) -> str:
         """The session's messages, a zset scored by seq."""
-        return f"{self.prefix}messages:{session_id}"
+        return self._own[1] + session_id
 
     def agent(self, agent_id: str) -> str:
         """The agent's sessions by created_at."""
@@ -202,11 +218,11 @@ class RedisKeys:
 
     def roles(self, session_id: str) -> str:
         """The session's messages by role: ``"{role}:{seq, 20 digits}"``, scored 0."""
-        return f"{self.prefix}roles:{session_id}"
+        return self._own[2] + session_id
 
     def ids(self, session_id: str) -> str:
         """The session's message ids: id -> seq."""
-        return f"{self.prefix}ids:{session_id}"
+        return self._own[3] + session_id
 
     def folds(self, session_id: str) -> str:
         """The session's fold snapshots, a hash by key."""
@@ -220,12 +236,12 @@ class RedisKeys:
     @property
     def accessed(self) -> str:
         """Every session by accessed_at."""
-        return f"{self.prefix}accessed"
+        return self._indexes[0]
 
     @property
     def expires(self) -> str:
         """Sessions with a TTL, by deadline in Unix milliseconds."""
-        return f"{self.prefix}expires"
+        return self._indexes[1]
 
     @property
     def owners(self) -> str:
@@ -236,24 +252,19 @@ class RedisKeys:
         """The KEYS of the scripts that write a session: its own (:meth:`own`), then the
         accessed and expires indexes; made in one call (an add's seven calls were six too many).
         """
-        prefix = self.prefix
+        session, messages, roles, ids = self._own
         return [
-            f"{prefix}session:{session_id}",
-            f"{prefix}messages:{session_id}",
-            f"{prefix}roles:{session_id}",
-            f"{prefix}ids:{session_id}",
-            f"{prefix}accessed",
-            f"{prefix}expires",
+            session + session_id,
+            messages + session_id,
+            roles + session_id,
+            ids + session_id,
+            *self._indexes,
         ]
 
     def own(self, session_id: str) -> tuple[str, str, str, str]:
         """The keys that belong to one session and expire with it."""
-        return (
-            self.session(session_id),
-            self.messages(session_id),
-            self.roles(session_id),
-            self.ids(session_id),
-        )
+        session, messages, roles, ids = self._own
+        return (session + session_id, messages + session_id, roles + session_id, ids + session_id)
 
 
 def session_fields(info: SessionInfo) -> dict[FieldT, EncodableT]:
