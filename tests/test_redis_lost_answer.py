@@ -6,7 +6,10 @@ it on (the script ran; its answer was lost). The client's :class:`ctxkeep._redis
 the command again on a new connection, as redis-py's retries do: an append whose ids were made
 for it (``Append.fresh_ids``: a LangChain message or an Agents SDK item without one) was sent
 again as it was, told to look no id up, and stored the message a second time. It is sent again
-looking its ids up, so the second run finds the message and stores nothing.
+looking its ids up, so the second run finds the message and stores nothing. A replace or a
+pop (an Agents SDK ``pop_item``) sent again found its own write and answered that the session
+had changed (and ``pop_item`` took a second item): each carries a token the first run leaves in
+the session's hash, so the second run answers what the first did.
 """
 
 from __future__ import annotations
@@ -131,3 +134,56 @@ def test_an_agents_sdk_add_whose_answer_was_lost_is_stored_once(
     got = asyncio.run(main())
     assert proxy.lost == 1
     assert [i["content"] for i in got] == ["hi", "hello"]
+
+
+def test_a_pop_whose_answer_was_lost_takes_one_item(mem: MemoryManager, proxy: LosingProxy) -> None:
+    # The pop script ran and its answer was lost: sent again as it was, it found the newest
+    # message gone ('stale'), the session answered SessionChangedError and the adapter read
+    # and popped again, taking a second item. The op's token in the session's hash makes the
+    # second run answer the first one's outcome.
+    session = CtxkeepSession("conv", memory=mem)
+    items: list[Any] = [{"role": "user", "content": c} for c in ("one", "two", "three")]
+
+    async def main() -> tuple[Any, list[Any]]:
+        for item in items:  # one message each: a pop takes a message back
+            await session.add_items([item])
+        proxy.lose = 1
+        popped = await session.pop_item()  # awaited in the loop: Direct's resend
+        return popped, await CtxkeepSession("conv", memory=mem).get_items()
+
+    popped, held = asyncio.run(main())
+    assert proxy.lost == 1
+    assert popped is not None and popped["content"] == "three"
+    assert [i["content"] for i in held] == ["one", "two"]
+
+
+def test_a_replace_whose_answer_was_lost_is_done_once(
+    mem: MemoryManager, proxy: LosingProxy
+) -> None:
+    # Sent again as it was, the replace script found the replacement newest, not the message
+    # it replaces ('stale'), and replace_newest raised SessionChangedError for a replace
+    # that had been stored.
+    sid = mem.create_session("agent")
+    _, second = mem.add_messages(
+        sid, [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]
+    )
+    mem.get_messages(sid)  # the newest message known: the replace is one script call
+    proxy.lose = 1
+    third = {"role": "assistant", "content": "third"}
+    (stored,) = mem.replace_newest(sid, [third], newest_id=second.id or "")
+    assert proxy.lost == 1
+    held = mem.get_messages(sid)
+    assert [m.content for m in held] == ["first", "third"]
+    assert held[-1].id == stored.id
+
+
+def test_a_sync_pop_whose_answer_was_lost_takes_one_message(
+    mem: MemoryManager, proxy: LosingProxy
+) -> None:
+    sid = mem.create_session("agent")
+    mem.add_messages(sid, [{"role": "user", "content": c} for c in ("one", "two", "three")])
+    newest = mem.get_messages(sid)[-1]
+    proxy.lose = 1
+    assert mem.replace_newest(sid, [], newest_id=newest.id) == []  # a conditional pop
+    assert proxy.lost == 1
+    assert [m.content for m in mem.get_messages(sid)] == ["one", "two"]

@@ -7,7 +7,9 @@ overrides it) and is named by :class:`RedisKeys`, the one place that knows the l
 key                       type    holds
 ========================  ======  ==============================================================
 ``session:{id}``          hash    agent_id, task_id, metadata, created_at, accessed_at,
-                                  message_count, next_seq, pending (JSON where not a number)
+                                  message_count, next_seq, pending (JSON where not a number),
+                                  generation, first_seq, revision, op (the token of the
+                                  last replace or pop, so that one sent again is done once)
 ``messages:{id}``         zset    ``"{seq}:{record JSON}"`` scored by seq
 ``roles:{id}``            zset    ``"{role}:{seq, 20 digits}"`` for each message held, all
                                   scored 0: a lexicographic index of the messages by role
@@ -105,6 +107,7 @@ memory; use PostgreSQL or SQLite for history that must outlive the server.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -682,8 +685,9 @@ return {'ok', first, accessed, total}
 # ARGV: session id, base pending (JSON), base accessed_at, new pending (JSON), now, deadline in
 #       Unix ms ("" for no TTL), base generation, the newest message's seq, its roles index
 #       entry ("{role}:{seq, 20 digits}"), its id ("" for none), touch_after (seconds), '1'
-#       where every id was made for this write (as in the append) else '', then the records
-#       (JSON), oldest first, then their roles, then their ids, in the same order.
+#       where every id was made for this write (as in the append) else '', the write's token
+#       (see 'Sent again' below; '' for none), then the records (JSON), oldest first, then
+#       their roles, then their ids, in the same order.
 # The hash's fields are written only where they change (a pop leaves next_seq, and most often
 # pending, as they were), and the newest message's index entry comes whole from the client:
 # 195,000 -> 189,000 server instructions a pop of a 3.9 kB message, with the ZRANGE after it
@@ -701,25 +705,37 @@ return {'ok', first, accessed, total}
 # {'missing'}.
 # The client sends its pops (no records) to POP_SCRIPT, below, which does the same leaner; the
 # no-records path here stands for any caller of this script that sends none.
+# Sent again. A write whose connection drops is sent again as it was (Direct, redis-py's
+# retries), though it may have run the first time and only its answer been lost. Run again, a
+# replace or a pop would find its own write (the newest message gone, or the replacement
+# newest) and answer 'stale': the caller was told the session changed for a write that was
+# made, and a pop_item read the session and took a second item. So each replace and pop
+# carries a token of its own (random, the same in every send of it), stored in the hash's
+# 'op' field by the write; a run that finds its token there answers 'ok' from the hash as it
+# is (the seqs, count and revision as the write left them, unless another writer came
+# between) and writes nothing. An append needs none: its ids find it (APPEND_SCRIPT).
 REPLACE_SCRIPT = (
     _ACCESS_LUA
     + _WRITE_LUA
     + _TAKE_LUA
     + """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
-  'generation', 'revision')
+  'generation', 'revision', 'op')
 if not h[1] then return {'missing'} end
+local n = (#ARGV - 13) / 3
+if ARGV[13] ~= '' and h[7] == ARGV[13] then  -- done before: its answer was lost
+  return {'ok', tonumber(h[1]) - n, h[4], tonumber(h[2]), tonumber(h[6])}
+end
 local function stale()
   local top = redis.call('ZRANGE', KEYS[2], -1, -1)[1]
   return {'stale', redis.call('HGETALL', KEYS[1]), top or ''}
 end
-local n = (#ARGV - 12) / 3
 if not (h[5] == ARGV[7] and tonumber(h[4]) >= tonumber(ARGV[3]) and same_pending(h[3])
     and ARGV[8] ~= '' and redis.call('ZCOUNT', KEYS[2], '(' .. ARGV[8], '+inf') == 0
     and (n == 0 or redis.call('ZCOUNT', KEYS[2], ARGV[8], ARGV[8]) == 1)) then
   return stale()
 end
-local found = held(12 + 2 * n, ARGV[12] == '' and n or 0, ARGV[8])  -- made for it: none held
+local found = held(13 + 2 * n, ARGV[12] == '' and n or 0, ARGV[8])  -- made for it: none held
 if #found > 0 then return {'found', found} end
 if redis.call('ZREMRANGEBYSCORE', KEYS[2], ARGV[8], ARGV[8]) == 0 then
   return stale()  -- (a pop: its count is the check that the seq holds a message)
@@ -728,12 +744,12 @@ take_off()
 local first = tonumber(h[1])
 local count = math.max(tonumber(h[2]) - 1, 0) + n
 local named = store(first, n, function(i, seq)
-  local role = ARGV[12 + n + i] .. ':' .. string.format('%020d', first + i - 1)
-  return seq .. ':' .. ARGV[12 + i], role
-end, 12 + 2 * n)
+  local role = ARGV[13 + n + i] .. ':' .. string.format('%020d', first + i - 1)
+  return seq .. ':' .. ARGV[13 + i], role
+end, 13 + 2 * n)
 local revision = tonumber(h[6] or '0') + 1
 local fields = {'message_count', string.format('%d', count), 'revision',
-  string.format('%d', revision)}
+  string.format('%d', revision), 'op', ARGV[13]}
 if n > 0 then  -- (a pop leaves next_seq as it is)
   fields[#fields + 1] = 'next_seq'
   fields[#fields + 1] = string.format('%d', first + n)
@@ -769,7 +785,8 @@ return {'ok', first, accessed, count, revision}
 #       deadline in Unix ms ("" for no TTL), base generation, the newest message's seq, its roles
 #       index entry, its id ("" for none), touch_after (seconds), the session's next seq when that
 #       message was seen as its newest ('' for not known), '1' where the access moves the base's
-#       accessed_at to now (now - base >= touch_after, now later) else ''.
+#       accessed_at to now (now - base >= touch_after, now later) else '', the pop's token
+#       (as REPLACE_SCRIPT's; '' for none).
 # Answer: as REPLACE_SCRIPT's ({'ok', next seq, accessed_at, message_count, revision}, {'stale',
 # the hash's fields and values, the newest member or ''} or {'missing'}).
 POP_SCRIPT = (
@@ -777,8 +794,11 @@ POP_SCRIPT = (
     + _TAKE_LUA
     + """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
-  'generation', 'revision')
+  'generation', 'revision', 'op')
 if not h[1] then return {'missing'} end
+if ARGV[14] ~= '' and h[7] == ARGV[14] then  -- done before: its answer was lost
+  return {'ok', tonumber(h[1]), h[4], tonumber(h[2]), tonumber(h[6])}
+end
 local same = h[4] == ARGV[3]
 if not (h[5] == ARGV[7] and (same or tonumber(h[4]) >= tonumber(ARGV[3])) and same_pending(h[3])
     and (h[1] == ARGV[12] or redis.call('ZCOUNT', KEYS[2], '(' .. ARGV[8], '+inf') == 0)
@@ -790,10 +810,10 @@ local held = tonumber(h[2])
 local count = math.max(held - 1, 0)
 local revision = tonumber(h[6] or '0') + 1
 local fields = {'message_count', string.format('%d', count), 'revision',
-  string.format('%d', revision)}
+  string.format('%d', revision), 'op', ARGV[14]}
 if h[3] ~= ARGV[4] then
-  fields[5] = 'pending'
-  fields[6] = ARGV[4]
+  fields[7] = 'pending'
+  fields[8] = ARGV[4]
 end
 local accessed = h[4]
 if not same then
@@ -814,6 +834,11 @@ return {'ok', tonumber(h[1]), accessed, count, revision}
 
 
 # -- the backend ------------------------------------------------------------------------------
+
+
+def _op_token() -> str:
+    """A new token for one replace or pop (see 'Sent again' above :data:`REPLACE_SCRIPT`)."""
+    return os.urandom(8).hex()
 
 
 def _taking(
@@ -1362,19 +1387,22 @@ class RedisBackend(Backend):
         touch_after = repr(float(batch.touch_after))
         fresh = "1" if batch.fresh_ids else ""
 
+        token = _op_token()  # the same in every send of this write (REPLACE_SCRIPT)
+
         def send(base: SessionInfo, top: _Top, pending: tuple[str, ...]) -> Any:
             return self._replace_script(
                 script_keys,
                 *_taking(session_id, base, top, pending, now, deadline),
                 touch_after,
                 fresh,
+                token,
                 *records,
                 *roles,
                 *ids,
             )
 
         def ask() -> Any:  # nothing to compare: the script answers the session as it is
-            blank = ("[]", "0", "[]", now, deadline, "", "", "", "", "", "")
+            blank = ("[]", "0", "[]", now, deadline, "", "", "", "", "", "", "")
             return self._replace_script(script_keys, session_id, *blank)
 
         info, pending, out = self._take_newest(session_id, batch, ask, send)
@@ -1413,6 +1441,7 @@ class RedisBackend(Backend):
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
         touch_after = float(batch.touch_after)
         newest: list[Any] = []  # the member the pop leaves newest, read after it (or none)
+        token = _op_token()  # the same in every send of this pop (REPLACE_SCRIPT)
 
         def send(base: SessionInfo, top: _Top, pending: tuple[str, ...]) -> Any:
             seen = float(base.accessed_at)
@@ -1424,6 +1453,7 @@ class RedisBackend(Backend):
                     "" if top.next_seq is None else str(top.next_seq),
                     # whether access() would move it: the same doubles' arithmetic as in Lua
                     "1" if now > seen and now - seen >= touch_after else "",
+                    token,
                 ),
                 ("ZRANGE", script_keys[1], -1, -1),
             )
@@ -1431,7 +1461,7 @@ class RedisBackend(Backend):
             return out
 
         def ask() -> Any:  # nothing to compare: the script answers the session as it is
-            blank = ("[]", "0", "[]", now_text, deadline, "", "", "", "", "", "", "", "")
+            blank = ("[]", "0", "[]", now_text, deadline, "", "", "", "", "", "", "", "", "")
             return self._pop_script(script_keys, session_id, *blank)
 
         info, pending, out = self._take_newest(session_id, batch, ask, send)
