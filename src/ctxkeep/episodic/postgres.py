@@ -180,6 +180,45 @@ class _FloatsDumper(Dumper):
         return head + body.tobytes()
 
 
+def _insert_many_sql(dim: int, vtype: str) -> str:
+    """The statement that inserts a batch of episodes (:meth:`PostgresEpisodicStore._insert_rows`)
+    and their window documents (:data:`TEXT_TABLE`), each document joined to its episode's new
+    row by the episode's id: each column one array parameter, the documents another, the
+    vectors (``dim`` each, of the column's type ``vtype``) one flat ``float4[]``. Its text is
+    built once a store, when the column's type is known, and prepared once a connection.
+    """
+    return (
+        "WITH t AS MATERIALIZED (SELECT * FROM unnest("
+        "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::float8[], "
+        "%b::int8[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY "
+        f"AS t({COLUMNS}, doc, ord)), "
+        f"e AS (INSERT INTO ctxkeep_episodes ({COLUMNS}, embedding) "
+        f"SELECT {COLUMNS}, "
+        f"(%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::{vtype} FROM t "
+        "ORDER BY ord RETURNING row, episode_id) "
+        f"INSERT INTO {TEXT_TABLE} (row, body) SELECT e.row, to_tsvector('simple', t.doc) "
+        "FROM e JOIN t USING (episode_id) ORDER BY e.row"
+    )
+
+
+def _insert_one_sql(vtype: str) -> str:
+    """The statement that inserts one episode (``CtxkeepStore``'s put of one item) and its
+    window document: its values as scalars, where :func:`_insert_many_sql` takes each column
+    as an array. psycopg picks a dumper for a list parameter by walking it, in Python, once per
+    statement: the ten one-element arrays of an episode cost a put more than the rest of its
+    parameters, its vector included (their conversion as a cursor's ``execute`` does it,
+    median of 7 ``timeit`` runs: 275 -> 33 us; Python calls of a put 976 -> 625). Built once
+    a store, as :func:`_insert_many_sql`: it was a property that formatted it on every put.
+    """
+    return (
+        f"WITH e AS (INSERT INTO ctxkeep_episodes ({COLUMNS}, embedding) VALUES "
+        "(%s::text, %s::text, %s::text, %s::text, %s::text, %s::float8, %s::int8, "
+        f"%s::text, %s::text, %b::float4[]::{vtype}) RETURNING row) "
+        f"INSERT INTO {TEXT_TABLE} (row, body) SELECT row, to_tsvector('simple', %s::text) "
+        "FROM e"
+    )
+
+
 _NEIGHBOUR_COLUMN = {-1: 0, 1: 1, -2: 2, 2: 3}
 
 _OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
@@ -356,6 +395,10 @@ class PostgresEpisodicStore(SQLStore):
         try:
             with self._db.tx("check the embedder") as conn:
                 self._vtype = _vector_type(conn)
+                self._insert_one = _insert_one_sql(self._vtype)
+                """:meth:`_insert_rows`' statement for one episode (:func:`_insert_one_sql`)."""
+                self._insert_many = _insert_many_sql(self.embedder.dim, self._vtype)
+                """:meth:`_insert_rows`' statement for many (:func:`_insert_many_sql`)."""
                 row = conn.execute(
                     "SELECT value FROM ctxkeep_episodic_meta WHERE key = 'embedder'"
                 ).fetchone()
@@ -490,43 +533,14 @@ class PostgresEpisodicStore(SQLStore):
             return
         values = [r.values(self.record_columns) for r in rows]
         arrays = [[v[i] for v in values] for i in range(len(values[0]))]
-        dim = self.embedder.dim
-        # the episodes and their window documents (TEXT_TABLE) in one statement, each
-        # document joined to its episode's new row by the episode's id
         conn.execute(
-            "WITH t AS MATERIALIZED (SELECT * FROM unnest("
-            "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::float8[], "
-            "%b::int8[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY "
-            f"AS t({COLUMNS}, doc, ord)), "
-            f"e AS (INSERT INTO ctxkeep_episodes ({COLUMNS}, embedding) "
-            f"SELECT {COLUMNS}, "
-            f"(%b::float4[])[(ord - 1) * {dim} + 1 : ord * {dim}]::{self._vtype} FROM t "
-            "ORDER BY ord RETURNING row, episode_id) "
-            f"INSERT INTO {TEXT_TABLE} (row, body) SELECT e.row, to_tsvector('simple', t.doc) "
-            "FROM e JOIN t USING (episode_id) ORDER BY e.row",
+            self._insert_many,
             (
                 *arrays,
                 [r.doc for r in rows],
                 _Floats(np.stack([r.vector for r in rows])),
             ),
             prepare=True,  # its text is the same every time: parsed once a connection
-        )
-
-    @property
-    def _insert_one(self) -> str:
-        """:meth:`_insert_rows`' statement for one episode (``CtxkeepStore``'s put of one
-        item): its values as scalars, where the statement of many takes each column as an
-        array. psycopg picks a dumper for a list parameter by walking it, in Python, once per
-        statement: the ten one-element arrays of an episode cost a put more than the rest of
-        its parameters, its vector included (their conversion as a cursor's ``execute`` does
-        it, median of 7 ``timeit`` runs: 275 -> 33 us; Python calls of a put 976 -> 625).
-        """
-        return (
-            f"WITH e AS (INSERT INTO ctxkeep_episodes ({COLUMNS}, embedding) VALUES "
-            "(%s::text, %s::text, %s::text, %s::text, %s::text, %s::float8, %s::int8, "
-            f"%s::text, %s::text, %b::float4[]::{self._vtype}) RETURNING row) "
-            f"INSERT INTO {TEXT_TABLE} (row, body) SELECT row, to_tsvector('simple', %s::text) "
-            "FROM e"
         )
 
     # -- primitives ------------------------------------------------------------------------
