@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -19,6 +18,7 @@ from typing import BinaryIO
 import httpx
 import pytest
 
+from _proxy import Proxy
 from _server import ThreadedServer
 from ctxkeep.client import RemoteMemory, RetryPolicy, _Call
 from ctxkeep.errors import ConfigError, RemoteError
@@ -27,7 +27,7 @@ from ctxkeep.server import create_app
 FAST = RetryPolicy(retries=3, backoff=0.01)
 
 
-class DroppingProxy:
+class DroppingProxy(Proxy):
     """Forwards HTTP/1.1 requests to ``upstream``; ``drop_before`` / ``drop_after`` requests
     are answered by closing the connection, before or after forwarding them.
     """
@@ -38,22 +38,10 @@ class DroppingProxy:
         self.drop_before = 0
         self.drop_after = 0
         self.forwarded: list[str] = []  # "METHOD path" of each request the service got
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}"
 
-    def close(self) -> None:
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")
         with conn, reader:
             while request := _read_request(reader):

@@ -15,8 +15,6 @@ the session's hash, so the second run answers what the first did.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +22,7 @@ from urllib.parse import urlencode, urlparse
 
 import pytest
 
+from _proxy import ForwardingProxy
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep.integrations.openai_agents import CtxkeepSession
 from ctxkeep.sessions import open_memory
@@ -36,51 +35,26 @@ pytestmark = pytest.mark.redis
 __all__ = ["redis_prefix_factory", "redis_url"]
 
 
-class LosingProxy:
+class LosingProxy(ForwardingProxy):
     """Forwards TCP both ways to ``upstream``; while :attr:`lose` is above 0, the server's
     next answer on any connection closes that connection instead of reaching the client.
     """
 
     def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
         self.lose = 0
         self.lost = 0
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream)
 
-    def close(self) -> None:
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if answers:
-                    with self._lock:
-                        losing = self.lose > 0
-                        if losing:
-                            self.lose -= 1
-                            self.lost += 1
-                    if losing:
-                        break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
+    def passes(self, data: bytes, *, answer: bool) -> bool:
+        if not answer:
+            return True
+        with self._lock:
+            if self.lose <= 0:
+                return True
+            self.lose -= 1
+            self.lost += 1
+            return False
 
 
 @pytest.fixture
