@@ -5,16 +5,12 @@ Timings are never asserted.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from _bench import BENCH, need, run
 
 # Looked up, not imported: langchain-community warns on import (filterwarnings = error).
 PEER_MODULES = {
@@ -29,23 +25,7 @@ PEER_MODULES = {
 }
 
 
-def _missing() -> list[str]:
-    out = []
-    for module, package in PEER_MODULES.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            out.append(package)
-    return out
-
-
-pytestmark = pytest.mark.skipif(
-    bool(_missing()),
-    reason=f"the peers' packages are not installed ({', '.join(_missing())}): "
-    "python bench/peers.py --install",
-)
+pytestmark = need(PEER_MODULES)
 
 SQLITE_CELLS = {
     ("agents", "SQLiteSession"): [
@@ -82,31 +62,12 @@ SQLITE_CELLS = {
 
 @pytest.mark.slow
 def test_a_tiny_sqlite_run_measures_every_operation_with_equal_data(tmp_path: Path) -> None:
-    out = tmp_path / "peers.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "peers.py"),
-            "--sizes",
-            "30",
-            "--rounds",
-            "1",
-            "--adds",
-            "5",
-            "--engines",
-            "sqlite",
-            "--embedder",
-            "hash",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    doc, _ = run(
+        "peers.py",
+        *("--sizes", "30", "--rounds", "1", "--adds", "5", "--engines", "sqlite"),
+        *("--embedder", "hash"),
+        out=tmp_path / "peers.json",
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    doc = json.loads(out.read_text())
     assert doc["failures"] == []
     cells: dict[tuple[str, str], list[str]] = {}
     for r in doc["results"]:

@@ -5,17 +5,12 @@ writes WAL, every call costs the server and the client CPU), never for their siz
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from _bench import need, run
 from conftest_services import postgres_url
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 __all__ = ["postgres_url"]
 
@@ -27,43 +22,17 @@ PEER_MODULES = {
 }
 
 
-def _missing() -> list[str]:
-    out = []
-    for module, package in PEER_MODULES.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            out.append(package)
-    return out
-
-
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.skipif(
-        bool(_missing()),
-        reason=f"the peers' packages are not installed ({', '.join(_missing())}): "
-        "python bench/peers.py --install",
-    ),
-]
+pytestmark = [pytest.mark.postgres, need(PEER_MODULES)]
 
 
 def test_a_tiny_run_counts_every_operation_on_both_sides(tmp_path: Path, postgres_url: str) -> None:
-    out = tmp_path / "counts.json"
-    proc = subprocess.run(
-        [
-            *(sys.executable, str(BENCH / "pg_counts.py"), "--pg-url", postgres_url),
-            *("--n", "3", "--rounds", "2", "--size", "20", "--embedder", "hash"),
-            *("--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
+    doc, printed = run(
+        "pg_counts.py",
+        *("--pg-url", postgres_url, "--n", "3", "--rounds", "2", "--size", "20"),
+        *("--embedder", "hash"),
+        out=tmp_path / "counts.json",
         timeout=600,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    doc = json.loads(out.read_text())
     sides = {(r["op"], r["side"]): r["figures"] for r in doc["results"]}
     assert set(sides) == {
         ("store put", "CtxkeepStore"),
@@ -85,4 +54,4 @@ def test_a_tiny_run_counts_every_operation_on_both_sides(tmp_path: Path, postgre
         assert min(figures["client CPU us"]) > 0
         if op != "store search":
             assert min(figures["WAL bytes"]) > 0
-    assert "store put: CtxkeepStore | PostgresStore+index" in proc.stdout
+    assert "store put: CtxkeepStore | PostgresStore+index" in printed
