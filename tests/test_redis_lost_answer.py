@@ -24,6 +24,7 @@ import pytest
 
 from _proxy import ForwardingProxy
 from conftest_services import redis_prefix_factory, redis_url
+from ctxkeep.errors import SessionChangedError
 from ctxkeep.integrations.openai_agents import CtxkeepSession
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
@@ -43,6 +44,8 @@ class LosingProxy(ForwardingProxy):
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.lose = 0
         self.lost = 0
+        self.meanwhile: Callable[[], None] | None = None
+        """Run where an answer is lost, before the client sees its connection close."""
         self._lock = threading.Lock()
         super().__init__(upstream)
 
@@ -54,7 +57,9 @@ class LosingProxy(ForwardingProxy):
                 return True
             self.lose -= 1
             self.lost += 1
-            return False
+        if self.meanwhile is not None:
+            self.meanwhile()
+        return False
 
 
 @pytest.fixture
@@ -161,3 +166,55 @@ def test_a_sync_pop_whose_answer_was_lost_takes_one_message(
     assert mem.replace_newest(sid, [], newest_id=newest.id) == []  # a conditional pop
     assert proxy.lost == 1
     assert [m.content for m in mem.get_messages(sid)] == ["one", "two"]
+
+
+def test_a_pop_sent_again_after_another_write_is_not_done_twice(
+    mem: MemoryManager, proxy: LosingProxy, redis_url: str
+) -> None:
+    # Between the lost answer and the send again, another process appends: the token is
+    # found, but the session has moved on from the pop's revision. The pop is not done again
+    # (it would take 'four'), and the answer makes no claim on the session as it now is: the
+    # next read has the other's message.
+    sid = mem.create_session("agent")
+    mem.add_messages(sid, [{"role": "user", "content": c} for c in ("one", "two", "three")])
+    newest = mem.get_messages(sid)[-1]
+    db = urlparse(redis_url).path or "/0"
+    prefix = mem.backend.keys.prefix  # type: ignore[attr-defined]
+    config = MemoryConfig(max_history=None, max_sessions=None, session_ttl=None)
+    other_url = f"{redis_url.split('?')[0].rsplit('/', 1)[0]}{db}?{urlencode({'prefix': prefix})}"
+    with open_memory(other_url, config=config) as other:
+        proxy.meanwhile = lambda: other.add_message(sid, "user", "four")
+        proxy.lose = 1
+        assert mem.replace_newest(sid, [], newest_id=newest.id) == []
+        proxy.meanwhile = None
+        assert proxy.lost == 1
+        assert [m.content for m in mem.get_messages(sid)] == ["one", "two", "four"]
+        assert [m.content for m in other.get_messages(sid)] == ["one", "two", "four"]
+
+
+def test_a_replace_sent_again_after_another_write_is_not_done_twice(
+    mem: MemoryManager, proxy: LosingProxy, redis_url: str
+) -> None:
+    sid = mem.create_session("agent")
+    _, second = mem.add_messages(
+        sid, [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]
+    )
+    mem.get_messages(sid)
+    db = urlparse(redis_url).path or "/0"
+    prefix = mem.backend.keys.prefix  # type: ignore[attr-defined]
+    config = MemoryConfig(max_history=None, max_sessions=None, session_ttl=None)
+    other_url = f"{redis_url.split('?')[0].rsplit('/', 1)[0]}{db}?{urlencode({'prefix': prefix})}"
+    with open_memory(other_url, config=config) as other:
+        proxy.meanwhile = lambda: other.add_message(sid, "user", "fourth")
+        proxy.lose = 1
+        third = {"role": "assistant", "content": "third"}
+        (stored,) = mem.replace_newest(sid, [third], newest_id=second.id or "")
+        proxy.meanwhile = None
+        assert proxy.lost == 1
+        # What this process knows of the session is not 'third' as the newest: a pop of it
+        # (by its id) is refused, not taken from 'fourth'.
+        with pytest.raises(SessionChangedError):
+            mem.replace_newest(sid, [], newest_id=stored.id or "")
+        held = mem.get_messages(sid)
+        assert [m.content for m in held] == ["first", "third", "fourth"]
+        assert held[1].id == stored.id

@@ -711,9 +711,13 @@ return {'ok', first, accessed, total}
 # newest) and answer 'stale': the caller was told the session changed for a write that was
 # made, and a pop_item read the session and took a second item. So each replace and pop
 # carries a token of its own (random, the same in every send of it), stored in the hash's
-# 'op' field by the write; a run that finds its token there answers 'ok' from the hash as it
-# is (the seqs, count and revision as the write left them, unless another writer came
-# between) and writes nothing. An append needs none: its ids find it (APPEND_SCRIPT).
+# 'op' field by the write with the revision it made and its first seq ("{token}:{revision}:
+# {first}"; a pop's first is the next seq); a run that finds its token there writes nothing
+# and answers 'ok' from the hash where it is still at that revision (the seqs, count and
+# revision as the write left them), else {'done', first}: the write was made, but another
+# came after it, so the caller forgets what it knew of the session (no answer describes a
+# session that has changed since, and a pop is not taken again). An append needs none: its
+# ids find it (APPEND_SCRIPT).
 REPLACE_SCRIPT = (
     _ACCESS_LUA
     + _WRITE_LUA
@@ -723,8 +727,10 @@ local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', '
   'generation', 'revision', 'op')
 if not h[1] then return {'missing'} end
 local n = (#ARGV - 13) / 3
-if ARGV[13] ~= '' and h[7] == ARGV[13] then  -- done before: its answer was lost
-  return {'ok', tonumber(h[1]) - n, h[4], tonumber(h[2]), tonumber(h[6])}
+if ARGV[13] ~= '' and h[7] and string.sub(h[7], 1, #ARGV[13] + 1) == ARGV[13] .. ':' then
+  local rev, first = string.match(h[7], ':(%d+):(%d+)$')  -- done before: its answer was lost
+  if rev == h[6] then return {'ok', tonumber(first), h[4], tonumber(h[2]), tonumber(h[6])} end
+  return {'done', tonumber(first)}
 end
 local function stale()
   local top = redis.call('ZRANGE', KEYS[2], -1, -1)[1]
@@ -749,7 +755,7 @@ local named = store(first, n, function(i, seq)
 end, 13 + 2 * n)
 local revision = tonumber(h[6] or '0') + 1
 local fields = {'message_count', string.format('%d', count), 'revision',
-  string.format('%d', revision), 'op', ARGV[13]}
+  string.format('%d', revision), 'op', ARGV[13] .. ':' .. string.format('%d:%d', revision, first)}
 if n > 0 then  -- (a pop leaves next_seq as it is)
   fields[#fields + 1] = 'next_seq'
   fields[#fields + 1] = string.format('%d', first + n)
@@ -796,8 +802,10 @@ POP_SCRIPT = (
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation', 'revision', 'op')
 if not h[1] then return {'missing'} end
-if ARGV[14] ~= '' and h[7] == ARGV[14] then  -- done before: its answer was lost
-  return {'ok', tonumber(h[1]), h[4], tonumber(h[2]), tonumber(h[6])}
+if ARGV[14] ~= '' and h[7] and string.sub(h[7], 1, #ARGV[14] + 1) == ARGV[14] .. ':' then
+  local rev, first = string.match(h[7], ':(%d+):(%d+)$')  -- done before: its answer was lost
+  if rev == h[6] then return {'ok', tonumber(first), h[4], tonumber(h[2]), tonumber(h[6])} end
+  return {'done', tonumber(first)}
 end
 local same = h[4] == ARGV[3]
 if not (h[5] == ARGV[7] and (same or tonumber(h[4]) >= tonumber(ARGV[3])) and same_pending(h[3])
@@ -810,7 +818,7 @@ local held = tonumber(h[2])
 local count = math.max(held - 1, 0)
 local revision = tonumber(h[6] or '0') + 1
 local fields = {'message_count', string.format('%d', count), 'revision',
-  string.format('%d', revision), 'op', ARGV[14]}
+  string.format('%d', revision), 'op', ARGV[14] .. ':' .. string.format('%d:%s', revision, h[1])}
 if h[3] ~= ARGV[4] then
   fields[7] = 'pending'
   fields[8] = ARGV[4]
@@ -1406,6 +1414,8 @@ class RedisBackend(Backend):
             return self._replace_script(script_keys, session_id, *blank)
 
         info, pending, out = self._take_newest(session_id, batch, ask, send)
+        if out[0] == "done":
+            return list(range(out[1], out[1] + len(records)))
         if out[0] != "ok":  # 'found': ids this write gives are held by other messages
             self._known.forget(session_id)
             self._tops.forget(session_id)
@@ -1465,6 +1475,8 @@ class RedisBackend(Backend):
             return self._pop_script(script_keys, session_id, *blank)
 
         info, pending, out = self._take_newest(session_id, batch, ask, send)
+        if out[0] == "done":
+            return []
         after = info_with(
             info,
             {
@@ -1497,7 +1509,8 @@ class RedisBackend(Backend):
         is taken as the script answers it (``ask()`` where nothing was sent) and the check
         runs again on that (a check refused on the state as stored raises its error). Returns
         the state the batch was checked on, its pending calls after it and the script's
-        answer, ``'ok'`` or ``'found'``.
+        answer, ``'ok'``, ``'found'`` or ``'done'`` (an earlier send made the write and
+        another write came after it: the session is forgotten).
 
         Raises:
             SessionNotFoundError: the script answered ``'missing'``.
@@ -1534,6 +1547,9 @@ class RedisBackend(Backend):
                 self._known.forget(session_id)
                 self._tops.forget(session_id)
                 raise SessionNotFoundError(f"no session {session_id!r}")
+            if out[0] == "done":  # made by an earlier send, another write since: not known
+                self._known.forget(session_id)
+                self._tops.forget(session_id)
             return info, pending, out
 
     def _stale(self, session_id: str, answer: list[Any]) -> SessionInfo:
