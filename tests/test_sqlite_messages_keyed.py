@@ -75,10 +75,14 @@ def test_an_append_and_a_pop_write_no_key_index(tmp_path: Path) -> None:
             mem.add_message(sid, "assistant", "one more")
         with written_pages(path) as popped:
             mem.pop_message(sid)
+    kept = {"ctxkeep_messages", "ctxkeep_messages_id", "ctxkeep_sessions"}
     for pages in (added, popped):
         # Schema 9 wrote a page of sqlite_autoindex_ctxkeep_messages_1 (the (session_id,
-        # seq) key's index) on each as well: 5 pages here where there are 4 now.
-        assert set(pages) == {"ctxkeep_messages", "ctxkeep_messages_id", "ctxkeep_sessions"}, pages
+        # seq) key's index) on each as well: 5 pages here where there are 4 now. The file's
+        # header (page 1, sqlite_schema's) and a free-list page are written too where the
+        # write takes or frees a page (records hold their times, so where a leaf splits can
+        # move by a byte): seen once under load in a full run.
+        assert kept <= set(pages) <= kept | {"sqlite_schema", "?"}, pages
 
 
 def test_a_schema_9_file_keeps_every_session_message_fold_and_archived_one(
