@@ -32,7 +32,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ctxkeep.episodic.index._base import _gather_dot, _SlotIndex, _topk
+from ctxkeep.episodic.index._base import _gather_dot, _SlotIndex, _topk, matvec
 from ctxkeep.errors import MissingDependencyError, StorageError
 
 
@@ -132,7 +132,7 @@ class HNSWIndex(_SlotIndex):
             # A graph search whose ef covers every live vector visits them all (and the
             # tombstones): scoring them exactly is cheaper, and exact.
             if self._live <= ef:
-                return self._exact(q, k, self._live_slots())
+                return self._exact_live(q, k)
             found, scores = self._graph(q, k, ef, self._live_bitmap() if self.tombstones else None)
             return self._enough(q, k, None, found, scores)
         # Over-fetch: the best k allowed are, on average, within the best k / fraction of all.
@@ -162,6 +162,16 @@ class HNSWIndex(_SlotIndex):
         best = _topk(scores, k)
         return slots[best], scores[best]
 
+    def _exact_live(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact search of every live slot: one product over all slots, the removed ones
+        (zeroed) kept out by their scores.
+        """
+        scores = matvec(self._matrix(), q)
+        if self.tombstones:
+            scores[self._slot_id[: self._nslots] < 0] = -np.inf
+        best = _topk(scores, k)  # finite scores only
+        return best, scores[best]
+
     def _enough(
         self,
         q: np.ndarray,
@@ -179,7 +189,7 @@ class HNSWIndex(_SlotIndex):
         available = self._live if slots is None else int(slots.size)
         if found.size >= min(k, available):
             return found, scores
-        return self._exact(q, k, self._live_slots() if slots is None else slots)
+        return self._exact_live(q, k) if slots is None else self._exact(q, k, slots)
 
     def _graph(
         self, q: np.ndarray, k: int, ef: int, bits: np.ndarray | None
