@@ -331,6 +331,7 @@ class PgClient:
         max_size: int = 8,
         timeout: float = 30.0,
         pool_max: int | None = None,
+        extensions: Sequence[str] = (),
     ) -> None:
         address, self.search_path = split_url(url)
         params = conninfo_to_dict(address)
@@ -352,10 +353,32 @@ class PgClient:
         self.pool: ConnectionPool[Any] = shared.pool
         """The shared pool (for its statistics)."""
         try:
+            if extensions:
+                self._reach(extensions)
             self._migrate(meta_key, migrations)
         except BaseException:
             self.close()
             raise
+
+    def _reach(self, extensions: Sequence[str]) -> None:
+        """End this client's ``search_path`` with the schemas that hold ``extensions`` where
+        the database has them in a schema the path lacks. An extension lives in one schema of
+        a database (put there by whoever created it: ``public``, a host's ``extensions``, a
+        server's shared schema), and a store names its types and operators unqualified: a
+        URL whose ``search_path`` is its own schema alone would not find them (``type
+        "vector" does not exist``).
+        """
+        find = (
+            "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+            "WHERE e.extname = ANY(%s) AND NOT n.nspname = ANY(current_schemas(false)) "
+            "ORDER BY e.extname"
+        )
+        with self.errors("find extensions"), self.connection() as conn:
+            found = [str(r[0]) for r in conn.execute(find, (list(extensions),)).fetchall()]
+        if found:
+            path = self.search_path if self.search_path is not None else '"$user", public'
+            quoted = ['"' + name.replace('"', '""') + '"' for name in dict.fromkeys(found)]
+            self.search_path = ", ".join([path, *quoted])
 
     @contextmanager
     def errors(self, doing: str) -> Iterator[None]:
