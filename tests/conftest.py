@@ -100,6 +100,12 @@ def shared_data() -> Path:
     return data
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` first: the two workers take tests in this order, and a test of
+    minutes started near the end keeps one worker busy while the other has nothing left."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Run a test that takes ``trajectory`` once per trajectory file (or skip it)."""
     if "trajectory" not in metafunc.fixturenames:

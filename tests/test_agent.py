@@ -183,6 +183,7 @@ def _wait_for_calls(proc: subprocess.Popen[bytes], log: Path, n: int) -> None:
         time.sleep(0.005)
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_without_repeating_a_finished_call(
     tmp_path: Path,
 ) -> None:

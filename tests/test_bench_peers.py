@@ -60,6 +60,7 @@ SQLITE_CELLS = {
 }
 
 
+@pytest.mark.slow
 def test_a_tiny_sqlite_run_measures_every_operation_with_equal_data(tmp_path: Path) -> None:
     doc, _ = run(
         "peers.py",

@@ -87,6 +87,7 @@ def test_the_in_process_anchor_runs_the_same_scripts_and_loses_nothing(
     }
 
 
+@pytest.mark.slow
 def test_a_run_for_a_duration_cuts_the_scripts_and_checks_what_was_sent(
     bench: ModuleType, tmp_path: Path
 ) -> None:

@@ -761,6 +761,7 @@ def sessions(draw: st.DrawFn) -> list[Message]:
     return msgs
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     history=sessions(),

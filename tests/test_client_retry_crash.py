@@ -128,10 +128,12 @@ def _crash_while_appending(db: str) -> None:
     assert sum(len(a) for a in acked) > KILLS  # appends went on between the kills
 
 
+@pytest.mark.slow
 def test_sqlite_stores_each_retried_append_once_through_server_kills(tmp_path: Path) -> None:
     _crash_while_appending(f"sqlite:///{tmp_path / 'crash.db'}")
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_postgres_stores_each_retried_append_once_through_server_kills(
     postgres_schema_factory: Callable[[], str],

@@ -296,6 +296,7 @@ def test_every_reference_entry_is_listed_once() -> None:
     assert len(found) == len(set(found)), sorted({d for d in found if found.count(d) > 1})
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict_with_every_entry_rendered(tmp_path: Path) -> None:
     site = tmp_path / "site"
     done = subprocess.run(

@@ -134,6 +134,7 @@ def test_urls_that_differ_only_in_their_search_path_share_an_address() -> None:
 # -- 40 tenants, one pool ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sixty_four_tenants_used_at_once_stay_within_the_pool_and_read_only_their_own(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -83,6 +83,7 @@ def _check_cold(mem: MemoryManager, sid: str, args: dict[str, Any], system: str 
     return cached.fold.base > 0
 
 
+@pytest.mark.slow
 @settings(
     max_examples=30,
     deadline=None,

@@ -91,6 +91,7 @@ def session_script(service_port: int, model_url: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 def test_every_readme_block_runs_as_pasted_in_one_session(isolated_environment: Path) -> None:
     from _llm_servers import openai_default, running
 

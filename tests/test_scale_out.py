@@ -567,6 +567,7 @@ CHECKS: list[Callable[[Cluster], None]] = [
 """What one process would answer, each checked on three (each works under ids of its own)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["postgres", pytest.param("redis", marks=pytest.mark.redis)])
 def test_three_servers_over_one_store_answer_as_one(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path

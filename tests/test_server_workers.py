@@ -260,6 +260,7 @@ def test_graceful_timeout_bounds_the_wait_for_a_request_that_never_ends(tmp_path
     assert "timeout graceful shutdown exceeded" in (tmp_path / "serve.log").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_sigterm_during_a_load_run_on_two_workers_loses_no_acknowledged_append(
     redis_url: str, redis_prefix_factory: Any, tmp_path: Path
@@ -403,6 +404,7 @@ def _threads_of(pid: int) -> int:
     raise AssertionError(f"no thread count for {pid}")
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
 def test_each_worker_runs_its_routes_on_at_most_threads_threads(

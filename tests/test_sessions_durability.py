@@ -256,6 +256,7 @@ def test_sqlite_four_processes_append_without_loss_or_gaps(sqlite_url: str) -> N
 # -- PostgreSQL -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_postgres_keeps_every_returned_append_through_sigkill(
     postgres_schema_factory: Callable[[], str],

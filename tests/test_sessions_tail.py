@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,6 +69,7 @@ def steps(draw: Any) -> list[list[Message]]:
     return out
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,

@@ -87,6 +87,7 @@ def test_a_cut_vocabulary_encodes_its_texts_as_the_full_one(name: str, text: str
     assert cut.count_text(text) == full.count_text(text)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(texts=st.lists(st.text(max_size=300), min_size=1, max_size=4))
 def test_a_cut_vocabulary_encodes_any_texts_as_the_full_one(texts: list[str]) -> None:
