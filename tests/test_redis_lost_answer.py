@@ -168,6 +168,15 @@ def test_a_sync_pop_whose_answer_was_lost_takes_one_message(
     assert [m.content for m in mem.get_messages(sid)] == ["one", "two"]
 
 
+def _other_process(mem: MemoryManager, redis_url: str) -> MemoryManager:
+    """A second manager on ``mem``'s keys, straight to Redis (not through the proxy)."""
+    db = urlparse(redis_url).path or "/0"
+    prefix = mem.backend.keys.prefix  # type: ignore[attr-defined]
+    base = redis_url.split("?")[0].rsplit("/", 1)[0]
+    config = MemoryConfig(max_history=None, max_sessions=None, session_ttl=None)
+    return open_memory(f"{base}{db}?{urlencode({'prefix': prefix})}", config=config)
+
+
 def test_a_pop_sent_again_after_another_write_is_not_done_twice(
     mem: MemoryManager, proxy: LosingProxy, redis_url: str
 ) -> None:
@@ -178,11 +187,7 @@ def test_a_pop_sent_again_after_another_write_is_not_done_twice(
     sid = mem.create_session("agent")
     mem.add_messages(sid, [{"role": "user", "content": c} for c in ("one", "two", "three")])
     newest = mem.get_messages(sid)[-1]
-    db = urlparse(redis_url).path or "/0"
-    prefix = mem.backend.keys.prefix  # type: ignore[attr-defined]
-    config = MemoryConfig(max_history=None, max_sessions=None, session_ttl=None)
-    other_url = f"{redis_url.split('?')[0].rsplit('/', 1)[0]}{db}?{urlencode({'prefix': prefix})}"
-    with open_memory(other_url, config=config) as other:
+    with _other_process(mem, redis_url) as other:
         proxy.meanwhile = lambda: other.add_message(sid, "user", "four")
         proxy.lose = 1
         assert mem.replace_newest(sid, [], newest_id=newest.id) == []
@@ -200,11 +205,7 @@ def test_a_replace_sent_again_after_another_write_is_not_done_twice(
         sid, [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]
     )
     mem.get_messages(sid)
-    db = urlparse(redis_url).path or "/0"
-    prefix = mem.backend.keys.prefix  # type: ignore[attr-defined]
-    config = MemoryConfig(max_history=None, max_sessions=None, session_ttl=None)
-    other_url = f"{redis_url.split('?')[0].rsplit('/', 1)[0]}{db}?{urlencode({'prefix': prefix})}"
-    with open_memory(other_url, config=config) as other:
+    with _other_process(mem, redis_url) as other:
         proxy.meanwhile = lambda: other.add_message(sid, "user", "fourth")
         proxy.lose = 1
         third = {"role": "assistant", "content": "third"}
