@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from collections import OrderedDict
 from typing import Any
 
@@ -17,24 +16,9 @@ pytest.importorskip("langgraph")
 from langgraph.store.base import InvalidNamespaceError
 from langgraph.store.memory import InMemoryStore
 
+from _frames import frames
 from ctxkeep.errors import ConfigError, InvalidTypeError
 from ctxkeep.integrations.langgraph import CtxkeepStore
-
-
-def _frames(call: Any) -> list[str]:
-    """The Python functions ``call()`` runs (their names, in order)."""
-    names: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            names.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return names
 
 
 def test_a_put_of_a_new_item_runs_three_python_functions() -> None:
@@ -43,8 +27,8 @@ def test_a_put_of_a_new_item_runs_three_python_functions() -> None:
         value = {"text": "user 1 likes tea", "kind": "task", "n": 1}
         # put, the JSON text of the value, the row appended (before: put, _check_put, _put,
         # _value_text, _plain_text, write, _append, _bound: eight)
-        frames = _frames(functools.partial(store.put, ("u", "facts"), "k1", value))
-        assert frames == ["put", "_plain_text", "append"]
+        ran = frames(functools.partial(store.put, ("u", "facts"), "k1", value))
+        assert ran == ["put", "_plain_text", "append"]
         assert store.get(("u", "facts"), "k1").value == value  # type: ignore[union-attr]
 
 

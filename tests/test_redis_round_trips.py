@@ -8,7 +8,6 @@ process is checked again on the session as it is, and takes the right item.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -16,6 +15,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from _frames import frames
 from _round_trips import loaded_redis_sends
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep.sessions import open_memory
@@ -397,18 +397,7 @@ def _key_names(call: Callable[[], Any]) -> list[str]:
 
     code = {f.__code__ for f in vars(RedisKeys).values() if callable(f)}
     code |= {p.fget.__code__ for p in vars(RedisKeys).values() if isinstance(p, property)}
-    names: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in code:
-            names.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return names
+    return frames(call, code)
 
 
 def test_a_write_names_its_script_keys_in_one_call(url: str) -> None:
