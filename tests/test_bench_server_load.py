@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -17,39 +15,23 @@ from urllib.parse import urlparse
 
 import pytest
 
+from _bench import BENCH, run
 from conftest_services import postgres_url  # noqa: F401
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("httpx")
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
 
 def test_a_tiny_load_run_has_no_errors_and_loses_nothing(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "server_load.py"),
-            "--clients",
-            "3",
-            "--requests",
-            "10",
-            "--backends",
-            "sqlite",
-            "--targets",
-            "server",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    data, _ = run(
+        "server_load.py",
+        *("--clients", "3", "--requests", "10", "--backends", "sqlite", "--targets", "server"),
+        out=out,
         timeout=120,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    r = json.loads(out.read_text())["results"]["sqlite"]["server"]
+    r = data["results"]["sqlite"]["server"]
     assert r["errors"] == 0, r["error_samples"]
     assert r["integrity"] == dict.fromkeys(r["integrity"], 0)
     assert r["requests"] == 30

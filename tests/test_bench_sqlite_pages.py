@@ -6,16 +6,14 @@ each pair. Counts, never timings.
 from __future__ import annotations
 
 import importlib.util
-import json
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from _bench import BENCH, run
 
 
 def _bench() -> ModuleType:
@@ -85,25 +83,7 @@ def test_a_tiny_run_counts_every_operation_of_each_pair(tmp_path: Path) -> None:
     pytest.importorskip("agents")
     pytest.importorskip("langgraph.checkpoint.sqlite")
     out = tmp_path / "pages.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "sqlite_pages.py"),
-            "--sizes",
-            "40",
-            "--states",
-            "2",
-            "--trees",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())
+    rows, _ = run("sqlite_pages.py", "--sizes", "40", "--states", "2", "--trees", out=out)
     assert [(r["adapter"], r["operation"]) for r in rows] == [
         ("CtxkeepSession", "pop_item"),
         ("CtxkeepSession", "re-add after a pop"),
