@@ -30,12 +30,18 @@ def _frames_in_wal(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
 
 
-def test_the_frames_counted_are_the_ones_sqlite_wrote(tmp_path: Path) -> None:
-    bench = _bench()
-    path = tmp_path / "x.db"
+def _wal_table(path: Path) -> sqlite3.Connection:
+    """A new file in WAL mode, its one table ``t (k, v)`` made, autocommitting."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+    return conn
+
+
+def test_the_frames_counted_are_the_ones_sqlite_wrote(tmp_path: Path) -> None:
+    bench = _bench()
+    path = tmp_path / "x.db"
+    conn = _wal_table(path)
     conn.execute("CREATE INDEX t_v ON t (v)")
     with bench.counting(path, trees=True) as written:
         conn.execute("BEGIN")
@@ -61,9 +67,7 @@ def test_the_frames_counted_are_the_ones_sqlite_wrote(tmp_path: Path) -> None:
 def test_frames_of_an_earlier_generation_are_not_counted(tmp_path: Path) -> None:
     bench = _bench()
     path = tmp_path / "x.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+    conn = _wal_table(path)
     conn.execute("BEGIN")
     conn.executemany("INSERT INTO t (v) VALUES (?)", [("x" * 3000,) for _ in range(40)])
     conn.execute("COMMIT")
