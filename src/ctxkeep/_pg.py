@@ -369,16 +369,16 @@ class PgClient:
         "vector" does not exist``).
         """
         find = (
-            "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+            "SELECT current_setting('search_path'), ARRAY(SELECT DISTINCT n.nspname "
+            "FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
             "WHERE e.extname = ANY(%s) AND NOT n.nspname = ANY(current_schemas(false)) "
-            "ORDER BY e.extname"
+            "ORDER BY n.nspname)"
         )
         with self.errors("find extensions"), self.connection() as conn:
-            found = [str(r[0]) for r in conn.execute(find, (list(extensions),)).fetchall()]
-        if found:
-            path = self.search_path if self.search_path is not None else '"$user", public'
-            quoted = ['"' + name.replace('"', '""') + '"' for name in dict.fromkeys(found)]
-            self.search_path = ", ".join([path, *quoted])
+            path, found = conn.execute(find, (list(extensions),)).fetchone()
+        if found:  # the path as the server has it (the URL's, else the role's or its default)
+            quoted = ['"' + str(name).replace('"', '""') + '"' for name in found]
+            self.search_path = ", ".join([str(path), *quoted])
 
     @contextmanager
     def errors(self, doing: str) -> Iterator[None]:
