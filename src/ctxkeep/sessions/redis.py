@@ -581,6 +581,17 @@ local function take_off()
     redis.call('HDEL', KEYS[4], ARGV[10])
   end
 end
+local function op_of(token, revision, first)  -- the hash's 'op' a replace or pop leaves
+  return token .. ':' .. string.format('%d:%d', revision, first)
+end
+local function done_before(token, h)  -- h: the hash's fields, 'op' seventh ('Sent again')
+  if token == '' or not h[7] or string.sub(h[7], 1, #token + 1) ~= token .. ':' then
+    return nil
+  end
+  local rev, first = string.match(h[7], ':(%d+):(%d+)$')  -- done before: its answer was lost
+  if rev == h[6] then return {'ok', tonumber(first), h[4], tonumber(h[2]), tonumber(h[6])} end
+  return {'done', tonumber(first)}
+end
 """
 
 # One append, in one round trip: a compare-and-set on the session's state (see
@@ -727,11 +738,8 @@ local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', '
   'generation', 'revision', 'op')
 if not h[1] then return {'missing'} end
 local n = (#ARGV - 13) / 3
-if ARGV[13] ~= '' and h[7] and string.sub(h[7], 1, #ARGV[13] + 1) == ARGV[13] .. ':' then
-  local rev, first = string.match(h[7], ':(%d+):(%d+)$')  -- done before: its answer was lost
-  if rev == h[6] then return {'ok', tonumber(first), h[4], tonumber(h[2]), tonumber(h[6])} end
-  return {'done', tonumber(first)}
-end
+local before = done_before(ARGV[13], h)
+if before then return before end
 local function stale()
   local top = redis.call('ZRANGE', KEYS[2], -1, -1)[1]
   return {'stale', redis.call('HGETALL', KEYS[1]), top or ''}
@@ -755,7 +763,7 @@ local named = store(first, n, function(i, seq)
 end, 13 + 2 * n)
 local revision = tonumber(h[6] or '0') + 1
 local fields = {'message_count', string.format('%d', count), 'revision',
-  string.format('%d', revision), 'op', ARGV[13] .. ':' .. string.format('%d:%d', revision, first)}
+  string.format('%d', revision), 'op', op_of(ARGV[13], revision, first)}
 if n > 0 then  -- (a pop leaves next_seq as it is)
   fields[#fields + 1] = 'next_seq'
   fields[#fields + 1] = string.format('%d', first + n)
@@ -802,11 +810,8 @@ POP_SCRIPT = (
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation', 'revision', 'op')
 if not h[1] then return {'missing'} end
-if ARGV[14] ~= '' and h[7] and string.sub(h[7], 1, #ARGV[14] + 1) == ARGV[14] .. ':' then
-  local rev, first = string.match(h[7], ':(%d+):(%d+)$')  -- done before: its answer was lost
-  if rev == h[6] then return {'ok', tonumber(first), h[4], tonumber(h[2]), tonumber(h[6])} end
-  return {'done', tonumber(first)}
-end
+local before = done_before(ARGV[14], h)
+if before then return before end
 local same = h[4] == ARGV[3]
 if not (h[5] == ARGV[7] and (same or tonumber(h[4]) >= tonumber(ARGV[3])) and same_pending(h[3])
     and (h[1] == ARGV[12] or redis.call('ZCOUNT', KEYS[2], '(' .. ARGV[8], '+inf') == 0)
@@ -818,7 +823,7 @@ local held = tonumber(h[2])
 local count = math.max(held - 1, 0)
 local revision = tonumber(h[6] or '0') + 1
 local fields = {'message_count', string.format('%d', count), 'revision',
-  string.format('%d', revision), 'op', ARGV[14] .. ':' .. string.format('%d:%s', revision, h[1])}
+  string.format('%d', revision), 'op', op_of(ARGV[14], revision, tonumber(h[1]))}
 if h[3] ~= ARGV[4] then
   fields[7] = 'pending'
   fields[8] = ARGV[4]
