@@ -468,3 +468,31 @@ def test_the_keys_a_write_names_are_the_session_keys_and_its_indexes() -> None:
         "app:accessed",
         "app:expires",
     ]
+
+
+def test_an_add_on_the_common_path_gives_an_ids_hash_without_a_deadline_the_sessions(
+    url: str,
+) -> None:
+    # an add within the touch resolution on the state this process saw takes the script's
+    # common path; an ids hash without a deadline (made by a writer that did not set one,
+    # here one deleted) gets the session's, as on the general path, and the add is stored
+    now = [2_000_000.0]
+    client, prefix = _raw(url)
+    with open_memory(
+        url, _config(session_ttl=3600.0, access_resolution=1.0), clock=lambda: now[0]
+    ) as mem:
+        sid = mem.create_session("agent")
+        mem.add_message(sid, "user", "hello")
+        ids = f"{prefix}ids:{sid}"
+        assert client.pexpiretime(ids) > 0
+        client.delete(ids)
+        now[0] += 0.1
+        mem.add_message(sid, "assistant", "hi")
+        assert abs(client.pexpiretime(ids) - client.pexpiretime(f"{prefix}session:{sid}")) < 60_000
+        client.persist(ids)
+        now[0] += 0.1
+        mem.add_message(sid, "user", "again")
+        assert abs(client.pexpiretime(ids) - client.pexpiretime(f"{prefix}session:{sid}")) < 60_000
+        assert client.hlen(ids) == 2
+        assert [m.content for m in mem.get_messages(sid)] == ["hello", "hi", "again"]
+    client.close()

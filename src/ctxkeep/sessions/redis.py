@@ -625,15 +625,47 @@ end
 # the access moves it worked out by the client, so that a hash still at the base's accessed_at
 # parses no float's text (glibc's strtod, five of them: 212,000 -> 201,000 instructions of the
 # server a right guess's add of a LangChain message, callgrind, Redis 7.0, 200 adds).
+# That common case (one message, its id made for this append, the hash exactly as the client
+# last saw it: the same next_seq, pending, accessed_at and generation as text, a session that
+# holds messages, an access that does not move) comes first, before the script's functions are
+# made: the same commands in the same order, without the closures, the id lookup, the decoded
+# pending and the tables of the general path. Redis's time an EVALSHA of a chat history's add
+# (399 adds of the demo chat messages of 3.6 kB, nine rounds interleaved with the script before,
+# /tmp/s25/radd/ab_script.py, Redis 7.0, loaded two-core machine): 56.6 -> 52.2 us median with
+# no TTL, 49.5 -> 44.7 with one (a script of those five commands alone: 34 us).
 # Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
 # the client takes without parsing), {'stale', the hash's fields and values}, {'found', the
 # members held under the batch's ids} or {'missing'}.
 APPEND_SCRIPT = (
-    _ACCESS_LUA
-    + _WRITE_LUA
-    + """
+    """
 local h = redis.call('HMGET', KEYS[1], 'next_seq', 'message_count', 'pending', 'accessed_at',
   'generation')
+if h[1] and #ARGV == 14 and ARGV[9] == '1' and h[1] == ARGV[10] and h[4] == ARGV[3]
+    and ARGV[11] ~= '1' and h[5] == ARGV[7] and h[3] == ARGV[2] and h[2] ~= '0' then
+  -- the common case, before the functions below are made: what the general path does for
+  -- it, in the same order (see above)
+  local total = tonumber(h[2]) + 1
+  redis.call('ZADD', KEYS[2], ARGV[10], ARGV[12])
+  redis.call('ZADD', KEYS[3], 0, ARGV[13])
+  if ARGV[14] ~= '' then
+    redis.call('HSET', KEYS[4], ARGV[14], ARGV[10])
+    if ARGV[6] ~= '' and redis.call('PTTL', KEYS[4]) == -1 then
+      redis.call('PEXPIREAT', KEYS[4], ARGV[6])
+    end
+  end
+  local next_seq = string.format('%d', tonumber(h[1]) + 1)
+  local count = string.format('%d', total)
+  if h[3] ~= ARGV[4] then
+    redis.call('HSET', KEYS[1], 'next_seq', next_seq, 'message_count', count, 'pending', ARGV[4])
+  else
+    redis.call('HSET', KEYS[1], 'next_seq', next_seq, 'message_count', count)
+  end
+  return {'ok', tonumber(h[1]), h[4], total}
+end
+"""
+    + _ACCESS_LUA
+    + _WRITE_LUA
+    + """
 if not h[1] then return {'missing'} end
 local n = (#ARGV - 11) / 3
 local found = held(11 + 2 * n, ARGV[9] == '' and n or 0)  -- ids made for this append: none held
