@@ -1355,6 +1355,9 @@ class RedisBackend(Backend):
         touch_after = float(batch.touch_after)
         touch_text = repr(touch_after)
         fresh = "1" if batch.fresh_ids else ""
+        # one record with an id (every message the manager stamps has one): its id, else ""
+        single: str = (batch.records[0].get("id") or "") if len(records) == 1 else ""
+        role_prefix = f"{roles[0]}:" if single else ""
 
         def read() -> SessionInfo | None:
             fields = self._hash(self._client, session_id)
@@ -1376,10 +1379,13 @@ class RedisBackend(Backend):
                 str(guess),
                 # whether access() would move it: the same doubles' arithmetic as in Lua
                 "1" if now > seen and now - seen >= touch_after else "",
-                *[f"{guess + i}:{text}" for i, text in enumerate(records)],
-                *[role_member(role, guess + i) for i, role in enumerate(roles)],
-                *(r.get("id") or "" for r in batch.records),
             ]
+            if single:  # a chat history's add: no comprehension's frame for one record
+                args += (f"{guess}:{records[0]}", f"{role_prefix}{guess:0{SEQ_DIGITS}d}", single)
+            else:
+                args += [f"{guess + i}:{text}" for i, text in enumerate(records)]
+                args += [role_member(role, guess + i) for i, role in enumerate(roles)]
+                args += [r.get("id") or "" for r in batch.records]
             # Sent again after a dropped connection (Direct), the script may have run the
             # first time and only its answer been lost: the second run looks the ids up even
             # where they were made for this append (a '' for fresh), so it finds the
