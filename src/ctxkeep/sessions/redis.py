@@ -631,7 +631,7 @@ end
 # made: the same commands in the same order, without the closures, the id lookup, the decoded
 # pending and the tables of the general path. Redis's time an EVALSHA of a chat history's add
 # (399 adds of the demo chat messages of 3.6 kB, nine rounds interleaved with the script before,
-# /tmp/s25/radd/ab_script.py, Redis 7.0, loaded two-core machine): 56.6 -> 52.2 us median with
+# INFO commandstats, Redis 7.0, loaded two-core machine): 56.6 -> 52.2 us median with
 # no TTL, 49.5 -> 44.7 with one (a script of those five commands alone: 34 us).
 # Answer: {'ok', first seq, accessed_at, message_count} (the seq and the count as integers, which
 # the client takes without parsing), {'stale', the hash's fields and values}, {'found', the
