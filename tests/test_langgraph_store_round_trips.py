@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from urllib.parse import urlparse
 
 import psycopg
 import pytest
 
 from _round_trips import pg_waits, pg_wire
-from conftest_services import postgres_schema_factory, postgres_url
+from conftest_services import postgres_schema_factory, postgres_url, with_schema
 from ctxkeep.integrations.langgraph import CtxkeepStore
 
 __all__ = ["postgres_schema_factory", "postgres_url"]  # fixtures, re-exported for pytest
@@ -21,12 +22,41 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
+def elsewhere(postgres_url: str) -> Iterator[str]:
+    """The URL of a fresh database whose pgvector lives in a schema of its own (as a host's
+    ``extensions``), with a ``search_path`` of another schema alone."""
+    name = f"ctxkeep_rt_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    db = urlparse(postgres_url)._replace(path=f"/{name}").geturl()
+    try:
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA extensions")
+            conn.execute("CREATE EXTENSION vector SCHEMA extensions")
+            conn.execute("CREATE SCHEMA app")
+        yield with_schema(db, "app")
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["pgvector on the path", "pgvector off the path"])
 def store(
-    postgres_schema_factory: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    postgres_schema_factory: Callable[[], str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[CtxkeepStore]:
-    # a pool of its own (an application_name of its own) of one connection: the one traced
+    # a pool of its own (an application_name of its own) of one connection: the one traced.
+    # pgvector off the path: the item table's client and the episodic store's share that
+    # connection, so a search_path of each their own would be set again at every switch (a
+    # wait of its own: six of these tests failed so, after a server test had made its
+    # extensions' schema)
     monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
-    url = postgres_schema_factory() + f"&application_name=rt_{uuid.uuid4().hex[:8]}"
+    if request.param == "pgvector off the path":
+        base = request.getfixturevalue("elsewhere")
+    else:
+        base = postgres_schema_factory()
+    url = base + f"&application_name=rt_{uuid.uuid4().hex[:8]}"
     s = CtxkeepStore(url, embedder="hash", index={"fields": ["text"]})
     s.put(("notes",), "warm", {"text": "the first put prepares the statements"})
     s.search(("notes",), query="first put")
