@@ -324,6 +324,14 @@ def _raw(url: str) -> tuple[Any, str]:
     return redis.Redis.from_url(url.split("?")[0], decode_responses=True), prefix
 
 
+def _hour_ttl(url: str, now: list[float]) -> MemoryManager:
+    """Sessions at ``url`` with a one-hour TTL and a one-second touch resolution, on the
+    clock ``now[0]``."""
+    return open_memory(
+        url, _config(session_ttl=3600.0, access_resolution=1.0), clock=lambda: now[0]
+    )
+
+
 def test_writes_within_the_touch_resolution_leave_the_access_and_the_deadline(url: str) -> None:
     # as on SQL (Append.touch_after): a session written many times a second moves its
     # accessed_at, its place in the accessed index and its keys' deadline once a second,
@@ -424,9 +432,7 @@ def test_a_write_that_makes_the_keys_again_gives_them_the_deadline(url: str) -> 
     # within the touch resolution makes them again, with the session's deadline
     now = [2_000_000.0]
     client, prefix = _raw(url)
-    with open_memory(
-        url, _config(session_ttl=3600.0, access_resolution=1.0), clock=lambda: now[0]
-    ) as mem:
+    with _hour_ttl(url, now) as mem:
         sid = mem.create_session("agent")
         only = mem.add_message(sid, "user", "hello")
         mem.replace_newest(sid, [], newest_id=only.id or "")
@@ -478,9 +484,7 @@ def test_an_add_on_the_common_path_gives_an_ids_hash_without_a_deadline_the_sess
     # here one deleted) gets the session's, as on the general path, and the add is stored
     now = [2_000_000.0]
     client, prefix = _raw(url)
-    with open_memory(
-        url, _config(session_ttl=3600.0, access_resolution=1.0), clock=lambda: now[0]
-    ) as mem:
+    with _hour_ttl(url, now) as mem:
         sid = mem.create_session("agent")
         mem.add_message(sid, "user", "hello")
         ids = f"{prefix}ids:{sid}"
