@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 import psycopg
@@ -243,6 +244,37 @@ def test_a_batch_over_items_waits_once_and_forgets_what_it_replaced(store: Ctxke
         **{f"n{i}": {"text": f"note {i} about badgers"} for i in range(4)},
         "n5": {"x": 1},
     }
+
+
+def test_a_checkpointer_beside_the_store_keeps_the_connection_s_search_path(
+    elsewhere: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a LangGraph app's checkpointer and store on one URL share the process's pool: every
+    # ctxkeep client of a URL ends its search_path with pgvector's schema where the URL's
+    # path lacks it, so they agree, and moving between them sets no path (the checkpointer's
+    # client kept the URL's own, and each switch was a set_config round trip of its own)
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from ctxkeep.integrations.langgraph import CtxkeepSaver
+
+    monkeypatch.setenv("CTXKEEP_PG_POOL_MAX", "1")
+    url = elsewhere + f"&application_name=rt_{uuid.uuid4().hex[:8]}"
+    with (
+        CtxkeepStore(url, embedder="hash", index={"fields": ["text"]}) as store,
+        CtxkeepSaver(url) as saver,
+    ):
+        client = saver._backend.client  # type: ignore[attr-defined]
+        assert client.search_path == store._items._db.search_path  # type: ignore[attr-defined]
+        cfg: dict[str, Any] = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+        store.put(("notes",), "warm", {"text": "the first put prepares the statements"})
+        cfg = saver.put(cfg, empty_checkpoint(), {}, {})  # type: ignore[arg-type]
+        with pg_wire(store._items._db.pool) as lines:  # type: ignore[attr-defined]
+            store.put(("notes",), "n1", {"text": "the launch code is aardvark"})
+            saver.put(cfg, empty_checkpoint(), {}, {})  # type: ignore[arg-type]
+            store.put(("notes",), "n2", {"text": "the launch code is wombat"})
+        assert not [line for line in lines if "search_path" in line[1]], lines
+        assert saver.get_tuple(cfg) is not None
+        assert store.get(("notes",), "n2") is not None
 
 
 def test_puts_of_one_key_from_threads_leave_its_last_value_found(

@@ -312,6 +312,11 @@ class PgClient:
         timeout: seconds to wait for a connection (and for a new pool to connect).
         pool_max: the pool's maximum, ahead of ``CTXKEEP_PG_POOL_MAX``
             (:func:`configured_pool_max`).
+        extensions: the extensions whose schemas end the client's ``search_path`` where the
+            database holds them in a schema the path lacks (:meth:`_reach`); pgvector by
+            default, for every client: the process's clients of one URL share its pool and
+            (a LangGraph store's) transactions, and a path of each their own was set again on
+            the connection at every switch between them, a round trip each.
 
     Raises:
         ConfigError: an invalid URL or pool maximum.
@@ -331,7 +336,7 @@ class PgClient:
         max_size: int = 8,
         timeout: float = 30.0,
         pool_max: int | None = None,
-        extensions: Sequence[str] = (),
+        extensions: Sequence[str] = ("vector",),
     ) -> None:
         address, self.search_path = split_url(url)
         params = conninfo_to_dict(address)

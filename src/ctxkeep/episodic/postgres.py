@@ -391,7 +391,6 @@ class PostgresEpisodicStore(SQLStore):
             name="ctxkeep-episodic",
             meta_key="episodic",
             migrations=_migrations(self.embedder.dim),
-            extensions=("vector",),  # pgvector where the database has it, if off the path
         )
         try:
             with self._db.tx("check the embedder") as conn:

@@ -1165,10 +1165,6 @@ def _items_at(url: str) -> Items:
             name="ctxkeep-langgraph-store",
             meta_key="langgraph_store",
             migrations=POSTGRES_MIGRATIONS,
-            # the episodic store's path (pgvector's schema at its end where the URL's path
-            # lacks it): the two clients share the process's pool and a put's transaction,
-            # and a path of each their own was set again at every switch, a wait each
-            extensions=("vector",),
         )
         return SQLItems(client, "postgres", "%s", '"C"')
     raise ConfigError(
