@@ -1357,7 +1357,6 @@ class RedisBackend(Backend):
         fresh = "1" if batch.fresh_ids else ""
         # one record with an id (every message the manager stamps has one): its id, else ""
         single: str = (batch.records[0].get("id") or "") if len(records) == 1 else ""
-        role_prefix = f"{roles[0]}:" if single else ""
 
         def read() -> SessionInfo | None:
             fields = self._hash(self._client, session_id)
@@ -1381,7 +1380,7 @@ class RedisBackend(Backend):
                 "1" if now > seen and now - seen >= touch_after else "",
             ]
             if single:  # a chat history's add: no comprehension's frame for one record
-                args += (f"{guess}:{records[0]}", f"{role_prefix}{guess:0{SEQ_DIGITS}d}", single)
+                args += (f"{guess}:{records[0]}", role_member(roles[0], guess), single)
             else:
                 args += [f"{guess + i}:{text}" for i, text in enumerate(records)]
                 args += [role_member(role, guess + i) for i, role in enumerate(roles)]
