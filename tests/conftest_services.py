@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlparse
 
 import pytest
 
@@ -188,6 +188,21 @@ def postgres_schema_factory(postgres_url: str) -> Iterator[Callable[[], str]]:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             for schema in made:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def postgres_database(postgres_url: str) -> Iterator[str]:
+    """The URL of a fresh database on the test server, dropped after the test."""
+    import psycopg
+
+    name = f"ctxkeep_db_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield urlparse(postgres_url)._replace(path=f"/{name}").geturl()
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 # -- one fresh store of each kind -----------------------------------------------------------------

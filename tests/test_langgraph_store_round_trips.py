@@ -8,37 +8,37 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import urlparse
 
 import psycopg
 import pytest
 
 from _round_trips import pg_waits, pg_wire
-from conftest_services import postgres_schema_factory, postgres_url, with_schema
+from conftest_services import (
+    postgres_database,
+    postgres_schema_factory,
+    postgres_url,
+    with_schema,
+)
 from ctxkeep.integrations.langgraph import CtxkeepStore
 
-__all__ = ["postgres_schema_factory", "postgres_url"]  # fixtures, re-exported for pytest
+__all__ = [  # fixtures, re-exported for pytest
+    "postgres_database",
+    "postgres_schema_factory",
+    "postgres_url",
+]
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def elsewhere(postgres_url: str) -> Iterator[str]:
+def elsewhere(postgres_database: str) -> str:
     """The URL of a fresh database whose pgvector lives in a schema of its own (as a host's
     ``extensions``), with a ``search_path`` of another schema alone."""
-    name = f"ctxkeep_rt_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    db = urlparse(postgres_url)._replace(path=f"/{name}").geturl()
-    try:
-        with psycopg.connect(db, autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA extensions")
-            conn.execute("CREATE EXTENSION vector SCHEMA extensions")
-            conn.execute("CREATE SCHEMA app")
-        yield with_schema(db, "app")
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA extensions")
+        conn.execute("CREATE EXTENSION vector SCHEMA extensions")
+        conn.execute("CREATE SCHEMA app")
+    return with_schema(postgres_database, "app")
 
 
 @pytest.fixture(params=["pgvector on the path", "pgvector off the path"])

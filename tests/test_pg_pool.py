@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import random
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import quote, urlencode, urlparse
+from urllib.parse import quote, urlencode
 
 import pytest
 
-from conftest_services import postgres_url  # noqa: F401
+from conftest_services import postgres_database, postgres_url  # noqa: F401
 from ctxkeep import _pg
 from ctxkeep._pg import PgClient, split_url
 from ctxkeep.errors import StorageError
@@ -30,16 +29,9 @@ POOL_MAX = 6
 
 
 @pytest.fixture
-def db(postgres_url: str) -> Iterator[str]:  # noqa: F811
+def db(postgres_database: str) -> str:  # noqa: F811
     """The URL of a fresh database on the test server, dropped after the test."""
-    name = f"ctxkeep_pool_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield urlparse(postgres_url)._replace(path=f"/{name}").geturl()
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    return postgres_database
 
 
 def in_schema(url: str, schema: str) -> str:
