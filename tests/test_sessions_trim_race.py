@@ -80,6 +80,35 @@ def _check(mem: MemoryManager, sid: str, acked: dict[str, int], in_flight: int =
         assert len(live) <= mem.config.max_history  # type: ignore[operator]
 
 
+def _settled(url: str) -> None:
+    """Wait until no statement of a killed process still runs on the store. PostgreSQL runs
+    a statement its client sent to its end, a ``COMMIT`` too, and notices the client gone
+    only then: a trim sent just before the kill may commit while the check reads the live
+    messages and then the archive, in two statements, and the check would see a message in
+    both (a read between the removal and its commit). Redis runs a script it received
+    whole, before the next command; SQLite's writer dies with its process.
+    """
+    if not url.startswith("postgres"):
+        return
+    import psycopg
+
+    from ctxkeep._pg import split_url
+
+    address, _ = split_url(url)
+    with psycopg.connect(address, autocommit=True) as conn:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            busy = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+                "AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')"
+            ).fetchone()
+            if busy is not None and busy[0] == 0:
+                return
+            time.sleep(0.01)
+    raise AssertionError("a killed writer's statement still runs on the server after 30 s")
+
+
 def _writer(url: str, sid: str, name: str, count: int, threads: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, WRITER, url, sid, name, str(count), str(threads), str(LIMIT)],
@@ -204,6 +233,7 @@ def test_no_message_is_both_live_and_archived_after_kills_mid_trim(url: str) -> 
             acked.update(_acked(first + proc.stdout.read()))  # (what readline buffered too)
             proc.wait(30)
             proc.stdout.close()
+            _settled(url)
             # each kill: a message in flight per thread, and a printed line it cut
             _check(mem, sid, acked, in_flight=3 * (k + 1))
         assert len(acked) > 2 * LIMIT  # the writers got past the limit between the kills
@@ -234,6 +264,7 @@ def test_no_message_is_both_live_and_archived_after_kills_mid_sweep(url: str) ->
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(30)
             proc.stdout.close()
+            _settled(url)
             assert len(stored) == 30
             for sid, ids in stored.items():
                 snap = mem.backend.read(sid)
