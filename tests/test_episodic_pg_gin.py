@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from conftest_services import postgres_schema_factory, postgres_url
+from ctxkeep._db import ANALYZE_AFTER
 from ctxkeep.episodic import open_episodic
 from ctxkeep.episodic.filters import EpisodeFilter
 from ctxkeep.episodic.postgres import GIN_PENDING_LIST_KB, TEXT_TABLE, PostgresEpisodicStore
@@ -116,25 +117,29 @@ def test_lexical_candidates_come_from_the_informative_terms(
 ) -> None:
     """A term in more than 1,000 episodes (and 1% of them) finds no candidates once the table
     has statistics, as in every ctxkeep store; it still scores them, and a query of common
-    terms alone still finds by its rarest."""
+    terms alone still finds by its rarest. A batch of ``ANALYZE_AFTER`` episodes or more
+    analyzes the table in its transaction, so its searches have them at once (autovacuum
+    analyzes a new table a minute or more later)."""
     store = open_episodic(postgres_schema_factory(), "hash")
+
+    def notes(lo: int, hi: int) -> list[dict[str, str]]:
+        return [
+            {
+                "session_id": f"s{i}",
+                "task_goal": "",
+                "summary": f"penguin note {i}" + (" walrus" if i % 400 == 0 else ""),
+            }
+            for i in range(lo, hi)
+        ]
+
     try:
         assert isinstance(store, PostgresEpisodicStore)
-        store.save_episodes(
-            [
-                {
-                    "session_id": f"s{i}",
-                    "task_goal": "",
-                    "summary": f"penguin note {i}" + (" walrus" if i % 400 == 0 else ""),
-                }
-                for i in range(1_200)
-            ]
-        )
-        # no statistics yet: every term finds candidates
+        assert ANALYZE_AFTER == 1_000
+        store.save_episodes(notes(0, 200))
+        # a batch under ANALYZE_AFTER, no statistics yet: every term finds candidates
         assert store._informative(["penguin", "walrus"]) == ["penguin", "walrus"]
-        with store.db.tx("analyse") as conn:
-            conn.execute(f"ANALYZE {TEXT_TABLE}")
-        store._stats = None  # read them again now
+        store.save_episodes(notes(200, 1_200))  # ANALYZE_AFTER of them
+        # read again at once, not after TERM_STATS_SECONDS
         assert store._informative(["penguin", "walrus"]) == ["walrus"]
         assert store._informative(["penguin"]) == ["penguin"]
         assert store._informative(["penguin", "note"]) == ["penguin", "note"]  # two rarest

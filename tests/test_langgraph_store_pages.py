@@ -23,6 +23,7 @@ pytest.importorskip("langgraph")
 from langgraph.store.base import GetOp, PutOp
 
 from conftest_services import postgres_schema_factory, postgres_url
+from ctxkeep.episodic import postgres as episodic_pg
 from ctxkeep.integrations.langgraph import CtxkeepStore, _store_items
 from ctxkeep.integrations.langgraph._store_filters import matches_filter, sql_filter
 
@@ -233,6 +234,35 @@ def test_a_bulk_load_on_postgresql_leaves_the_table_analyzed(
         assert estimated_rows() == 99
         found = store.search(("b",), filter={"n": 7})
         assert [i.key for i in found] == ["k7"]
+
+
+@pytest.mark.postgres
+def test_a_bulk_load_on_postgresql_leaves_the_window_documents_analyzed(
+    postgres_schema_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search's lexical candidates come from the query's informative terms, which the
+    statistics of the episodes' window documents tell (see ``_db.ANALYZE_AFTER``): a bulk
+    load of items leaves them analyzed, and the store's searches read them at once, not
+    after ``TERM_STATS_SECONDS``."""
+    monkeypatch.setattr(episodic_pg, "ANALYZE_AFTER", 50)
+    with CtxkeepStore(postgres_schema_factory(), embedder="hash") as store:
+        episodic = store._episodic
+        assert isinstance(episodic, episodic_pg.PostgresEpisodicStore)
+
+        def estimated_rows() -> float:
+            sql = f"SELECT reltuples FROM pg_class WHERE oid = '{episodic_pg.TEXT_TABLE}'::regclass"
+            return float(episodic.db.q("read the estimate", sql)[0][0])
+
+        store.batch([PutOp(("a",), f"k{i}", {"text": f"note {i}"}) for i in range(49)])
+        assert estimated_rows() < 0
+        assert store.search(("a",), query="note seal", limit=1)  # term statistics read: none
+        store.batch([PutOp(("b",), f"k{i}", {"text": f"note {i} seal"}) for i in range(50)])
+        assert estimated_rows() == 99
+        stats = episodic._term_stats()  # not the "none yet" the first search read
+        assert stats is not None
+        share, episodes = stats
+        assert episodes == 99
+        assert share["seal"] == pytest.approx(50 / 99, abs=1e-3)
 
 
 # -- filters the engine applies: exactly Python's matches_filter -------------------------------

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from langgraph.store.base import Item, SearchItem
 
-from ctxkeep._db import Database, executemany, placeholders
+from ctxkeep._db import ANALYZE_AFTER, Database, executemany, placeholders
 from ctxkeep.errors import ConfigError
 from ctxkeep.integrations.langgraph._store_filters import Engine, matches_filter, sql_filter
 from ctxkeep.sessions.records import loads
@@ -90,16 +90,6 @@ MIGRATIONS = SQLITE_MIGRATIONS
 CHUNK = 400
 """Keys read per statement when a write reads the stored rows (800 parameters: far below
 SQLite's and PostgreSQL's bounds)."""
-
-ANALYZE_AFTER = 1000
-"""Rows in one batch from which a PostgreSQL item table is analyzed after the write, once per
-table object: a bulk load. Until autovacuum analyzes a new table (a minute or more later)
-the planner has no statistics: it guessed a handful of rows, scanned the table and sorted
-the matches of a filtered search, casting every value to ``jsonb`` (2.2 of 2.5 ms by
-EXPLAIN ANALYZE at 1,000 items), where with them it walks the order's index until the page
-is full (0.07 ms). PostgreSQL's manual says the same of bulk loads ("Populating a Database":
-run ``ANALYZE`` afterwards). It runs inside the write's transaction, whose own rows it
-counts; a role that does not own the table gets a warning, not an error."""
 
 BULK_ORDER = 32
 """Addresses of one time from which a ``memory://`` write edits that time's run of the search
@@ -815,7 +805,7 @@ class SQLItems(Items):
         self._db = db
         self._engine = engine
         self._analyzed = False
-        """Whether this object has analyzed the table (:data:`ANALYZE_AFTER`)."""
+        """Whether this object has analyzed the table (:data:`~ctxkeep._db.ANALYZE_AFTER`)."""
         self._forgetting: dict[Callable[[str], str], tuple[str, str]] = {}
         """The statements of :meth:`write_forgetting`, per episodic store's ``forgets``."""
         self._mark = mark
