@@ -262,6 +262,7 @@ def test_a_pop_of_a_known_session_is_one_delete_and_one_update(
         assert session._pop_item() == output  # c1 waits again
     assert _verbs(statements) == ["BEGIN", "DELETE", "UPDATE", "COMMIT"], statements
     assert "RETURNING" not in statements[2] and "pending = '[\"c1\"]'" in statements[2]
+    assert "next_seq" not in statements[2].split(" WHERE ")[0]  # nothing appended: not moved
     assert _info(mem, "conv").pending == ("c1",)
     with open_memory(f"sqlite:///{tmp_path}/s.db") as other:
         other.add_messages("conv", [Message("tool", "elsewhere", tool_call_id="c1")])
@@ -339,3 +340,22 @@ def test_a_first_add_made_in_two_steps_keeps_its_ids_fresh() -> None:
         m._add_creating("s", "agent", [Message("user", "again", id="given")], owned=True)
         assert fresh == [True, True, False]  # an id the caller gave is looked up
         assert [x.content for x in m.get_messages("s")] == ["hi", "again"]
+
+
+def test_a_take_back_reads_the_session_row_once(mem: MemoryManager) -> None:
+    """The newest message is found from the session's row read once (its number gives the
+    range of its messages' keys), where a subquery for each end of the range read it twice.
+    """
+    sid = mem.create_session("a")
+    mem.add_messages(sid, [Message("user", "go"), Message("assistant", "one")])
+    newest = mem.get_messages(sid)[-1]
+    with traced(mem) as statements:
+        mem.replace_newest(sid, [], newest_id=newest.id or "")
+    deletes = [s for s in statements if s.upper().startswith("DELETE")]
+    assert len(deletes) == 1, statements
+    conn: Any = mem.backend.client.conn()  # type: ignore[attr-defined]
+    plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + deletes[0])]
+    assert sum("sqlite_autoindex_ctxkeep_sessions_1" in step for step in plan) == 1, plan
+    assert all("SCAN" not in step for step in plan), plan
+    assert [m.content for m in mem.get_messages(sid)] == ["go"]
+    assert newest.content == "one"
