@@ -12,6 +12,7 @@ nothing.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,12 @@ from typing import Any
 import pytest
 
 from ctxkeep import MemoryConfig, open_memory
-from ctxkeep.errors import ConfigError, MissingToolResultError, OrphanToolResultError
+from ctxkeep.errors import (
+    ConfigError,
+    CorruptRecordError,
+    MissingToolResultError,
+    OrphanToolResultError,
+)
 from ctxkeep.integrations._items import owned_from_responses
 from ctxkeep.messages import Message
 from ctxkeep.sessions.base import MemoryManager
@@ -359,3 +365,25 @@ def test_a_take_back_reads_the_session_row_once(mem: MemoryManager) -> None:
     assert all("SCAN" not in step for step in plan), plan
     assert [m.content for m in mem.get_messages(sid)] == ["go"]
     assert newest.content == "one"
+
+
+def test_a_take_back_of_a_damaged_newest_record_raises_and_keeps_it(
+    mem: MemoryManager, tmp_path: Path
+) -> None:
+    """The newest message is deleted and read back by one statement: where its record
+    cannot be read, the transaction puts it back (on the state known and on the row alike).
+    """
+    sid = mem.create_session("a")
+    stored = mem.add_messages(sid, [Message("user", "go"), Message("assistant", "one")])
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        conn.execute("UPDATE ctxkeep_messages SET record = '{\"v\": 1' WHERE seq = 2")
+    with pytest.raises(CorruptRecordError):
+        mem.replace_newest(sid, [], newest_id=stored[1].id or "")
+    with pytest.raises(CorruptRecordError):
+        mem.pop_message(sid)
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        assert [r[0] for r in conn.execute("SELECT seq FROM ctxkeep_messages ORDER BY seq")] == [
+            1,
+            2,
+        ]
+    assert _info(mem, sid).message_count == 2
