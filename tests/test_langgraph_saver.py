@@ -632,3 +632,19 @@ def test_a_corrupt_stored_value_is_refused(sqlite_saver: CtxkeepSaver, tmp_path:
         conn.execute("UPDATE ctxkeep_lg_checkpoints SET type = 'msgpack', checkpoint = x'c1'")
     with pytest.raises(CorruptRecordError, match="checkpoint cannot be decoded"):
         sqlite_saver.get_tuple(first)
+    with closing(sqlite3.connect(tmp_path / "lg.db")) as conn, conn:
+        conn.execute("DELETE FROM ctxkeep_lg_checkpoints")
+    third = sqlite_saver.put(config("u", checkpoint_ns=""), checkpoint("c3"), {}, {})
+    sqlite_saver.put_writes(third, [("messages", 1)], "task")
+    with closing(sqlite3.connect(tmp_path / "lg.db")) as conn, conn:
+        conn.execute("UPDATE ctxkeep_lg_writes SET type = 'msgpack', blob = x'c1'")
+    with pytest.raises(CorruptRecordError, match="write to 'messages' cannot be decoded"):
+        sqlite_saver.get_tuple(third)
+    with pytest.raises(CorruptRecordError, match="write to 'messages' cannot be decoded"):
+        list(sqlite_saver.list(config("u")))
+    with closing(sqlite3.connect(tmp_path / "lg.db")) as conn, conn:
+        conn.execute(
+            "UPDATE ctxkeep_lg_checkpoints SET metadata_type = 'msgpack', metadata = x'c1'"
+        )
+    with pytest.raises(CorruptRecordError, match="checkpoint metadata cannot be decoded"):
+        sqlite_saver.get_tuple(third)

@@ -63,6 +63,54 @@ def test_get_tuple_sends_no_begin_or_commit(traced: tuple[CtxkeepSaver, list[str
     assert [q.split()[0] for q in ran] == ["SELECT"]
 
 
+def test_get_tuple_reads_its_rows_in_eight_columns(
+    traced: tuple[CtxkeepSaver, list[str]],
+) -> None:
+    """The checkpoint's row and its writes' share eight columns (issue 26): each row held the
+    other's columns as NULLs, sixteen, and the ``sqlite3`` module reads every column it is
+    given, a GIL release each; the step's read took 27,000 instructions more (callgrind)."""
+    s, ran = traced
+    cfg = _first(s)
+    s.put_writes(cfg, [("messages", ["a"]), ("step", 2)], "task-1")
+    ran.clear()
+    got = s.get_tuple(cfg)
+    assert got is not None and got.pending_writes == [
+        ("task-1", "messages", ["a"]),
+        ("task-1", "step", 2),
+    ]
+    (sql,) = ran
+    conn = s._backend.client.conn()  # type: ignore[attr-defined]
+    cur = conn.execute(sql)  # the trace gives the statement with its values in it
+    rows = cur.fetchall()
+    assert len(cur.description) == 8
+    assert [r[0] for r in rows] == [cfg["configurable"]["checkpoint_id"], None, None]
+    newest = s.get_tuple(config("t", checkpoint_ns=""))  # by the newest: the other statement
+    assert newest is not None and newest.pending_writes == got.pending_writes
+    assert len(conn.execute(ran[-1]).description) == 8
+
+
+def test_writes_come_in_langgraph_s_order(saver: CtxkeepSaver) -> None:  # noqa: F811
+    """A checkpoint's writes sorted by ``WRITE_ORDER`` (a C key over the stored writes) come
+    in the order of LangGraph's ``writes_sort_key``, on every engine."""
+    from langgraph.checkpoint.base import writes_sort_key
+
+    from ctxkeep.integrations.langgraph.saver import WRITE_ORDER
+
+    cfg = saver.put(config("t", checkpoint_ns=""), checkpoint("c1"), {}, {})
+    tasks = [("b", "p2"), ("a", "p2"), ("c", "p1"), ("d", ""), ("z", "p1")]
+    for task_id, path in tasks:
+        saver.put_writes(cfg, [("x", f"{task_id}0"), ("y", f"{task_id}1")], task_id, path)
+    saver.put_writes(cfg, [("__error__", "boom")], "d", "")
+    got = saver.get_tuple(cfg)
+    assert got is not None
+    written = [(t, p, i, ch) for t, p in tasks for i, ch in enumerate(("x", "y"))]
+    written.append(("d", "", -1, "__error__"))
+    expected = sorted(written, key=lambda w: writes_sort_key(w[1], w[0], w[2]))
+    assert [(t, ch) for t, ch, _ in got.pending_writes] == [(t, ch) for t, _, _, ch in expected]
+    probe = type("W", (), {"task_path": "p", "task_id": "t", "idx": 3})()
+    assert WRITE_ORDER(probe) == writes_sort_key("p", "t", 3)
+
+
 def test_a_step_s_put_is_one_statement(traced: tuple[CtxkeepSaver, list[str]]) -> None:
     """The checkpoint's values in its row: no blob rows, no BEGIN and COMMIT around them
     (issue 26: was four statements)."""

@@ -128,11 +128,29 @@ _LATEST = (
 )
 
 
+_ONE_CP_COLS = (
+    "checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata_type, metadata, "
+    "blob_channels, NULL"
+)
+_ONE_WRITE_COLS = "NULL, task_id, type, blob, channel, NULL, task_path, idx"
+"""``get_tuple``'s rows, the checkpoint's (``_ONE_CP_COLS``) and its writes'
+(``_ONE_WRITE_COLS``, a ``NULL`` id first), in eight columns, each of one type on both sides
+(PostgreSQL's ``UNION`` asks it). The checkpoint's columns beside its writes' nulls, and
+theirs beside its, were sixteen a row: the ``sqlite3`` module releases and takes the GIL
+again for each column it reads, ``NULL`` or not, so a step read 48 columns where it now
+reads 24: its ``get_tuple`` 313,000 -> 286,000 instructions (callgrind, bench/peers.py's
+step on a thread of 1,000; ``SqliteSaver``'s 257,000)."""
+
+
 def _row(r: Any) -> _Row:
-    """A checkpoint from its columns, ``_CP_COLS`` (by position: keywords cost a named
-    tuple's constructor more).
+    """A checkpoint from its columns, ``_CP_COLS``. The named tuples of a read are made with
+    ``tuple.__new__`` and every field in order: their own constructor is a Python ``__new__``
+    called through the type (with those of ``put`` and ``put_writes``, a step 856,000 ->
+    847,000 instructions, callgrind).
     """
-    return _Row(r[0], r[1], r[2], r[3], r[4], (r[5], bytes(r[6])), (r[7], bytes(r[8])), r[9])
+    return tuple.__new__(
+        _Row, (r[0], r[1], r[2], r[3], r[4], (r[5], bytes(r[6])), (r[7], bytes(r[8])), r[9])
+    )
 
 
 CHUNK = 400
@@ -186,15 +204,14 @@ class _SQLBackend(_Backend):
         self.db = db
         self.param = param
         # get_tuple's statements, written once, by id and the newest: the checkpoint's row,
-        # then its writes' rows (the row's columns NULL), the values read once (a join would
-        # repeat them with each write).
+        # then its writes' rows, the values read once (a join would repeat them with each
+        # write), in the eight columns of _ONE_COLS.
         key = "thread_id = ? AND checkpoint_ns = ?"
         newest = f"(SELECT max(checkpoint_id) FROM {_CP} WHERE {key})"
         self._one_sql = tuple(
             self._sql(
-                f"SELECT {_CP_COLS}, {', '.join(['NULL'] * 6)} FROM {_CP} "
-                f"WHERE {key} AND checkpoint_id = {cid} UNION ALL "
-                f"SELECT {', '.join(['NULL'] * _CP_N)}, {_WRITE_READ_COLS} FROM {_WRITES} "
+                f"SELECT {_ONE_CP_COLS} FROM {_CP} WHERE {key} AND checkpoint_id = {cid} "
+                f"UNION ALL SELECT {_ONE_WRITE_COLS} FROM {_WRITES} "
                 f"WHERE {key} AND checkpoint_id = {cid}"
             )
             for cid in ("?", newest)
@@ -360,7 +377,7 @@ class _SQLBackend(_Backend):
                 if accepted is None:
                     continue
                 # the row kept without its bytes, built at once (``_replace`` took 3 us)
-                kept = _Row(r[0], r[1], r[2], r[3], r[4], EMPTY, EMPTY, r[9])
+                kept = tuple.__new__(_Row, (r[0], r[1], r[2], r[3], r[4], EMPTY, EMPTY, r[9]))
                 picked.append((kept, *accepted))
                 if not one and query.limit is not None and len(picked) >= query.limit:
                     break
@@ -410,11 +427,17 @@ class _SQLBackend(_Backend):
             else:  # every value in the row (the usual case): no dicts to make
                 loaded = NO_BLOBS
             rows = writes.get((t, ns), none).pop(row.checkpoint_id, ())
-            yield _Loaded(
-                row,
-                decoded,
-                loaded,
-                [_Write(r[1], r[2], r[3], (r[4], bytes(r[5])), r[6]) for r in rows],
+            yield tuple.__new__(
+                _Loaded,
+                (
+                    row,
+                    decoded,
+                    loaded,
+                    [
+                        tuple.__new__(_Write, (r[1], r[2], r[3], (r[4], bytes(r[5])), r[6]))
+                        for r in rows
+                    ],
+                ),
             )
 
     def read_one(
@@ -456,20 +479,32 @@ class _SQLBackend(_Backend):
         else:
             rows = conn.execute(by_id, (thread_id, ns, checkpoint_id) * 2).fetchall()
         found, writes = None, []
-        for r in rows:  # the checkpoint's row (its thread_id set), and its writes'
+        for r in rows:  # the checkpoint's row (its id set), and its writes'
             if r[0] is None:
-                writes.append(_Write(r[_CP_N], r[11], r[12], (r[13], bytes(r[14])), r[15]))
+                writes.append(tuple.__new__(_Write, (r[1], r[7], r[4], (r[2], bytes(r[3])), r[6])))
             else:
                 found = r
         if found is None:
             return []
-        row = _row(found)
+        row = tuple.__new__(
+            _Row,
+            (
+                thread_id,
+                ns,
+                found[0],
+                found[1],
+                None,  # the run id: no read uses it
+                (found[2], bytes(found[3])),
+                (found[4], bytes(found[5])),
+                found[6],
+            ),
+        )
         accepted = accept(row)
         if accepted is None:
             return []
         versions, decoded = accepted
         if not versions:  # every value in the row (a step's usual case)
-            return [_Loaded(row, decoded, NO_BLOBS, writes)]
+            return [tuple.__new__(_Loaded, (row, decoded, NO_BLOBS, writes))]
         blobs: dict[str, Typed] = {}
         for _, cur in self._blob_reads(conn, [(row, versions, decoded)]):
             for ch, ver, kind, b in cur.fetchall():
