@@ -291,19 +291,10 @@ class _SQLBackend(_Backend):
         # One row per key (a statement may not touch a row twice): a later special write to
         # the same idx replaces an earlier one, as successive statements would.
         rows: dict[tuple[str, int], tuple[Any, ...]] = {}
-        for w in writes:
-            key = (w.task_id, w.idx)
-            if w.idx < 0 or key not in rows:
-                rows[key] = (
-                    thread_id,
-                    ns,
-                    checkpoint_id,
-                    w.task_id,
-                    w.idx,
-                    w.channel,
-                    *w.value,
-                    w.task_path,
-                )
+        for task_id, idx, channel, (kind, blob), path in writes:  # unpacked: no field lookups
+            key = (task_id, idx)
+            if idx < 0 or key not in rows:
+                rows[key] = (thread_id, ns, checkpoint_id, task_id, idx, channel, kind, blob, path)
         values = list(rows.values())
         if len(values) <= WRITE_ROWS:
             with self._auto("put LangGraph writes") as conn:
@@ -675,13 +666,19 @@ class _SQLiteBackend(_SQLBackend):
         self.client = SQLiteClient(
             path, meta_key=META_KEY, migrations=SQLITE_MIGRATIONS, mmap_size=MMAP_SIZE
         )
+        self._autos: dict[str, _SQLiteAuto] = {}
         super().__init__(self.client, "?")
 
     def _read_tx(self, doing: str) -> AbstractContextManager[Any]:
         return self.client.tx(doing, immediate=False)  # a deferred BEGIN: a WAL snapshot
 
     def _auto(self, doing: str) -> AbstractContextManager[Any]:
-        return _SQLiteAuto(self.client, doing)
+        # one per text, made once: it holds no state of a block (the connection is this
+        # thread's), so threads and nested blocks share it
+        auto = self._autos.get(doing)
+        if auto is None:
+            auto = self._autos[doing] = _SQLiteAuto(self.client, doing)
+        return auto
 
 
 class _SQLiteAuto:

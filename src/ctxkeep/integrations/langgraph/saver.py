@@ -266,11 +266,11 @@ class CtxkeepSaver(BaseCheckpointSaver[str]):
             writes = sorted(writes, key=WRITE_ORDER)
         loads = self.serde.loads_typed
         pending = []
-        for w in writes:
+        for task_id, _, channel, value, _ in writes:
             try:
-                pending.append((w.task_id, w.channel, loads(w.value)))
+                pending.append((task_id, channel, loads(value)))
             except Exception as exc:  # as _load raises it
-                raise _corrupt("write to", w.channel, exc) from exc
+                raise _corrupt("write to", channel, exc) from exc
         t, ns, cid, parent = loaded.row[:4]
         return CheckpointTuple(  # by position: keywords cost a named tuple's constructor more
             {"configurable": {"thread_id": t, "checkpoint_ns": ns, "checkpoint_id": cid}},
