@@ -94,6 +94,10 @@ _TO_RECORD: dict[str, Callable[[Any], Any]] = {
 }
 """How the fields JSON has no type for are written; every other field is written as it is."""
 _ENCODERS = tuple((name, _TO_RECORD.get(name)) for name in FIELDS)
+_CONVERTED: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
+    (name, encode) for name, encode in _ENCODERS if encode is not None
+)
+"""The fields of :data:`_TO_RECORD`, in field order, with their converters."""
 _JSON_EXACT = frozenset(
     {"str", "str | None", "tuple[str, ...]", "tuple[ToolCall, ...]", "datetime | None"}
 )
@@ -125,10 +129,20 @@ def encoded_record(m: Message) -> tuple[dict[str, Any], str]:
 
     """
     state = m.__dict__
-    record: dict[str, Any] = {"v": RECORD_VERSION}
-    for name, encode in _ENCODERS:
-        value = state[name]
-        record[name] = value if encode is None else encode(value)
+    if len(state) == len(FIELDS):
+        # Every field and nothing else (no caches), in field order as every constructor
+        # writes them: one C-level copy, then only the five fields JSON has no type for are
+        # converted in place (a key keeps its position), where a loop over all thirteen
+        # tested each. The same text, in 140 bytecodes where it took 275 (per message of
+        # the peer bench's LangChain adds, counted with sys.settrace).
+        record: dict[str, Any] = {"v": RECORD_VERSION, **state}
+        for name, convert in _CONVERTED:
+            record[name] = convert(record[name])
+    else:
+        record = {"v": RECORD_VERSION}
+        for name, encode in _ENCODERS:
+            value = state[name]
+            record[name] = value if encode is None else encode(value)
     # Refuse what JSON would silently change (tuples become lists, int keys become strings)
     # and text that is not valid Unicode (lone surrogates).
     try:
