@@ -7,6 +7,8 @@ copying them (``MemoryManager._add_creating(owned=True)``). Issue 26.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import gc
 import threading
 from pathlib import Path
 from typing import Any
@@ -89,3 +91,45 @@ def test_owned_messages_are_stored_as_given(tmp_path: Path) -> None:
         # a retry of an owned batch (its ids stamped already) stores nothing twice
         mem._add_creating("s", "agent", given, owned=True)
         assert len(mem.get_messages("s")) == 2
+
+
+def _exercise(worker: Any) -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    def boom() -> None:
+        raise KeyError("boom")
+
+    async def main() -> None:
+        var.set("caller's")
+        assert await worker.run(var.get) == "caller's"
+        assert await worker.run(threading.get_ident) != threading.get_ident()
+        with pytest.raises(KeyError, match="boom"):
+            await worker.run(boom)
+        # a call whose task is cancelled before it starts is not run
+        ran: list[int] = []
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(worker.run(gate.wait))
+        waiting = asyncio.ensure_future(worker.run(ran.append, 1))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        gate.set()
+        assert await blocker is True
+        assert await worker.run(len, ran) == 0
+
+    asyncio.run(main())
+    assert worker.submit(pow, 2, 5).result() == 32
+
+
+def test_the_worker_hands_back_results_errors_and_the_callers_context(tmp_path: Path) -> None:
+    with open_memory(f"sqlite:///{tmp_path}/s.db", CONFIG) as mem:
+        worker = openai_agents._worker_for(mem)
+        assert worker is not None
+        _exercise(worker)
+        thread = worker.thread
+        assert thread in openai_agents._LIVE
+        # dropped (its store's entry gone), the worker's thread ends
+        del worker
+        openai_agents._WORKERS.pop(mem, None)
+        gc.collect()
+        thread.join(5)
+        assert not thread.is_alive() and thread not in openai_agents._LIVE
