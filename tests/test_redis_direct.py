@@ -161,12 +161,25 @@ def test_a_forked_process_takes_its_own_connection(
     assert script([], "a") == ["a", 7]
     parents = list(direct(client)._idle)
     assert parents
-    pid = _redis.os.getpid()
-    monkeypatch.setattr(_redis.os, "getpid", lambda: pid + 1)
+    monkeypatch.setattr(_redis, "_forks", _redis._forks)
+    _redis._forked()  # what the child of a fork runs (os.register_at_fork)
     taken = _taken(monkeypatch, client.connection_pool)
     assert script([], "b") == ["b", 7]
     assert len(taken) == 1
     assert taken[0] not in parents
+
+
+@pytest.mark.skipif(not hasattr(_redis.os, "fork"), reason="no fork()")
+def test_the_child_of_a_real_fork_holds_none_of_its_parents_connections(client: Any) -> None:
+    script = _script(client)
+    assert script([], "a") == ["a", 7]
+    assert direct(client)._idle
+    pid = _redis.os.fork()
+    if pid == 0:  # the child: its Direct holds none of the parent's sockets
+        _redis.os._exit(0 if direct(client)._held() is None else 1)
+    _, status = _redis.os.waitpid(pid, 0)
+    assert _redis.os.waitstatus_to_exitcode(status) == 0
+    assert direct(client)._held() is not None  # the parent's are still its own
 
 
 @pytest.mark.parametrize(

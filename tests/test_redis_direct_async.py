@@ -201,8 +201,8 @@ def test_an_awaited_call_in_a_forked_process_takes_its_own_connection(
     runner("PING")
     parents = list(runner._idle)
     assert parents
-    pid = _redis.os.getpid()
-    monkeypatch.setattr(_redis.os, "getpid", lambda: pid + 1)
+    monkeypatch.setattr(_redis, "_forks", _redis._forks)
+    _redis._forked()  # what the child of a fork runs (os.register_at_fork)
     taken = _taken(monkeypatch, client.connection_pool)
     assert asyncio.run(runner.acall("ECHO", "b")) == "b"
     assert len(taken) == 1

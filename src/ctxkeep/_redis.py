@@ -302,7 +302,7 @@ class Direct:
         """Whether :meth:`acall` and :meth:`atransaction` wait in the event loop."""
         self._packer = PythonRespSerializer(6000, pool.get_encoder().encode)
         self._idle: list[Any] = []
-        self._pid = os.getpid()
+        self._forks = _forks
 
     def __call__(self, *command: EncodableT, again: Sequence[EncodableT] | None = None) -> Any:
         """Run ``command``; its answer as the connection's parser gives it (no response
@@ -548,8 +548,8 @@ class Direct:
     def _held(self) -> Any:
         """A connection held between calls, or None."""
         if self.holds:
-            if self._pid != os.getpid():  # forked: those are the parent's sockets
-                self._idle, self._pid = [], os.getpid()
+            if self._forks != _forks:  # forked: those are the parent's sockets
+                self._idle, self._forks = [], _forks
             try:
                 return self._idle.pop()
             except IndexError:
@@ -568,10 +568,24 @@ class Direct:
         return await asyncio.to_thread(self.pool.get_connection)
 
     def _give(self, conn: Any) -> None:
-        if self.holds and len(self._idle) < self.IDLE and self._pid == os.getpid():
+        if self.holds and len(self._idle) < self.IDLE and self._forks == _forks:
             self._idle.append(conn)
         else:
             self.pool.release(conn)
+
+
+_forks = 0
+"""How many times this process has been a fork's child: a :class:`Direct` made before the
+newest fork holds its parent's connections. Counted by a hook of ``os.register_at_fork``, where
+a ``getpid`` on each take and give of a connection was two system calls a round trip."""
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _socket(conn: Any) -> tuple[Any, Any]:
