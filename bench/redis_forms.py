@@ -42,6 +42,7 @@ from urllib.parse import urlparse
 import hiredis
 
 from ctxkeep import MemoryConfig, open_memory
+from ctxkeep.sessions.records import RECORD_VERSION
 from ctxkeep.sessions.redis import (
     APPEND_SCRIPT,
     POP_SCRIPT,
@@ -116,7 +117,7 @@ def main() -> None:
         fields = dict(zip(flat[::2], flat[1::2], strict=True))
         info = _info(sid, fields)
         accessed, generation = fields["accessed_at"], fields["generation"]
-        record = {"v": 3, "role": "user", "content": CONTENT}
+        record = {"v": RECORD_VERSION, "role": "user", "content": CONTENT}
 
         box: dict[str, Any] = {"next_seq": info.next_seq, "held": []}
 

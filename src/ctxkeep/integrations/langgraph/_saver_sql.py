@@ -205,7 +205,7 @@ class _SQLBackend(_Backend):
         self.param = param
         # get_tuple's statements, written once, by id and the newest: the checkpoint's row,
         # then its writes' rows, the values read once (a join would repeat them with each
-        # write), in the eight columns of _ONE_COLS.
+        # write), in the eight columns of _ONE_CP_COLS and _ONE_WRITE_COLS.
         key = "thread_id = ? AND checkpoint_ns = ?"
         newest = f"(SELECT max(checkpoint_id) FROM {_CP} WHERE {key})"
         self._one_sql = tuple(
