@@ -100,6 +100,37 @@ def test_a_search_ranked_in_postgres_scores_every_candidate_as_python_does(
     assert scores == sorted(scores, reverse=True)
 
 
+@pytest.mark.parametrize(
+    "weights",
+    [(1.0, 0.0), (0.0, 1.0), (0.5, 2.0)],
+    ids=["no dense score (no vector)", "no lexical score", "weighted"],
+)
+def test_a_search_ranked_in_postgres_by_either_side_alone_scores_as_python_does(
+    postgres_schema_factory: Callable[[], str], weights: tuple[float, float]
+) -> None:
+    # each side's candidates keep the score they have; the other is looked up, or 0 where
+    # its weight is 0 (no vector is made without a dense weight: the lexical side alone)
+    lexical, dense = weights
+    config = RetrievalConfig(
+        smooth=(0.0, 0.0), session_weight=0.0, lexical_weight=lexical, dense_weight=dense
+    )
+    s = _open(postgres_schema_factory(), config)
+    try:
+        s.save_episodes(_facts())
+        for query in ["deploy key", "penguin tuesday miso", "nothing matches zzz", ""]:
+            sql = s.search(query, 500)
+            py = _in_python(s, query, 500)
+            assert len(sql) == len(py)
+            by_id = {h.episode.episode_id: h for h in py}
+            for hit in sql:
+                want = by_id[hit.episode.episode_id]
+                assert (hit.score, hit.lexical, hit.dense) == pytest.approx(
+                    (want.score, want.lexical, want.dense), rel=1e-6, abs=1e-6
+                )
+    finally:
+        s.close()
+
+
 def test_the_best_hits_ranked_in_postgres_are_pythons(
     store: PostgresEpisodicStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,12 +156,12 @@ def test_a_search_ranked_in_postgres_asks_each_side_for_a_share_of_the_candidate
 ) -> None:
     hits = store.search("deploy key", 10)
     assert len(hits) == 10
-    (search,) = [s for s in statements if s.startswith("WITH found")]
+    (search,) = [s for s in statements if "scored AS MATERIALIZED" in s]
     # 50 a side for 10 hits (Python ranks 200 a side), the 10 best records
     assert search.count("LIMIT 50)") == 2 and "LIMIT 10)" in search
     statements.clear()
     store.search("deploy key", 20)  # 20 a hit: 400 a side in Python
-    (search,) = [s for s in statements if s.startswith("WITH found")]
+    (search,) = [s for s in statements if "scored AS MATERIALIZED" in s]
     assert search.count("LIMIT 100)") == 2
 
 

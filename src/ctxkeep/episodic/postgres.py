@@ -273,9 +273,7 @@ def _z_sql(column: str) -> str:
 
 
 _FUSED = (
-    "WITH found AS ({found}), "
-    "scored AS MATERIALIZED (SELECT e.row, {lexical} AS lex, {dense} AS dense "
-    "FROM ctxkeep_episodes e WHERE e.row IN (SELECT row FROM found)), "
+    "WITH {sides}, scored AS MATERIALIZED ({scored}), "
     "fused AS (SELECT row, lex, dense, "
     f"%s::float8 * {_z_sql('lex')} + %s::float8 * {_z_sql('dense')} AS total "
     "FROM scored ORDER BY total DESC, row LIMIT {top_k}) "
@@ -283,15 +281,17 @@ _FUSED = (
     "{beside_columns} FROM fused f JOIN ctxkeep_episodes e USING (row){beside_join} "
     "ORDER BY f.total DESC, f.row"
 )
-"""A search ranked in PostgreSQL (:meth:`PostgresEpisodicStore._ranked`): the candidates
-(``found``), their lexical and dense scores over the whole query, each score's z-score over
-the candidates, weighted and summed, as :meth:`~ctxkeep.episodic.base.EpisodicMemoryStore.search`
-fuses them in Python, and the records of the best only. Ties go to the lower row (the order of
-the rows there). The scores agree with Python's within about 1e-8: a ``ts_rank`` (a float4)
-read by psycopg is the nearest double to its printed digits, here its exact value. One round
-trip: ranked in Python it was the candidates' scores (200-400 rows), then the hits' records.
-``scored`` is materialized: inlined, each score was computed again wherever the z-scores
-name it (four times a candidate). A caller's columns read beside the hits
+"""A search ranked in PostgreSQL (:meth:`PostgresEpisodicStore._ranked`): the candidates of
+each side (``sides``: CTEs ``dense`` and ``lexical``, each with the score it computed on the
+way), every candidate's two scores over the whole query (``scored``, in the order of the
+rows), each score's z-score over the candidates, weighted and summed, as
+:meth:`~ctxkeep.episodic.base.EpisodicMemoryStore.search` fuses them in Python, and the
+records of the best only. Ties go to the lower row (the order of the rows there). The scores
+agree with Python's within about 1e-8: a ``ts_rank`` (a float4) read by psycopg is the
+nearest double to its printed digits, here its exact value. One round trip: ranked in Python
+it was the candidates' scores (200-400 rows), then the hits' records. ``scored`` is
+materialized: inlined, each score was computed again wherever the z-scores name it (four
+times a candidate). A caller's columns read beside the hits
 (:meth:`PostgresEpisodicStore.beside`) come after the episode's."""
 
 _HIT_WIDTH = 4 + len(FIELD_COLUMNS)
@@ -316,10 +316,10 @@ class Beside:
         Python reads none)."""
 
 
-_TEXT_RANK = f"(SELECT ts_rank(t.body, {{query}}) FROM {TEXT_TABLE} t WHERE t.row = e.row)"
-"""The ``ts_rank`` of an episode (``e``) for a ``tsquery`` (``query``): its window document
-looked up by its row, a subquery (a join let the generic plan of a search hash the whole
-table of documents, 262 pages at 10,000 episodes, to score 100 candidates)."""
+_TEXT_RANK = f"(SELECT ts_rank(t.body, {{query}}) FROM {TEXT_TABLE} t WHERE t.row = {{row}})"
+"""The ``ts_rank`` of an episode (its ``row``) for a ``tsquery`` (``query``): its window
+document looked up by its row, a subquery (a join let the generic plan of a search hash the
+whole table of documents, 262 pages at 10,000 episodes, to score 100 candidates)."""
 
 RANKED_SHARE = 0.25
 """The share of the candidates a side (``n``: 200 for up to 10 hits, 20 a hit beyond) that a
@@ -595,20 +595,98 @@ class PostgresEpisodicStore(SQLStore):
             )
             args += [*params, _Floats(q[None])]
         if terms:
-            finding = " | ".join(self._informative(terms))
-            # the documents alone (TEXT_TABLE), joined to the episodes for a filter only
-            source, lex_where, lex_params = TEXT_TABLE, where, params
-            if where != self.dialect.true:
-                source = f"{TEXT_TABLE} t JOIN ctxkeep_episodes e USING (row)"
-                lex_where, lex_params = f.where(self.dialect, lambda col: f"e.{col}")
-            parts.append(
-                f"(SELECT row FROM {source} WHERE {lex_where} AND body @@ {_TSQUERY} "
-                f"ORDER BY ts_rank(body, {_TSQUERY}) DESC LIMIT {int(n)})"
-            )
-            args += [*lex_params, finding, finding]
+            lexical, lex_args = self._lexical_side(terms, f, where, params, n, "row")
+            parts.append(f"({lexical})")
+            args += lex_args
         if not parts:
             return None
         return " UNION ".join(parts), args
+
+    def _lexical_side(
+        self,
+        terms: list[str],
+        f: EpisodeFilter,
+        where: str,
+        params: list[Any],
+        n: int,
+        columns: str,
+    ) -> tuple[str, list[Any]]:
+        """The lexical side of the candidates (their ``columns``: ``row``, and ``body``,
+        the window document) and its parameters: the ``n`` best by ``ts_rank`` among the
+        episodes of ``f`` (``where`` and ``params``: its condition on ``ctxkeep_episodes``)
+        holding an informative query term (:meth:`_informative`).
+        """
+        finding = " | ".join(self._informative(terms))
+        # the documents alone (TEXT_TABLE), joined to the episodes for a filter only
+        source, lex_where, lex_params = TEXT_TABLE, where, params
+        if where != self.dialect.true:
+            source = f"{TEXT_TABLE} t JOIN ctxkeep_episodes e USING (row)"
+            lex_where, lex_params = f.where(self.dialect, lambda col: f"e.{col}")
+        sql = (
+            f"SELECT {columns} FROM {source} WHERE {lex_where} AND body @@ {_TSQUERY} "
+            f"ORDER BY ts_rank(body, {_TSQUERY}) DESC LIMIT {int(n)}"
+        )
+        return sql, [*lex_params, finding, finding]
+
+    def _sides(
+        self, terms: list[str], q: np.ndarray | None, f: EpisodeFilter, n: int
+    ) -> tuple[str, str, list[Any]] | None:
+        """The candidates of a search ranked in PostgreSQL (:data:`_FUSED`'s ``sides``,
+        ``scored`` and their parameters), or None if there is neither a vector nor a term.
+
+        The sides are :meth:`_found`'s, each keeping the score it has at hand: the dense side
+        the distance its HNSW scan computed, the lexical side the window documents it ranked,
+        scored there over the whole query; each candidate then has the other side's score
+        looked up only if that side did not find it, where every candidate was scored after
+        by a lookup of its vector and one of its document (at 10,000 items of
+        ``bench/peers.py``, 96 candidates of which 4 on both sides: 192 lookups, now 92).
+        The hits are the same, scores and all; a search read 1,173 -> 923 buffers
+        (``pg_stat_statements``) and ran 6.35 -> 5.85 million instructions in its backend
+        (callgrind, its generic plan). The documents go through the lexical side's sort:
+        their ranks over the whole query for the 50 kept, not for every match (556 for
+        ``bench/peers.py``'s third query: more instructions than the sort's copies).
+        """
+        cfg = self.config
+        where, params = f.where(self.dialect)
+        lexical = bool(terms and cfg.lexical_weight)
+        query = " | ".join(dict.fromkeys(terms))
+        sides: list[str] = []
+        args: list[Any] = []
+        if q is not None:
+            sides.append(
+                f"dense AS (SELECT row, embedding <=> {self._query_vector} AS distance "
+                f"FROM ctxkeep_episodes WHERE {where} ORDER BY distance LIMIT {int(n)})"
+            )
+            args += [_Floats(q[None]), *params]
+        if terms:
+            found, found_args = self._lexical_side(terms, f, where, params, n, "row, body")
+            rank = f"ts_rank(body, {_TSQUERY})::float8" if lexical else "0::float8"
+            sides.append(f"lexical AS (SELECT row, {rank} AS lex FROM ({found}) c)")
+            args += [*([query] if lexical else []), *found_args]
+        if q is not None and terms:
+            lex = "0::float8"
+            if lexical:
+                lex = _TEXT_RANK.format(query=_TSQUERY, row="d.row") + "::float8"
+                args.append(query)
+            dense = (
+                f"(SELECT 1 - (e.embedding <=> {self._query_vector}) "
+                "FROM ctxkeep_episodes e WHERE e.row = l.row)"
+            )
+            args.append(_Floats(q[None]))
+            # a side's score where it found the candidate, else looked up (COALESCE
+            # evaluates its second argument only when the first is NULL)
+            scored = (
+                f"SELECT row, COALESCE(l.lex, {lex}) AS lex, "
+                f"COALESCE(1 - d.distance, {dense}) AS dense "
+                "FROM dense d FULL JOIN lexical l USING (row) ORDER BY row"
+            )
+        elif q is not None:
+            scored = "SELECT row, 0::float8 AS lex, 1 - distance AS dense FROM dense ORDER BY row"
+        elif terms:
+            scored = "SELECT row, lex, 0::float8 AS dense FROM lexical ORDER BY row"
+        else:
+            return None
+        return ", ".join(sides), scored, args
 
     def _search_rows(
         self, sql: str, args: Sequence[Any], q: np.ndarray | None, n: int, *, prepare: bool | None
@@ -646,24 +724,15 @@ class PostgresEpisodicStore(SQLStore):
         if cfg.smooth != (0, 0) or cfg.session_weight or cfg.recency_half_life:
             return None
         n = max(1, round(n * RANKED_SHARE))
-        found = self._found(terms, q, f, n)
-        if found is None:
+        made = self._sides(terms, q, f, n)
+        if made is None:
             return []
-        sql, args = found
-        lexical = "0::float8"
-        if terms and cfg.lexical_weight:
-            lexical = _TEXT_RANK.format(query=_TSQUERY) + "::float8"
-            args.append(" | ".join(dict.fromkeys(terms)))
-        dense = "0::float8"
-        if q is not None:
-            dense = f"1 - (e.embedding <=> {self._query_vector})"
-            args.append(_Floats(q[None]))
+        sides, scored, args = made
         args += [float(cfg.lexical_weight), float(cfg.dense_weight)]
         beside: Beside | None = getattr(self._besides, "current", None)
         sql = _FUSED.format(
-            found=sql,
-            lexical=lexical,
-            dense=dense,
+            sides=sides,
+            scored=scored,
             top_k=int(top_k),
             beside_columns=f", {beside.columns}" if beside else "",
             beside_join=f" {beside.join}" if beside else "",
@@ -703,7 +772,7 @@ class PostgresEpisodicStore(SQLStore):
             sql += "cand AS (SELECT row FROM found) "
         sql += "SELECT e.row, e.session_id, e.pos, e.created_at"
         if terms:
-            sql += ", " + _TEXT_RANK.format(query=_TSQUERY)
+            sql += ", " + _TEXT_RANK.format(query=_TSQUERY, row="e.row")
             args.append(" | ".join(dict.fromkeys(terms)))
         if q is not None:
             sql += f", 1 - (e.embedding <=> {self._query_vector})"
