@@ -137,3 +137,88 @@ def test_a_run_continued_in_another_add_keeps_the_items_held(
     assert asyncio.run(session.pop_item()) == calls[0]
     assert asyncio.run(session.get_items()) == history
     session.close()
+
+
+def _unconverted(session: CtxkeepSession, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the messages ``session``'s items convert back to items from here on."""
+    converted: list[int] = []
+    real = session._items.convert
+
+    def counted(message: Any) -> Any:
+        converted.append(1)
+        return real(message)
+
+    monkeypatch.setattr(session._items, "convert", counted)
+    return converted
+
+
+def test_pops_after_adds_give_back_the_items_without_converting_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Runner writes and pops without reading: the items the newest message was made of
+    # are kept with it (copies), so a pop gives back the newest item, and the next pop the
+    # one before (a message of several items: a reasoning item carried, a run of calls),
+    # converting no message back; the session then reads as the items left.
+    session = CtxkeepSession("s", f"sqlite:///{tmp_path}/ck.db")
+    first = [{"role": "user", "content": "question"}]
+    batch = [
+        dict(EXAMPLES["reasoning"]),
+        *(
+            {"type": "function_call", "call_id": f"c{k}", "name": "read", "arguments": "{}"}
+            for k in range(2)
+        ),
+    ]
+    asyncio.run(session.add_items(first))
+    asyncio.run(session.add_items(batch))
+    converted = _unconverted(session, monkeypatch)
+    assert asyncio.run(session.pop_item()) == batch[2]
+    assert asyncio.run(session.pop_item()) == batch[1]
+    assert asyncio.run(session.pop_item()) == batch[0]
+    assert converted == []
+    assert asyncio.run(session.pop_item()) == first[0]
+    assert asyncio.run(session.get_items()) == []
+    session.close()
+
+
+def test_a_popped_item_shares_nothing_with_the_items_added(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The items kept with the newest message are copies: the caller changing what it added
+    # changes neither what a pop gives back nor the history; changing what a pop gave back
+    # changes neither the next pop's item nor what was added.
+    session = CtxkeepSession("s", f"sqlite:///{tmp_path}/ck.db")
+    items = [dict(EXAMPLES["reasoning"]), dict(EXAMPLES["message (typed, parts)"])]
+    before = json.loads(json.dumps(items))
+    asyncio.run(session.add_items(items))
+    converted = _unconverted(session, monkeypatch)
+    items[0]["summary"].append({"type": "summary_text", "text": "changed"})
+    items[1]["content"][0]["text"] = "changed"
+    popped = asyncio.run(session.pop_item())
+    assert popped == before[1]
+    popped["content"][0]["text"] = "changed again"
+    assert asyncio.run(session.pop_item()) == before[0]
+    assert converted == []
+    assert items[1]["content"][0]["text"] == "changed"
+    asyncio.run(session.add_items(before))
+    assert asyncio.run(session.get_items()) == before
+    session.close()
+
+
+def test_a_pop_after_a_batch_joined_to_the_newest_message_gives_back_the_items(
+    tmp_path: Path,
+) -> None:
+    # A call added while another of its run waits joins the newest message: the items kept
+    # follow the join, and the pops give back the batch's items, not the caller's objects.
+    session = CtxkeepSession("s", f"sqlite:///{tmp_path}/ck.db")
+    calls = [
+        {"type": "function_call", "call_id": f"c{k}", "name": "read", "arguments": "{}"}
+        for k in range(2)
+    ]
+    asyncio.run(session.add_items(calls[:1]))
+    added = [dict(calls[1])]
+    asyncio.run(session.add_items(added))
+    popped = asyncio.run(session.pop_item())
+    assert popped == calls[1] and popped is not added[0]
+    assert asyncio.run(session.pop_item()) == calls[0]
+    assert asyncio.run(session.get_items()) == []
+    session.close()

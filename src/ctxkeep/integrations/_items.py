@@ -65,7 +65,12 @@ class ConvertedItems:
         # made for it alone (an adapter's owned conversion) and shared with no one; the
         # write compares seq and generation inside its transaction (a seq is not reused
         # within a generation), so a memo another writer made stale only costs that write.
-        self._newest: tuple[str, int, Message] | None = None
+        # With it the items it was converted from, last (this instance's own copies, shared
+        # with no one outside it), or None: a pop then converts the message back.
+        self._newest: tuple[str, int, Message, list[Any] | None] | None = None
+        # The next append's newest message and the items it was converted from (this
+        # instance's copies, :func:`owned_conversion`), set by :meth:`expect`.
+        self._expected: tuple[Message, list[Any]] | None = None
         self._lock = threading.Lock()
 
     def read(self, limit: int | None = None) -> list[Any]:
@@ -112,6 +117,14 @@ class ConvertedItems:
 
         """
         return self.rewrite(_without_last, replace)
+
+    def expect(self, messages: list[Message], items: list[Any]) -> None:
+        """Before an append of ``messages`` converted from ``items`` (:func:`owned_conversion`:
+        copies made for this instance alone, ``messages`` not empty): :meth:`appended` keeps
+        them with the newest message, so that a pop takes back an item without converting
+        the message back.
+        """
+        self._expected = (messages[-1], items)
 
     def newest_has_calls(self) -> bool:
         """Whether the newest message in hand (the newest held, or, where nothing is held,
@@ -180,10 +193,12 @@ class ConvertedItems:
         newest = self._newest
         if newest is None:
             return False, None
-        generation, seq, message = newest
-        # Converted sharing the message's values: it is dropped here, the rest are copied
-        # by the replacement's conversion, and the result is the caller's alone.
-        edited = edit(self.convert(message))
+        generation, seq, message, made_of = newest
+        # The items kept with the message (copies this instance made), or it converted
+        # sharing its values: either way they are dropped here, the rest are copied by the
+        # replacement's conversion, and the result is the caller's alone.
+        items = None if made_of is None else _newest_items(message, made_of)
+        edited = edit(items if items is not None else self.convert(message))
         if edited is None:
             return False, None
         new_items, result = edited
@@ -193,7 +208,14 @@ class ConvertedItems:
         except SessionChangedError:
             return False, None
         if stored:
-            self._newest = (generation, seqs[-1], stored[-1])
+            # The replacement was converted from new_items, copying them: they are this
+            # instance's alone only if the items edited were (an edit may add the caller's).
+            self._newest = (
+                generation,
+                seqs[-1],
+                stored[-1],
+                new_items if items is not None else None,
+            )
         return True, result
 
     def replaced(self, info: SessionInfo, seq: int, stored: list[Message], seqs: list[int]) -> None:
@@ -226,7 +248,13 @@ class ConvertedItems:
         given are what shows another writer's messages in between.
         """
         with self._lock:
-            self._remember(info, seqs, messages)
+            expected, self._expected = self._expected, None
+            if seqs and messages:  # (_remember, with the items where they were expected)
+                newest = messages[-1]
+                items = expected[1] if expected is not None and expected[0] is newest else None
+                self._newest = (info.generation, seqs[-1], newest, items)
+            else:
+                self._newest = None
             held = self._held
             if (
                 held is not None
@@ -242,7 +270,9 @@ class ConvertedItems:
         ``info``'s generation: the newest of them is the session's newest message (None
         where the write left none of its own: the newest is then one not in hand).
         """
-        self._newest = (info.generation, seqs[-1], messages[-1]) if seqs and messages else None
+        self._newest = (
+            (info.generation, seqs[-1], messages[-1], None) if seqs and messages else None
+        )
 
     def _extend(self, held: _Held, seqs: list[int], messages: list[Message]) -> None:
         for s, message in zip(seqs, messages, strict=True):
@@ -254,7 +284,7 @@ class ConvertedItems:
         """Drop what is held (the next read reads the whole session)."""
         with self._lock:
             self._held = None
-            self._newest = None
+            self._newest = self._expected = None
 
     def _refresh(self) -> _Held:
         reads = self.memory.reads
@@ -286,6 +316,16 @@ class ConvertedItems:
             held.items.append([orjson.dumps(item) for item in self.convert(message)])
         self._held = held
         return held
+
+
+def _newest_items(message: Message, items: list[Any]) -> list[Any] | None:
+    """The items ``message`` stands for, where it is the last message converted from
+    ``items`` (in order): the last as many as its metadata's entries, one an item (None
+    where that does not fit).
+    """
+    entries = message.metadata.get(RESPONSES_KEY)
+    n = len(entries) if type(entries) is list else 0
+    return items[-n:] if 0 < n <= len(items) else None
 
 
 def _without_last(items: list[Any]) -> tuple[list[Any], Any]:
@@ -343,6 +383,13 @@ def owned_from_responses(items: Iterable[Any]) -> list[Message]:
     that gives the messages up to the store (``owned=True``): the items are copied once and
     each message is checked once, not copied and checked again for its metadata.
     """
+    return owned_conversion(items)[0]
+
+
+def owned_conversion(items: Iterable[Any]) -> tuple[list[Message], list[dict[str, Any]]]:
+    """:func:`owned_from_responses`, and the copies of the items the messages were made of
+    (deep copies: nothing shared with ``items``; a message may share values with them).
+    """
     if type(items) is not list and (
         isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable)
     ):
@@ -350,6 +397,7 @@ def owned_from_responses(items: Iterable[Any]) -> list[Message]:
             f"expected a list of Responses input items, got {describe(items)}"
         )
     reader = _OwnedReader()
+    copies: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         # (a dict, the common case, without the ABC check; its keys in one loop)
         if (type(item) is not dict and not isinstance(item, Mapping)) or not _str_keys(item):
@@ -362,7 +410,8 @@ def owned_from_responses(items: Iterable[Any]) -> list[Message]:
         except RecursionError:  # nested too deep, or a cycle: as from_responses copies it
             copied = copy.deepcopy(dict(item))
         reader.add(copied, i)
-    return reader.finish()
+        copies.append(copied)
+    return reader.finish(), copies
 
 
 def _str_keys(item: Mapping[Any, Any]) -> bool:

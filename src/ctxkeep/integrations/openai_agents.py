@@ -83,7 +83,7 @@ from ctxkeep.errors import (
     SessionNotFoundError,
     describe,
 )
-from ctxkeep.integrations._items import ConvertedItems, owned_from_responses
+from ctxkeep.integrations._items import ConvertedItems, owned_conversion, owned_from_responses
 from ctxkeep.messages import Message
 from ctxkeep.prune import PruneReport, TokenPruner
 from ctxkeep.responses import _owned_to_responses, from_responses, to_responses
@@ -191,9 +191,10 @@ class CtxkeepSession:
         """
         batch = [dict(i) for i in cast("list[dict[str, Any]]", list(items))]
         if batch:
-            # Fails on a malformed item before any I/O; made for this call alone.
-            messages = owned_from_responses(batch)
-            await self._run(self._add, batch, messages)
+            # Fails on a malformed item before any I/O; made for this call alone, as are
+            # the copies of the items they were made of.
+            messages, copies = owned_conversion(batch)
+            await self._run(self._add, copies, messages)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item; None when the session is empty."""
@@ -268,9 +269,10 @@ class CtxkeepSession:
         return cast("list[TResponseInputItem]", items)
 
     def _add(self, items: list[dict[str, Any]], messages: list[Message]) -> None:
-        """Append ``messages`` (``items`` converted): one write transaction in the common
-        case; the session is created on first use, and a batch that continues the newest
-        message (calls wait that it does not answer) is joined with it.
+        """Append ``messages`` (``items`` converted, both made for this call alone): one
+        write transaction in the common case; the session is created on first use, and a
+        batch that continues the newest message (calls wait that it does not answer) is
+        joined with it.
         """
         with self._lock:
             if messages[0].role != "tool" and self._items.newest_has_calls():
@@ -285,7 +287,9 @@ class CtxkeepSession:
                 if joined:
                     return
             try:
-                # The messages were converted for this call alone: stored as they are.
+                # The messages were converted for this call alone: stored as they are, and
+                # the newest one's items kept with it (a pop then converts nothing back).
+                self._items.expect(messages, items)
                 self.memory._add_creating(
                     self.session_id, self.agent_id, messages, self._items.appended, owned=True
                 )
