@@ -186,6 +186,26 @@ def test_a_pop_after_another_writer_added_is_refused_on_the_message_it_saw(url: 
         assert newest.content == "m3"
 
 
+def test_a_pop_of_a_message_another_writer_took_back_is_refused_and_takes_nothing(
+    url: str, redis_url: str, prefix: str, raw: Any
+) -> None:
+    # The other writer's pop leaves next_seq, pending and the access time as this process saw
+    # them: only the removal at the seq seen finds that the message is gone.
+    with open_memory(url, _config()) as mem, open_memory(url, _config()) as other:
+        sid = _session(mem)
+        mem.get_messages(sid, limit=1)  # m3 seen newest, with next_seq
+        _pop(other, sid)
+        backend: Any = mem.backend
+        seen = backend._tops.get(sid)
+        before = raw.hgetall(f"{prefix}session:{sid}")
+        with Monitor(redis_url, prefix) as commands, pytest.raises(SessionChangedError):
+            mem._replace(sid, [], newest_seq=seen.seq, generation=seen.generation)
+        assert commands[:3] == SCRIPT[:3]  # no count: next_seq as seen
+        assert raw.hgetall(f"{prefix}session:{sid}") == before
+        assert [m.content for m in mem.get_messages(sid)] == ["m0", "m1", "m2"]
+        assert mem.get_session(sid).message_count == 3
+
+
 def test_a_pop_moves_the_access_its_index_and_the_deadline_past_the_touch_resolution(
     url: str, raw: Any, prefix: str
 ) -> None:
