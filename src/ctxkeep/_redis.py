@@ -69,6 +69,11 @@ T = TypeVar("T")
 
 DEFAULT_PREFIX = "ctxkeep:"
 
+Again: TypeAlias = "Callable[[], Sequence[EncodableT]]"
+"""What a write is sent as where a dropped connection sends it a second time (its first run may
+have been done and only its answer lost): made only then, not on every call.
+"""
+
 Migration: TypeAlias = "Callable[[RedisClient], None]"
 """One step of a store's migrations, run with the store's client (it may run twice when two
 processes open an old key space at once: keep it idempotent).
@@ -304,12 +309,13 @@ class Direct:
         self._idle: list[Any] = []
         self._forks = _forks
 
-    def __call__(self, *command: EncodableT, again: Sequence[EncodableT] | None = None) -> Any:
+    def __call__(self, *command: EncodableT, again: Again | None = None) -> Any:
         """Run ``command``; its answer as the connection's parser gives it (no response
         callback: for ``EVALSHA`` redis-py has none). An error reply raises as redis-py
         raises it; a dropped connection runs the command again through ``execute_command``:
-        ``again`` where given (the form of a write that is safe to run a second time, as its
-        first run may have been done and only its answer lost), else ``command``.
+        what ``again()`` gives where given (the form of a write that is safe to run a second
+        time, as its first run may have been done and only its answer lost; made only then),
+        else ``command``.
         """
         if self.awaits and _bridge.bridged():
             return _bridge.wait(self.acall(*command, again=again))
@@ -322,7 +328,8 @@ class Direct:
             done = True  # a whole reply, an error reply too: the connection is clean
         except (redis.ConnectionError, redis.TimeoutError):
             conn.disconnect()
-            return self.client.execute_command(*(again or command))  # type: ignore[no-untyped-call]
+            resent = command if again is None else again()
+            return self.client.execute_command(*resent)  # type: ignore[no-untyped-call]
         finally:
             if not done:
                 conn.disconnect()
@@ -394,7 +401,7 @@ class Direct:
             pipe.execute_command(*command)  # type: ignore[no-untyped-call]
         return pipe.execute(raise_on_error=False)
 
-    async def acall(self, *command: EncodableT, again: Sequence[EncodableT] | None = None) -> Any:
+    async def acall(self, *command: EncodableT, again: Again | None = None) -> Any:
         """``self(*command)`` awaited in the running event loop (see the class docstring):
         its answer as ``__call__`` gives it; an error reply raises as there; a dropped
         connection (or a timeout) runs the command (``again`` where given, as there) once
@@ -402,7 +409,7 @@ class Direct:
         """
         if not self.awaits:
             return await asyncio.to_thread(functools.partial(self, *command, again=again))
-        resend = None if again is None else self._pack(tuple(again))
+        resend = None if again is None else lambda: self._pack(tuple(again()))
         (answer,) = await self._aexchange(self._pack(command), 1, resend)
         if isinstance(answer, redis.ResponseError):
             raise answer  # a whole error reply: the connection is clean
@@ -430,10 +437,10 @@ class Direct:
         return await self._aexchange(b"".join(self._pack(c) for c in commands), len(commands))
 
     async def _aexchange(
-        self, packed: bytes, replies: int, resend: bytes | None = None
+        self, packed: bytes, replies: int, resend: Callable[[], bytes] | None = None
     ) -> list[Any]:
         """:meth:`_exchange` on a held connection (or a new one); a dropped connection or a
-        timeout sends ``packed`` (``resend`` where given) once more on a new one. A
+        timeout sends ``packed`` (what ``resend()`` packs, where given) once more on a new one. A
         connection cut short (an error, a cancellation) is disconnected before it is given
         back.
         """
@@ -446,7 +453,8 @@ class Direct:
             except (redis.ConnectionError, redis.TimeoutError):
                 if attempt == 2:
                     raise
-                packed = resend or packed
+                if resend is not None:
+                    packed = resend()
                 continue
             finally:
                 if not done:
@@ -694,15 +702,13 @@ class LuaScript:
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
         self._run = direct(client)
 
-    def __call__(
-        self, keys: Sequence[str], *args: EncodableT, again: Sequence[EncodableT] | None = None
-    ) -> Any:
+    def __call__(self, keys: Sequence[str], *args: EncodableT, again: Again | None = None) -> Any:
         """Run the script on ``keys`` with ``args``; its answer as redis-py parses it.
-        ``again``: the arguments to run it with where a dropped connection sends it a second
-        time (:class:`Direct`), if not ``args``.
+        ``again``: makes the arguments to run it with where a dropped connection sends it a
+        second time (:class:`Direct`), if not ``args``.
         """
         command: tuple[EncodableT, ...] = ("EVALSHA", self.sha, len(keys), *keys)
-        resend = None if again is None else (*command, *again)
+        resend = None if again is None else lambda: (*command, *again())
         try:
             return self._run(*command, *args, again=resend)
         except redis.exceptions.NoScriptError:

@@ -1429,8 +1429,9 @@ class RedisBackend(Backend):
             # first time and only its answer been lost: the second run looks the ids up even
             # where they were made for this append (a '' for fresh), so it finds the
             # messages stored ('found': the retry that wrote nothing) instead of storing
-            # them twice.
-            again = args if not fresh else [*args[:8], "", *args[9:]]
+            # them twice. (Made only then: a list of the arguments rebuilt on every call,
+            # and, awaited, the whole command packed a second time.)
+            again = None if not fresh else lambda: [*args[:8], "", *args[9:]]
             out = self._append_script(script_keys, *args, again=again)
             if out[0] == "missing":
                 return None
