@@ -6,7 +6,9 @@ round trip each, a compare-and-set script; the frameworks' own stores send one p
 (``LPUSH``, ``RPOP``) that checks nothing and keeps no index. Here each form is sent on one
 socket packed by hiredis, the same way for all, interleaved round by round (wall: median of
 ``--ops`` calls a round; server: Redis's own time for the form's commands, ``INFO
-commandstats`` usec summed over the round, per call):
+commandstats`` usec summed over the round, per call; of the commands the form sends: a
+script's or a transaction's own commands are inside its ``EVALSHA``'s or ``EXEC``'s time,
+which Redis also counts under their own names, so they are counted there only):
 
 - ``script``: ctxkeep's own :data:`~ctxkeep.sessions.redis.APPEND_SCRIPT` /
   :data:`~ctxkeep.sessions.redis.POP_SCRIPT` on a session made by ctxkeep, its common case
@@ -21,7 +23,9 @@ commandstats`` usec summed over the round, per call):
 
 At the end the session is read back through ctxkeep (its messages as the script and the
 pops left them: a check that the script form ran as the backend runs it) and every key made
-is deleted. ``--url`` is a Redis server (default: ``redis://127.0.0.1:6379/15``).
+is deleted. ``--url`` is a Redis server (default: ``redis://127.0.0.1:6379/15``); the server
+figures count every client's commands of those names, so they hold on a server no one else
+uses meanwhile (``redis-server --port 6391 --save ''`` beside the shared one).
 
     python bench/redis_forms.py --ops 300 --rounds 7
 """
@@ -83,13 +87,24 @@ class Wire:
         return out
 
 
-def server_usec(wire: Wire) -> float:
-    """Redis's time in commands so far (``INFO commandstats``), us."""
+SENT = {
+    "script": ("evalsha", "zrange"),
+    "watch": ("watch", "hgetall", "multi", "exec", "zrange"),
+    "watch-min": ("watch", "hgetall", "multi", "exec"),
+    "peer": ("lpush", "lpop"),
+}
+"""The commands each form sends itself (the pop's ZRANGE after the script or the transaction
+included); the commands run inside an ``EVALSHA`` or an ``EXEC`` are in its time."""
+
+
+def server_usec(wire: Wire, form: str) -> float:
+    """Redis's time so far in the commands ``form`` sends (``INFO commandstats``), us."""
     (info,) = wire.send([("INFO", "commandstats")])
+    sent = {f"cmdstat_{name}" for name in SENT[form]}
     return sum(
         float(line.split("usec=")[1].split(",")[0])
         for line in info.splitlines()
-        if line.startswith("cmdstat_") and "info" not in line and "config" not in line
+        if line.split(":")[0] in sent
     )
 
 
@@ -224,12 +239,12 @@ def main() -> None:
                 for form in forms:
                     fn = ops[op][form]
                     times = []
-                    before = server_usec(stats)
+                    before = server_usec(stats, form)
                     for _ in range(args.ops):
                         t0 = time.perf_counter()
                         fn()
                         times.append(time.perf_counter() - t0)
-                    spent = server_usec(stats) - before
+                    spent = server_usec(stats, form) - before
                     wall.setdefault((op, form), []).append(statistics.median(times) * 1e6)
                     server.setdefault((op, form), []).append(spent / args.ops)
             print(f"round {rnd + 1}/{args.rounds}", flush=True)
