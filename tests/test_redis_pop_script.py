@@ -19,6 +19,7 @@ import pytest
 from _round_trips import load_redis_scripts, loaded_redis_sends
 from conftest_services import redis_prefix_factory, redis_url
 from ctxkeep.errors import SessionChangedError
+from ctxkeep.messages import ToolCall
 from ctxkeep.sessions import open_memory
 from ctxkeep.sessions.base import MemoryConfig, MemoryManager
 
@@ -204,6 +205,26 @@ def test_a_pop_of_a_message_another_writer_took_back_is_refused_and_takes_nothin
         assert raw.hgetall(f"{prefix}session:{sid}") == before
         assert [m.content for m in mem.get_messages(sid)] == ["m0", "m1", "m2"]
         assert mem.get_session(sid).message_count == 3
+
+
+def test_a_pop_of_a_tool_result_leaves_its_call_waiting_in_the_hash(
+    url: str, redis_url: str, prefix: str, raw: Any
+) -> None:
+    # pending changes with this pop (the call waits again): the hash is written with it,
+    # and a manager that knows nothing of the session reads it from there
+    with open_memory(url, _config()) as mem, open_memory(url, _config()) as other:
+        sid = mem.create_session("agent")
+        mem.add_message(sid, "user", "weather?")
+        mem.add_message(sid, "assistant", None, tool_calls=[ToolCall("c1", "weather", "{}")])
+        mem.add_message(sid, "tool", "sunny", tool_call_id="c1")
+        before = raw.hget(f"{prefix}session:{sid}", "pending")
+        newest = mem.get_messages(sid, limit=1)[0]
+        with Monitor(redis_url, prefix) as commands:
+            mem.replace_newest(sid, [], newest_id=newest.id or "")
+        assert commands[:3] == SCRIPT[:3]  # the script's common case
+        assert raw.hget(f"{prefix}session:{sid}", "pending") != before
+        assert other.get_session(sid).pending == ("c1",)
+        assert [m.role for m in other.get_messages(sid)] == ["user", "assistant"]
 
 
 def test_a_pop_moves_the_access_its_index_and_the_deadline_past_the_touch_resolution(
