@@ -283,6 +283,59 @@ def test_a_list_reads_in_bulk_what_each_get_tuple_reads_alone(
         ]
 
 
+@pytest.mark.parametrize("chunk", [1, 400])
+def test_a_list_of_rows_holding_their_values_reads_what_get_tuple_reads(
+    new_url: Callable[[], str], monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Rows that hold all their values (no blob: decoded as the list hands them over), in two
+    threads and two namespaces, with no write, one or three: every list, whole, filtered
+    (writes read by chunks of ``chunk`` ids), limited or before a checkpoint, returns each
+    checkpoint as its own get_tuple does, newest first, with its writes alone."""
+    from ctxkeep.integrations.langgraph import _saver_sql
+
+    monkeypatch.setattr(_saver_sql, "CHUNK", chunk)
+    with CtxkeepSaver(new_url()) as s:
+        made = []
+        for thread, ns in (("t1", ""), ("t1", "child:1"), ("t2", "")):
+            parent: Any = config(thread, checkpoint_ns=ns)
+            for i in range(5):
+                cp = checkpoint(f"c{i}", x=i)
+                cp["channel_versions"] = {"x": f"{i + 1}"}
+                parent = s.put(parent, cp, {"step": i, "odd": i % 2}, {"x": f"{i + 1}"})
+                writes = [(f"w{j}", f"{thread}/{ns}/{i}/{j}") for j in range(i % 3)]
+                if writes:
+                    s.put_writes(parent, writes, f"task-{i}")
+                made.append(parent)
+
+        def alone(t: Any) -> Any:
+            found = s.get_tuple(t.config)
+            assert found is not None
+            assert [w[2] for w in found.pending_writes] == [
+                f"{t.config['configurable']['thread_id']}/{t.config['configurable']['checkpoint_ns']}"
+                f"/{t.metadata['step']}/{j}"
+                for j in range(t.metadata["step"] % 3)
+            ]
+            return _view(found)
+
+        every = list(s.list(None))
+        assert len(every) == len(made) == 15
+        assert [_view(t) for t in every] == [alone(t) for t in every]
+        ids = [t.config["configurable"]["checkpoint_id"] for t in every]
+        assert ids == sorted(ids, reverse=True)
+        odd = list(s.list(config("t1"), filter={"odd": 1}, limit=3))
+        assert [(t.config["configurable"]["checkpoint_ns"], t.metadata["step"]) for t in odd] == [
+            ("", 3),
+            ("child:1", 3),
+            ("", 1),
+        ]
+        assert [_view(t) for t in odd] == [alone(t) for t in odd]
+        first = list(s.list(config("t2"), limit=2))
+        assert [t.metadata["step"] for t in first] == [4, 3]
+        before = list(s.list(config("t2"), before=made[-2]))
+        assert [t.metadata["step"] for t in before] == [2, 1, 0]
+        assert [_view(t) for t in first + before] == [alone(t) for t in first + before]
+
+
 def test_a_checkpoint_of_many_channels_is_read_back_whole(new_url: Callable[[], str]) -> None:
     """More channels than one blob INSERT holds (``BLOB_ROWS``): every value comes back, by id
     and as the newest, and a later checkpoint that changes one channel keeps the others'."""

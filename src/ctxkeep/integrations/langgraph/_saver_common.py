@@ -136,7 +136,8 @@ class _Backend(ABC):
     @abstractmethod
     def read(self, query: _Query, accept: Accept) -> Iterable[_Loaded]:
         """The checkpoints ``query`` asks for and ``accept`` takes, newest first, loaded (an
-        iterator may make each as it is taken, after the engine was read).
+        iterator may make each as it is taken, after the engine was read; where no row can be
+        refused, ``not query.filtered``, it may call ``accept`` on each row then).
         """
 
     @abstractmethod
