@@ -2,12 +2,14 @@
 ``SQLiteSession`` (issue 26): each statement's wall and thread CPU, and what is left outside
 SQLite (Python, the hop to the worker thread and back).
 
-    python bench/agents_pop_split.py [--size 10000] [--pops 600] [--json out.json]
+    python bench/agents_pop_split.py [--size 10000] [--pops 600] [--block 10] [--json out.json]
 
 Both sessions hold the ``size`` items of ``bench/peers.py`` in one folder (ctxkeep's at
 ``?synchronous=full``, the peer's at its default, full) and are popped in turns in one process
-(which goes first alternates), each pop followed by the untimed re-add of the item it took, as
-``bench/peers.py`` times ``pop_item``. Every connection either side opens is a
+``--block`` pops of one side, then as many of the other (which goes first alternates), each
+pop followed by the untimed re-add of the item it took, as ``bench/peers.py`` times
+``pop_item`` (in blocks of 10; ``--block 1`` alternates every pop, which leaves neither side's
+thread and caches warm from its own previous pop). Every connection either side opens is a
 ``sqlite3.Connection`` subclass timing its ``execute`` and ``commit`` calls while a pop runs
 (``time.perf_counter`` and ``time.thread_time`` of the thread that runs them, so a statement's
 CPU is not another thread's): a statement's wall minus its CPU is the time it waited (the
@@ -82,8 +84,10 @@ def _timed_connections() -> None:
     sqlite3.connect = timed_connect  # type: ignore[assignment]
 
 
-def measure(size: int, pops: int, warm: int) -> dict[str, Any]:
-    """Both sides popped ``pops`` times in turns; per side the figures printed."""
+def measure(size: int, pops: int, warm: int, block: int = 10) -> dict[str, Any]:
+    """Both sides popped ``pops`` times in turns of ``block`` pops; per side the figures
+    printed.
+    """
     _timed_connections()
     from agents.memory import SQLiteSession
 
@@ -110,27 +114,28 @@ def measure(size: int, pops: int, warm: int) -> dict[str, Any]:
         for session in sides.values():
             run(session.add_items(items))
         try:
-            for i in range(warm + pops):
-                order = list(sides.items())
-                for name, session in order if i % 2 else reversed(order):
-                    _SPENT.clear()
-                    _TIMING[0] = True
-                    c0, t0 = time.process_time(), time.perf_counter()
-                    item = run(session.pop_item())
-                    t1, c1 = time.perf_counter(), time.process_time()
-                    _TIMING[0] = False
-                    if item != items[-1]:
-                        raise RuntimeError(f"{name}: pop_item gave {item!r:.200}")
-                    run(session.add_items([item]))
-                    if i < warm:
-                        continue
-                    walls[name].append(t1 - t0)
-                    cpus[name].append(c1 - c0)
-                    for kind, (w, c, n) in _SPENT.items():
-                        s = spent[name][kind]
-                        s[0] += w
-                        s[1] += c
-                        s[2] += n
+            order = list(sides.items())
+            for turn, first in enumerate(range(0, warm + pops, block)):
+                for name, session in order if turn % 2 else reversed(order):
+                    for i in range(first, min(first + block, warm + pops)):
+                        _SPENT.clear()
+                        _TIMING[0] = True
+                        c0, t0 = time.process_time(), time.perf_counter()
+                        item = run(session.pop_item())
+                        t1, c1 = time.perf_counter(), time.process_time()
+                        _TIMING[0] = False
+                        if item != items[-1]:
+                            raise RuntimeError(f"{name}: pop_item gave {item!r:.200}")
+                        run(session.add_items([item]))
+                        if i < warm:
+                            continue
+                        walls[name].append(t1 - t0)
+                        cpus[name].append(c1 - c0)
+                        for kind, (w, c, n) in _SPENT.items():
+                            s = spent[name][kind]
+                            s[0] += w
+                            s[1] += c
+                            s[2] += n
         finally:
             for session in sides.values():
                 close = getattr(session, "close", None)
@@ -164,12 +169,16 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=10000, help="items each session holds")
     ap.add_argument("--pops", type=int, default=600, help="pops counted per side")
     ap.add_argument("--warm", type=int, default=20, help="pops not counted first, per side")
+    ap.add_argument("--block", type=int, default=10, help="pops of one side before the other's")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     args = ap.parse_args()
-    if args.size < 2 or args.pops < 1 or args.warm < 0:
-        ap.error("--size >= 2, --pops >= 1, --warm >= 0")
-    out = measure(args.size, args.pops, args.warm)
-    print(f"SQLite {sqlite3.sqlite_version}; {args.size:,} items; {args.pops} pops a side")
+    if args.size < 2 or args.pops < 1 or args.warm < 0 or args.block < 1:
+        ap.error("--size >= 2, --pops >= 1, --warm >= 0, --block >= 1")
+    out = measure(args.size, args.pops, args.warm, args.block)
+    print(
+        f"SQLite {sqlite3.sqlite_version}; {args.size:,} items; {args.pops} pops a side in "
+        f"turns of {args.block}"
+    )
     for name, f in out.items():
         print(
             f"{name}: wall p50 {f['wall_p50_ms']:.3f} ms (p25 {f['wall_p25_ms']:.3f}, p75 "

@@ -49,7 +49,7 @@ def test_a_tiny_run_splits_every_pop_of_both_sides(tmp_path: Path) -> None:
     pytest.importorskip("agents")
     out = tmp_path / "split.json"
     sides, printed = run(
-        "agents_pop_split.py", "--size", "40", "--pops", "6", "--warm", "1", out=out
+        "agents_pop_split.py", "--size", "40", "--pops", "6", "--warm", "1", "--block", "4", out=out
     )
     assert list(sides) == ["CtxkeepSession", "SQLiteSession"]
     ours = {k: s["per_pop"] for k, s in sides["CtxkeepSession"]["statements"].items()}
