@@ -249,12 +249,10 @@ class ConvertedItems:
         """
         with self._lock:
             expected, self._expected = self._expected, None
-            if seqs and messages:  # (_remember, with the items where they were expected)
-                newest = messages[-1]
-                items = expected[1] if expected is not None and expected[0] is newest else None
-                self._newest = (info.generation, seqs[-1], newest, items)
-            else:
-                self._newest = None
+            made_of = None  # the items, where the newest message is the one expected
+            if expected is not None and messages and expected[0] is messages[-1]:
+                made_of = expected[1]
+            self._remember(info, seqs, messages, made_of)
             held = self._held
             if (
                 held is not None
@@ -265,13 +263,20 @@ class ConvertedItems:
             ):
                 self._extend(held, seqs, messages)
 
-    def _remember(self, info: SessionInfo, seqs: list[int], messages: list[Message]) -> None:
+    def _remember(
+        self,
+        info: SessionInfo,
+        seqs: list[int],
+        messages: list[Message],
+        made_of: list[Any] | None = None,
+    ) -> None:
         """After this instance's write of ``messages`` at ``seqs`` into the session of
         ``info``'s generation: the newest of them is the session's newest message (None
-        where the write left none of its own: the newest is then one not in hand).
+        where the write left none of its own: the newest is then one not in hand), kept with
+        the items it was made of where they are given (this instance's copies, :meth:`expect`).
         """
         self._newest = (
-            (info.generation, seqs[-1], messages[-1], None) if seqs and messages else None
+            (info.generation, seqs[-1], messages[-1], made_of) if seqs and messages else None
         )
 
     def _extend(self, held: _Held, seqs: list[int], messages: list[Message]) -> None:
