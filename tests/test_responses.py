@@ -297,7 +297,7 @@ def test_a_reasoning_item_rides_with_the_call_it_precedes() -> None:
     msgs = from_responses(TURN)
     entries = msgs[2].metadata[RESPONSES_KEY]
     assert entries[0] == {"item": REASONING}
-    assert [next(iter(e)) for e in entries] == ["item", "call", "call"]
+    assert [next(iter(e)) for e in entries] == ["item", "c", "c"]
 
 
 def test_unmodelled_items_after_the_last_message_ride_with_it() -> None:

@@ -26,7 +26,7 @@ import orjson
 
 from ctxkeep.errors import InvalidMessageError, SessionChangedError, describe
 from ctxkeep.messages import Content, Message
-from ctxkeep.responses import CARRIER_KIND, RESPONSES_KEY, _Reader
+from ctxkeep.responses import CARRIER_KIND, RESPONSES_KEY, _Reader, _written
 from ctxkeep.sessions import MemoryManager
 from ctxkeep.sessions.records import SessionInfo, record_to_message
 
@@ -325,11 +325,14 @@ class ConvertedItems:
 
 def _newest_items(message: Message, items: list[Any]) -> list[Any] | None:
     """The items ``message`` stands for, where it is the last message converted from
-    ``items`` (in order): the last as many as its metadata's entries, one an item (None
-    where that does not fit).
+    ``items`` (in order): the last as many as its metadata's entries, one an item, or, with
+    none (every item plain), one per call or the one it is (None where that does not fit).
     """
     entries = message.metadata.get(RESPONSES_KEY)
-    n = len(entries) if type(entries) is list else 0
+    if entries is None:
+        n = len(message.tool_calls) or 1
+    else:
+        n = len(entries) if type(entries) is list else 0
     return items[-n:] if 0 < n <= len(items) else None
 
 
@@ -379,7 +382,9 @@ class _OwnedReader(_Reader):
         if self.pending:
             self.entries[-1].extend(self.pending)
         for m, entries in zip(self.out, self.entries, strict=True):
-            m.__dict__["metadata"] = {RESPONSES_KEY: entries}  # made here, shared with no one
+            written = _written(entries)
+            if written is not None:  # made here, shared with no one
+                m.__dict__["metadata"] = {RESPONSES_KEY: written}
         return self.out
 
 
