@@ -498,7 +498,11 @@ class MemoryManager:
         batch = list(_check.iterable("messages", messages))
         # Ids the first attempt stamps in place (owned messages that had none) are still
         # made for this call on the next: no append stored them (fresh_ids holds).
-        minted = owned and all(type(m) is Message and m.id is None for m in batch)
+        minted = owned
+        for m in batch:  # (a loop, not all() over a generator: two calls an add)
+            if type(m) is not Message or m.id is not None:
+                minted = False
+                break
 
         def creates() -> SessionInfo:
             # The session made inside the append's transaction, where the backend can.
@@ -574,8 +578,13 @@ class MemoryManager:
         minted = minted or fresh
         if not stamped:
             return []
-        encoded = [encoded_record(m) for m in stamped]
-        records = [record for record, _ in encoded]
+        if len(stamped) == 1:  # a chat history's add: no comprehension's frame for one
+            record, text = encoded_record(stamped[0])
+            records, texts = [record], [text]
+        else:
+            encoded = [encoded_record(m) for m in stamped]
+            records = [record for record, _ in encoded]
+            texts = [text for _, text in encoded]
         session_id = check_session_id(session_id)
         ttl = self.config.session_ttl
 
@@ -597,7 +606,7 @@ class MemoryManager:
 
         batch = Append(
             records=records,
-            texts=[text for _, text in encoded],
+            texts=texts,
             check=check,
             now=now,
             ttl=self._native_ttl,

@@ -112,7 +112,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from ctxkeep._redis import (
     DEFAULT_PREFIX,
@@ -361,11 +361,15 @@ def parse_member(session_id: str, member: str) -> tuple[int, dict[str, Any]]:
     return seq, load_record(session_id, seq, text)
 
 
-@dataclass(frozen=True)
-class _Top:
+class _Top(NamedTuple):
     """A session's newest message as this process last saw it: its generation and seq (which
     name one message: a seq is not reused within a generation) and what a replacement needs of
     its record (id, role, the call it answers, whether it makes calls).
+
+    A named tuple, where a frozen dataclass's ``__init__`` ran four ``object.__setattr__``
+    calls: every append makes one (34 -> 10 bytecodes for it, a LangChain add on Redis,
+    ``sys.settrace``, hand-run). A member kept undecoded (:meth:`_Tops.put_member`) is a
+    plain tuple, never an instance of this class.
     """
 
     generation: str
@@ -1388,7 +1392,6 @@ class RedisBackend(Backend):
         keys = self.keys
         script_keys = keys.written(session_id)
         records = batch.encoded()
-        roles = [role_of(r) for r in batch.records]
         now = float(batch.now)
         now_text = repr(now)
         deadline = "" if batch.ttl is None else str(self._deadline_ms(batch.ttl))
@@ -1420,10 +1423,11 @@ class RedisBackend(Backend):
                 "1" if now > seen and now - seen >= touch_after else "",
             ]
             if single:  # a chat history's add: no comprehension's frame for one record
-                args += (f"{guess}:{records[0]}", role_member(roles[0], guess), single)
+                role = role_of(batch.records[0])
+                args += (f"{guess}:{records[0]}", role_member(role, guess), single)
             else:
                 args += [f"{guess + i}:{text}" for i, text in enumerate(records)]
-                args += [role_member(role, guess + i) for i, role in enumerate(roles)]
+                args += [role_member(role_of(r), guess + i) for i, r in enumerate(batch.records)]
                 args += [r.get("id") or "" for r in batch.records]
             # Sent again after a dropped connection (Direct), the script may have run the
             # first time and only its answer been lost: the second run looks the ids up even
