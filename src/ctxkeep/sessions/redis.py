@@ -107,7 +107,6 @@ memory; use PostgreSQL or SQLite for history that must outlive the server.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -143,6 +142,7 @@ from ctxkeep.sessions.base import (
     Stored,
     Tail,
     Written,
+    _new_id,
     cas_append,
     tail_of,
 )
@@ -926,8 +926,11 @@ return {'ok', tonumber(h[1]), accessed, count, revision}
 
 
 def _op_token() -> str:
-    """A new token for one replace or pop (see 'Sent again' above :data:`REPLACE_SCRIPT`)."""
-    return os.urandom(8).hex()
+    """A new token for one replace or pop (see 'Sent again' above :data:`REPLACE_SCRIPT`):
+    a message id's random hex (:func:`~ctxkeep.sessions.base._new_id`, made 64 at a time, a
+    forked child making its own), where one ``os.urandom`` a pop was a system call each.
+    """
+    return _new_id()
 
 
 def _taking(
