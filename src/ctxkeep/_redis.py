@@ -494,11 +494,15 @@ class Direct:
         answers: list[Any] = []
         try:
             sock.sendall(packed)
-            while _take_replies(conn, reader, answers, replies):
+            # read first: a connection starts a round trip with nothing unread (see the
+            # class docstring), so no answer can be in the reader before the first read
+            while True:
                 data = sock.recv(65536)
                 if not data:
                     raise redis.ConnectionError("Connection closed by server.")
                 reader.feed(data)
+                if not _take_replies(conn, reader, answers, replies):
+                    break
         except TimeoutError as exc:  # socket.timeout
             raise redis.TimeoutError(f"Timeout on the socket: {exc}") from exc
         except OSError as exc:
@@ -529,7 +533,7 @@ class Direct:
                     view = view[sock.send(view) :]
                 except BlockingIOError:
                     await _ready(sock, timeout, writing=True)
-            while _take_replies(conn, reader, answers, replies):
+            while True:  # read first, as _roundtrip does
                 try:
                     data = sock.recv(65536)
                 except BlockingIOError:
@@ -538,6 +542,8 @@ class Direct:
                 if not data:
                     raise redis.ConnectionError("Connection closed by server.")
                 reader.feed(data)
+                if not _take_replies(conn, reader, answers, replies):
+                    break
         except OSError as exc:
             raise redis.ConnectionError(f"Error on the socket: {exc}") from exc
         finally:
