@@ -98,10 +98,17 @@ def test_role_and_content_are_positional_the_rest_keyword_only() -> None:
         Message("user", "hi", "n")  # type: ignore[misc]
 
 
+def _default(name: str) -> Any:
+    f = next(f for f in dataclasses.fields(Message) if f.name == name)
+    return f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+
+
 @pytest.mark.parametrize("m", _messages(), ids=["assistant", "tool"])
 def test_every_field_survives_the_stored_record(m: Message) -> None:
     record = message_to_record(m)
-    assert list(record) == ["v", *FIELDS]
+    # v, the role, and each field not at its default, in order (the assistant sample sets
+    # every field but the tool message's call id)
+    assert list(record) == ["v", "role", *(n for n in FIELDS[1:] if getattr(m, n) != _default(n))]
     back = record_to_message(dumps(record))
     for name in FIELDS:
         assert getattr(back, name) == getattr(m, name), name
@@ -114,6 +121,23 @@ def test_every_field_survives_the_wire_form(m: Message) -> None:
     wire = message_to_wire(m)
     assert list(wire) == list(FIELDS)
     assert message_from_wire(wire) == m
+
+
+def test_the_wire_form_has_every_field_where_the_stored_record_leaves_defaults_out() -> None:
+    # The service's responses declare every member required (MessageOut): its clients, of
+    # any version, read them all.
+    m = Message("user", "hi")
+    assert list(message_to_record(m)) == ["v", "role", "content"]
+    assert message_to_wire(m) == {
+        **dict.fromkeys(FIELDS),
+        **_EMPTY,
+        "role": "user",
+        "content": "hi",
+    }
+    assert list(message_to_wire(m)) == list(FIELDS)
+
+
+_EMPTY: dict[str, Any] = {"tool_calls": [], "artifact_refs": [], "metadata": {}, "extra": {}}
 
 
 @pytest.mark.parametrize("m", _messages(), ids=["assistant", "tool"])
@@ -164,20 +188,31 @@ def test_the_fast_record_decoder_checks_every_field() -> None:
 
 
 BAD_VALUES: list[Any] = [None, 1, 1.5, True, "s", "", [], ["s"], [1], {}, {"a": 1}]
+LEFT_OUT: Any = object()
+"""In place of a value: the field is taken out of the record."""
 
 
 @pytest.mark.parametrize("name", FIELDS)
-@pytest.mark.parametrize("value", BAD_VALUES, ids=repr)
+@pytest.mark.parametrize(
+    "value", [*BAD_VALUES, LEFT_OUT], ids=lambda v: "left out" if v is LEFT_OUT else repr(v)
+)
+@pytest.mark.parametrize("shape", ["compact", "full"])
 def test_the_fast_record_decoder_accepts_what_the_checked_one_accepts(
-    name: str, value: Any
+    name: str, value: Any, shape: str
 ) -> None:
     # The fast decoder takes a current record's values without copies, checking their types
-    # itself; whatever JSON a record holds in a field, it must agree with the checked path
-    # (which builds the message through Message's own checks). A key the record does not
-    # have sends the same record down the checked path.
+    # itself; whatever JSON a record holds in a field, or none, it must agree with the
+    # checked path (which builds the message through Message's own checks), on a record
+    # without its defaults as on one with every field. A key the record does not have sends
+    # the same record down the checked path.
     for m in _messages():
         record = message_to_record(m)
-        record[name] = value
+        if shape == "full":
+            record = records.full_record(record)
+        if value is LEFT_OUT:
+            record.pop(name, None)
+        else:
+            record[name] = value
         try:
             expected: Message | None = record_to_message(dumps({**record, "unknown": 0}))
         except CorruptRecordError:

@@ -26,7 +26,12 @@ from ctxkeep import (
     validate_sequence,
 )
 from ctxkeep.errors import CorruptRecordError, UnknownRoleError
-from ctxkeep.sessions.records import dumps_record, message_to_record, record_to_message
+from ctxkeep.sessions.records import (
+    dumps_record,
+    full_record,
+    message_to_record,
+    record_to_message,
+)
 
 COUNTER = get_counter("o200k_base")
 
@@ -355,8 +360,12 @@ def test_a_corrupt_record_raises_and_never_makes_an_invalid_message(
 
 
 def test_a_record_with_an_unknown_key_takes_the_checked_path() -> None:
-    record = {**message_to_record(Message("user", "hi", id="m1")), "future": 1}
+    # in place of a field: as many keys as a full record
+    record = {**full_record(message_to_record(Message("user", "hi", id="m1"))), "future": 1}
     del record["event_kind"]
+    assert record_to_message(record) == Message("user", "hi", id="m1")
+    # beside the fields a compact record has
+    record = {**message_to_record(Message("user", "hi", id="m1")), "future": 1}
     assert record_to_message(record) == Message("user", "hi", id="m1")
 
 
@@ -377,3 +386,13 @@ def test_a_copy_is_deep_and_keeps_token_counts() -> None:
     assert twin.__dict__["_tokens"] == m.__dict__["_tokens"]
     assert twin.__dict__["_tokens"] is not m.__dict__["_tokens"]
     assert COUNTER.count_message(twin) == n
+
+
+def test_a_record_dict_holding_tuples_never_makes_an_invalid_message() -> None:
+    # JSON gives lists; a caller's dict may hold tuples, which the fast path does not take
+    record = message_to_record(Message("assistant", "x", tool_calls=[ToolCall("c", "f", "{}")]))
+    record["tool_calls"] = tuple(record["tool_calls"])
+    record["artifact_refs"] = ("a",)
+    m = record_to_message(record)
+    assert m.tool_calls == (ToolCall("c", "f", "{}"),) and m.artifact_refs == ("a",)
+    assert type(m.tool_calls[0]) is ToolCall

@@ -17,6 +17,7 @@ from ctxkeep.cli import main
 from ctxkeep.errors import ConfigError, CorruptRecordError, InvalidMessageError, SchemaVersionError
 from ctxkeep.sessions.records import (
     RECORD_VERSION,
+    full_record,
     message_to_record,
     record_to_message,
     trim_point,
@@ -184,7 +185,7 @@ def test_sqlite_file_of_the_first_release_is_upgraded_with_its_sessions(tmp_path
         conn.execute(  # seqs 1 and 2 were trimmed: seq 3 is the oldest held
             "INSERT INTO ctxkeep_sessions VALUES ('s1', 'a', NULL, '{}', 1.0, 2.0, 1, 4, '[]')"
         )
-        record = json.dumps(message_to_record(Message("user", "kept")))
+        record = json.dumps(full_record(message_to_record(Message("user", "kept"))))
         conn.execute("INSERT INTO ctxkeep_messages VALUES ('s1', 3, ?)", (record,))
         conn.execute("PRAGMA user_version=1")
     with open_memory(f"sqlite:///{path}", MemoryConfig(session_ttl=None)) as mem:

@@ -247,9 +247,9 @@ class TestPostgresBackend(SessionContract):
 
     def test_tables_of_the_first_release_are_upgraded_with_their_sessions(self, url: str) -> None:
         from ctxkeep.sessions.postgres import MIGRATIONS
-        from ctxkeep.sessions.records import message_to_record
+        from ctxkeep.sessions.records import full_record, message_to_record
 
-        record = json.dumps(message_to_record(Message("user", "kept")))
+        record = json.dumps(full_record(message_to_record(Message("user", "kept"))))
         with psycopg.connect(url, autocommit=True) as conn:  # as the first release left it
             conn.execute(MIGRATIONS[0])
             conn.execute("CREATE TABLE ctxkeep_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")

@@ -1,11 +1,15 @@
 """Messages, sessions and evictions as the service's JSON, both ways, free of I/O.
 
-A message on the wire is its stored record without the schema version (every field of
-:class:`~ctxkeep.Message`, ``tool_calls`` as ``{"id", "name", "arguments"}``, ``created_at``
-as ISO 8601), so it round-trips without loss. Requests may also send OpenAI chat messages:
-a tool call as ``{"id", "type": "function", "function": {"name", "arguments"}}``, and keys
-ctxkeep does not model (``refusal``, ``audio``...) kept in ``extra``, as
-:meth:`~ctxkeep.Message.from_openai` does.
+A message on the wire is its record in the full shape without the schema version (every
+field of :class:`~ctxkeep.Message`, ``tool_calls`` as ``{"id", "name", "arguments"}``,
+``created_at`` as ISO 8601), so it round-trips without loss. Stores leave a field at its
+default out of a record (:func:`~ctxkeep.sessions.records.message_to_record`); the wire keeps
+every one (:func:`~ctxkeep.sessions.records.full_record`): the service's schema declares
+every member of a response's message required (``MessageOut``), and clients read them so (the
+inspector, ctxkeep clients of every version, callers' own code). Requests may also send
+OpenAI chat messages: a tool call as ``{"id", "type": "function", "function": {"name",
+"arguments"}}``, and keys ctxkeep does not model (``refusal``, ``audio``...) kept in
+``extra``, as :meth:`~ctxkeep.Message.from_openai` does.
 
 The server and :mod:`ctxkeep.client` both use this module; it imports nothing beyond ctxkeep.
 """
@@ -20,7 +24,7 @@ from typing import Any
 from ctxkeep.errors import InvalidMessageError, describe
 from ctxkeep.messages import FIELDS, Message, ToolCall
 from ctxkeep.sessions.base import Evicted
-from ctxkeep.sessions.records import SessionInfo, message_to_record
+from ctxkeep.sessions.records import SessionInfo, full_record, message_to_record
 
 MESSAGE_FIELDS: tuple[str, ...] = FIELDS
 """The members of a message on the wire: the fields of :class:`~ctxkeep.Message`, in order."""
@@ -35,7 +39,7 @@ def message_to_wire(m: Message) -> dict[str, Any]:
         InvalidMessageError: metadata or extra that JSON cannot hold exactly.
 
     """
-    record = message_to_record(m)
+    record = full_record(message_to_record(m))
     del record["v"]
     return record
 

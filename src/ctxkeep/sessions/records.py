@@ -5,9 +5,12 @@ row with :func:`load_record` and the manager decodes it with :func:`record_to_me
 that is not a message's record is a :class:`~ctxkeep.errors.CorruptRecordError` naming the
 session and seq (:func:`corrupt_record`; a session's own row, :func:`corrupt_session`), never
 a driver's or a parser's error, nor a 4xx that would blame the caller. A record carries ``v``
-(its schema version), then every field of :class:`~ctxkeep.Message` in order (derived from
+(its schema version), then the fields of :class:`~ctxkeep.Message` in order (derived from
 its dataclass fields; the few whose type JSON lacks are converted by :data:`_TO_RECORD` and
-:data:`_FROM_RECORD`). Old records are
+:data:`_FROM_RECORD`), each but ``role`` only where it differs from its default: a field a
+record lacks means its default, as every reader of version 1 has taken it (the full shape,
+every field, is what writers before the compact one stored, and is read as well;
+:func:`full_record` gives it). Old records are
 upgraded by :data:`RECORD_MIGRATIONS` (position ``i`` upgrades version ``i`` to ``i + 1``);
 a record newer than this ctxkeep is refused with :class:`SchemaVersionError`.
 
@@ -93,11 +96,6 @@ _TO_RECORD: dict[str, Callable[[Any], Any]] = {
     "created_at": _time_to_record,
 }
 """How the fields JSON has no type for are written; every other field is written as it is."""
-_ENCODERS = tuple((name, _TO_RECORD.get(name)) for name in FIELDS)
-_CONVERTED: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
-    (name, encode) for name, encode in _ENCODERS if encode is not None
-)
-"""The fields of :data:`_TO_RECORD`, in field order, with their converters."""
 _JSON_EXACT = frozenset(
     {"str", "str | None", "tuple[str, ...]", "tuple[ToolCall, ...]", "datetime | None"}
 )
@@ -108,9 +106,27 @@ tuples become lists, int keys strings). Only a record where one of them holds so
 string is read back and compared."""
 
 
+_NO_VALUE: Any = object()
+_RECORD_DEFAULTS = tuple(
+    _NO_VALUE
+    if f.default is MISSING and f.default_factory is MISSING
+    else f.default
+    if f.default_factory is MISSING
+    else f.default_factory()
+    for f in fields(Message)
+)
+"""Each field's default in field order (:data:`_NO_VALUE` for a required one, which no value
+is), compared, never handed out (the ``{}`` of metadata and extra is shared by nothing)."""
+_ENCODERS = tuple(
+    (name, default, _TO_RECORD.get(name))
+    for name, default in zip(FIELDS, _RECORD_DEFAULTS, strict=True)
+)
+"""Each field with its default and its converter (None: written as it is), in field order."""
+
+
 def message_to_record(m: Message) -> dict[str, Any]:
-    """A JSON-ready dict of every field of ``m`` (:data:`~ctxkeep.messages.FIELDS`, in
-    order, after ``v``).
+    """A JSON-ready dict of ``m``: ``v``, then each field of ``m`` that is not at its
+    default (:data:`~ctxkeep.messages.FIELDS`, in order; ``role`` always).
 
     Raises:
         InvalidMessageError: metadata or extra that JSON cannot hold exactly.
@@ -128,21 +144,24 @@ def encoded_record(m: Message) -> tuple[dict[str, Any], str]:
         InvalidMessageError: as :func:`message_to_record`.
 
     """
+    # The fields (in field order; the message's attributes may hold caches beside them) but
+    # those at their default. A field is at its default where it is the default object
+    # (None, the empty tuple) or, empty, equals it (a new empty dict): so a content of "" or []
+    # is kept, and no string is compared with None. A record without its defaults is about
+    # 120 bytes shorter (bench/peers.py's Agents items as stored: median 478 bytes, now 351):
+    # fewer pages a write on SQLite, fewer bytes for Redis's scripts to read. Built in
+    # one pass, converting as it goes (a loop of more bytecodes, 407 against 251 for the full
+    # record's copy-then-convert, but fewer instructions than either that or a filter in C
+    # with itertools): the whole encode, JSON and checks included, 58.9k instructions a
+    # stored Agents item and 75.1k a LangChain message of bench/peers.py's data, where the
+    # full record took 64.1k and 80.6k (callgrind).
     state = m.__dict__
-    if len(state) == len(FIELDS):
-        # Every field and nothing else (no caches), in field order as every constructor
-        # writes them: one C-level copy, then only the five fields JSON has no type for are
-        # converted in place (a key keeps its position), where a loop over all thirteen
-        # tested each. The same text, in 140 bytecodes where it took 275 (per message of
-        # the peer bench's LangChain adds, counted with sys.settrace).
-        record: dict[str, Any] = {"v": RECORD_VERSION, **state}
-        for name, convert in _CONVERTED:
-            record[name] = convert(record[name])
-    else:
-        record = {"v": RECORD_VERSION}
-        for name, encode in _ENCODERS:
-            value = state[name]
-            record[name] = value if encode is None else encode(value)
+    record: dict[str, Any] = {"v": RECORD_VERSION}
+    for name, default, convert in _ENCODERS:
+        value = state[name]
+        if value is default or (not value and value == default):
+            continue
+        record[name] = value if convert is None else convert(value)
     # Refuse what JSON would silently change (tuples become lists, int keys become strings)
     # and text that is not valid Unicode (lone surrogates).
     try:
@@ -156,7 +175,9 @@ def encoded_record(m: Message) -> tuple[dict[str, Any], str]:
     # is encoded and read back by itself (metadata of a few hundred bytes beside a content of
     # kilobytes: decoding the whole record was three times the work, 4.7 against 1.7 us for a
     # LangChain message of 3.9 kB), or the whole record where the content is one of them.
-    suspect = [name for name in _MAY_CHANGE if (value := record[name]) and type(value) is not str]
+    suspect = [
+        name for name in _MAY_CHANGE if (value := record.get(name)) and type(value) is not str
+    ]
     if suspect and (
         loads(text) != record
         if suspect[0] == "content"
@@ -167,6 +188,36 @@ def encoded_record(m: Message) -> tuple[dict[str, Any], str]:
             "JSON does not round-trip (tuples, non-string keys); use lists and string keys"
         )
     return record, text
+
+
+def full_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (of the current version) with every field, those it leaves out at their
+    default: the shape writers before the compact one stored, and the service's wire form.
+    A fresh dict (a default list or dict is made for it).
+    """
+    full = {**_FULL_BLANK, **record}
+    for name, make in _MADE_BLANKS:
+        if name not in record:
+            full[name] = make()
+    return full
+
+
+_FULL_BLANK: dict[str, Any] = {
+    "v": RECORD_VERSION,
+    **{
+        name: None
+        if default is _NO_VALUE
+        else _TO_RECORD[name](default)
+        if name in _TO_RECORD
+        else default
+        for name, default in zip(FIELDS, _RECORD_DEFAULTS, strict=True)
+    },
+}
+"""A full record of defaults (None for the required ``role``, which every record has)."""
+_MADE_BLANKS = tuple(
+    (name, type(value)) for name, value in _FULL_BLANK.items() if type(value) in (list, dict)
+)
+"""The fields whose default in a record is a list or a dict: made new for each full record."""
 
 
 def load_record(session_id: str | None, seq: int | None, text: str | bytes) -> dict[str, Any]:
@@ -237,11 +288,12 @@ def record_to_message(
     """The message a stored record describes (upgraded first if old); ``session_id`` and
     ``seq``, where the caller knows them, name the record in an error.
 
-    A record of the current version in the exact shape :func:`message_to_record` writes is
-    decoded on a fast path (:func:`_decode_current`): its values were validated when the
-    message was stored, so only their types and the role's rules are checked again (enough
-    that a corrupt record can never make an invalid :class:`Message`), and the decoded dict
-    becomes the message's attributes without a copy. Anything else takes the checked path.
+    A record of the current version with no key but ``v`` and fields (the compact shape
+    :func:`message_to_record` writes, or the full one older writers wrote) is decoded on a
+    fast path (:func:`_decode_current`): its values were validated when the message was
+    stored, so only their types and the role's rules are checked again (enough that a corrupt
+    record can never make an invalid :class:`Message`), and the decoded values become the
+    message's attributes without copies. Anything else takes the checked path.
 
     Raises:
         SchemaVersionError: a record newer than this ctxkeep.
@@ -253,7 +305,7 @@ def record_to_message(
         record = load_record(session_id, seq, record)
     elif not isinstance(record, dict):
         raise corrupt_record(session_id, seq, f"not a JSON object: {record!r:.40}")
-    if len(record) == _FAST_LEN and record.get("v") == RECORD_VERSION:
+    if record.get("v") == RECORD_VERSION:
         try:
             fast = _decode_current(record)
         except (KeyError, ValueError):  # another shape, a created_at that is not a date...
@@ -298,7 +350,6 @@ _FROM_RECORD: dict[str, Callable[[Any], Any]] = {
 """How the fields :data:`_TO_RECORD` writes are read back; every other field is read as it is."""
 
 
-_NO_VALUE: Any = object()
 _REQUIRED = tuple(
     f.name for f in fields(Message) if f.default is MISSING and f.default_factory is MISSING
 )
@@ -339,9 +390,14 @@ FAST_PATH = frozenset(FIELDS) == _FAST_CHECKS
 """Whether :func:`_decode_current` checks every field of :class:`Message`. A field it does not
 know (added to the class, not to the fast path) turns the fast path off: records are still
 read right, by the checked path, only slower (and tests/test_messages_fields.py fails)."""
-_FAST_LEN = len(message_to_record(Message("user", ""))) if FAST_PATH else -1
-"""How many keys a current record has (:func:`_decode_current` reads every one of them), or
--1 (no record's length) when the fast path is off."""
+_FAST_LEN = 1 + len(FIELDS) if FAST_PATH else -1
+"""How many keys :func:`_decode_current`'s state holds before ``v`` is taken out (``v`` and
+every field: a record with any other key has more), or -1 (no state's length) when the fast
+path is off."""
+_BLANK = dict(_DEFAULTS)
+"""The state of a record that holds no field: what :func:`_decode_current` starts from (every
+field in order, at its default; :data:`_NO_VALUE` where a record must hold the field, ``role``,
+or where the default is made new for each message, ``metadata`` and ``extra``)."""
 
 
 def _parts(content: Any, role: str) -> bool:
@@ -358,62 +414,85 @@ def _parts(content: Any, role: str) -> bool:
 
 
 def _decode_current(record: dict[str, Any]) -> Message | None:
-    """The message of a current-version record in :func:`message_to_record`'s shape, or None
-    where anything is unusual (content parts :class:`Message` would refuse, an unexpected
-    type: the checked path decides and names it).
+    """The message of a current-version record (compact or full, :func:`record_to_message`),
+    or None where anything is unusual (a key that is no field, content parts
+    :class:`Message` would refuse, an unexpected type: the checked path decides and names it).
 
-    ``record`` has as many keys as a current record and every one of them is read (a missing
-    one raises ``KeyError``), so it has exactly a record's keys. A decoded record is owned by
+    A compact record's values are laid over :data:`_BLANK`, so a field it leaves out holds
+    its default (in field order, as every constructor writes them), and a state with more
+    keys than ``v`` and the fields had a key that is no field. A decoded record is owned by
     the caller's process (fresh from JSON), so its values are taken without copies; the
     checks are what :class:`Message` would refuse, by type.
     """
-    role = record["role"]
-    content = record["content"]
-    tool_call_id = record["tool_call_id"]
-    calls = record["tool_calls"]
-    refs = record["artifact_refs"]
+    # A full record (an older writer's) is copied as the old decoder did, and a key that is
+    # no field in place of one is a KeyError below (every field is read); a compact one is
+    # laid over the blank. Laying a full record over it too cost 1% more a read (callgrind,
+    # parse included: 59.9k against 59.3k instructions a stored Agents item).
+    if len(record) == _FAST_LEN:
+        state = dict(record)
+    else:
+        state = {**_BLANK, **record}
+        if len(state) != _FAST_LEN:
+            return None
+    del state["v"]
+    role = state["role"]
+    content = state["content"]
+    tool_call_id = state["tool_call_id"]
     if not (
         type(role) is str
         and role in ROLES
         and (content is None or type(content) is str or _parts(content, role))
-        and set(map(type, _OPTIONAL_TEXT(record))) <= _TEXT_OR_NONE
+        and set(map(type, _OPTIONAL_TEXT(state))) <= _TEXT_OR_NONE
         and (
             (type(tool_call_id) is str and tool_call_id != "")
             if role == "tool"
             else tool_call_id is None
         )
-        and type(calls) is list
-        and (not calls or role == "assistant")
-        and type(refs) is list
-        and type(record["metadata"]) is dict
-        and type(record["extra"]) is dict
     ):
         return None
-    state = dict(record)
-    del state["v"]
-    if calls:
-        out = []
-        for tc in calls:
-            if not (
-                type(tc) is dict
-                and len(tc) == 3
-                and type(tc["id"]) is str
-                and tc["id"] != ""
-                and type(tc["name"]) is str
-                and type(tc["arguments"]) is str
-            ):
+    # Where a field was left out, the blank's value is there: the empty tuple or _NO_VALUE,
+    # which no JSON value is (nor is any other tuple: a caller's dict is refused here).
+    calls = state["tool_calls"]
+    if type(calls) is list:
+        if calls:
+            if role != "assistant":
                 return None
-            out.append(ToolCall._unchecked(tc["id"], tc["name"], tc["arguments"]))
-        state["tool_calls"] = tuple(out)
-    else:
-        state["tool_calls"] = ()
-    if refs:
-        if set(map(type, refs)) != {str}:
+            out = []
+            for tc in calls:
+                if not (
+                    type(tc) is dict
+                    and len(tc) == 3
+                    and type(tc["id"]) is str
+                    and tc["id"] != ""
+                    and type(tc["name"]) is str
+                    and type(tc["arguments"]) is str
+                ):
+                    return None
+                out.append(ToolCall._unchecked(tc["id"], tc["name"], tc["arguments"]))
+            state["tool_calls"] = tuple(out)
+        else:
+            state["tool_calls"] = ()
+    elif type(calls) is not tuple or calls:
+        return None
+    refs = state["artifact_refs"]
+    if type(refs) is list:
+        if not refs:
+            state["artifact_refs"] = ()
+        elif set(map(type, refs)) == {str}:
+            state["artifact_refs"] = tuple(refs)
+        else:
             return None
-        state["artifact_refs"] = tuple(refs)
-    else:
-        state["artifact_refs"] = ()
-    created = record["created_at"]
+    elif type(refs) is not tuple or refs:
+        return None
+    if type(state["metadata"]) is not dict:
+        if state["metadata"] is not _NO_VALUE:
+            return None
+        state["metadata"] = {}
+    if type(state["extra"]) is not dict:
+        if state["extra"] is not _NO_VALUE:
+            return None
+        state["extra"] = {}
+    created = state["created_at"]
     if created is not None:
         if type(created) is not str:
             return None
@@ -581,12 +660,13 @@ class AlreadyStored(Exception):
 
 def _same_message(new: dict[str, Any], stored: dict[str, Any]) -> bool:
     """Whether two records are one message: equal in every field but ``created_at``, which a
-    retry stamps anew when the caller gave none.
+    retry stamps anew when the caller gave none (compared in the full shape: a stored record
+    may be compact or, an older writer's, full).
     """
-    old = upgrade_record(dict(stored))
-    return {k: v for k, v in new.items() if k != "created_at"} == {
-        k: v for k, v in old.items() if k != "created_at"
-    }
+    old = full_record(upgrade_record(dict(stored)))
+    new = full_record(new)
+    del old["created_at"], new["created_at"]
+    return new == old
 
 
 def settle_ids(

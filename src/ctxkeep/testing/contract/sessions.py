@@ -19,7 +19,7 @@ from ctxkeep.errors import (
     SessionExistsError,
     SessionNotFoundError,
 )
-from ctxkeep.messages import Message, ToolCall, validate_sequence
+from ctxkeep.messages import FIELDS, Message, ToolCall, validate_sequence
 from ctxkeep.sessions.aio import AsyncMemoryManager
 from ctxkeep.sessions.base import Evicted, MemoryConfig, MemoryManager, default_memory_config
 from ctxkeep.testing.contract._common import Clock, MakeMemory, full_message, tool_unit
@@ -59,6 +59,31 @@ class SessionContract:
         assert back[0] == original
         assert back[0].created_at == original.created_at
         assert back[1].tool_call_id == "call-1"
+
+    def test_a_stored_record_leaves_out_the_fields_at_their_default(
+        self, memory: MemoryManager
+    ) -> None:
+        # A record holds v, the role and each field that differs from its default (shorter
+        # rows: fewer pages a write); a field left out reads back as its default, and an
+        # empty string or list is not a default None.
+        sid = memory.create_session("agent-compact")
+        memory.add_message(sid, "user", "hi")
+        memory.add_structured_message(sid, full_message(2))
+        memory.add_message(sid, "tool", "", tool_call_id="call-2")
+        memory.add_structured_message(sid, Message("assistant", [], name=""))
+        got = memory.backend.read(sid)
+        assert got is not None
+        keys = [list(record) for _, record in got[1]]
+        assert keys == [
+            ["v", "role", "content", "id", "created_at"],
+            ["v", *(name for name in FIELDS if name != "tool_call_id")],  # (an assistant's)
+            ["v", "role", "content", "tool_call_id", "id", "created_at"],
+            ["v", "role", "content", "name", "id", "created_at"],
+        ]
+        back = memory.get_messages(sid)
+        assert back[0] == Message("user", "hi", id=back[0].id, created_at=back[0].created_at)
+        assert back[1] == full_message(2)
+        assert (back[2].content, back[3].content, back[3].name) == ("", [], "")
 
     def test_ids_and_timestamps_are_assigned(self, memory: MemoryManager) -> None:
         sid = memory.create_session("agent-ids")
