@@ -153,8 +153,8 @@ def encoded_record(m: Message) -> tuple[dict[str, Any], str]:
     # one pass, converting as it goes (a loop of more bytecodes, 407 against 251 for the full
     # record's copy-then-convert, but fewer instructions than either that or a filter in C
     # with itertools): the whole encode, JSON and checks included, 58.9k instructions a
-    # stored Agents item and 75.1k a LangChain message of bench/peers.py's data, where the
-    # full record took 64.1k and 80.6k (callgrind).
+    # stored Agents item and 75.0k a LangChain message of bench/peers.py's data, where the
+    # full record took 64.1k and 79.9k (callgrind, medians of 1,000 each).
     state = m.__dict__
     record: dict[str, Any] = {"v": RECORD_VERSION}
     for name, default, convert in _ENCODERS:
