@@ -50,7 +50,13 @@ from ctxkeep.errors import CtxkeepError
 from ctxkeep.foldstate import FOLD_FORMAT, FoldMismatch, FoldState, Unread
 from ctxkeep.messages import Message
 from ctxkeep.prune.config import fold_key, is_plain_pruner
-from ctxkeep.sessions.records import dumps, loads, message_to_record, record_to_message
+from ctxkeep.sessions.records import (
+    dumps,
+    full_record,
+    loads,
+    message_to_record,
+    record_to_message,
+)
 
 if TYPE_CHECKING:
     from ctxkeep.prune import PruneReport, TokenPruner
@@ -107,7 +113,9 @@ def snapshot_key(pruner: Any, prefix: list[Message]) -> str | None:
     params = fold_params(pruner)
     if params is None:
         return None
-    data = [SNAPSHOT_VERSION, params, [message_to_record(m) for m in prefix]]
+    # The prefix's records in the full shape, as before stored records left defaults out: the
+    # same keys, so the snapshots a store holds still serve after the upgrade.
+    data = [SNAPSHOT_VERSION, params, [full_record(message_to_record(m)) for m in prefix]]
     return hashlib.sha256(dumps(data).encode("utf-8")).hexdigest()
 
 
