@@ -499,7 +499,7 @@ class MemoryManager:
         # Ids the first attempt stamps in place (owned messages that had none) are still
         # made for this call on the next: no append stored them (fresh_ids holds).
         minted = owned
-        for m in batch:  # (a loop, not all() over a generator: two calls an add)
+        for m in batch if owned else ():  # (a loop, not all() over a generator: two calls)
             if type(m) is not Message or m.id is not None:
                 minted = False
                 break
